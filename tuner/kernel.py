@@ -1,0 +1,99 @@
+"""Kernel-level step costs from `llama-batched-bench --output-format jsonl`.
+
+One run measures both shapes the server executes: generation steps of n_seq x 1 rows (decode)
+and prompt batches of n_seq x (n+1) rows (the verify shape of a draft of n tokens). They give the
+shape of T(rows) cheaply; server-level runs calibrate what the bare kernels miss.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ServerError
+
+
+@dataclass(frozen=True)
+class KernelPoint:
+    shape: str  # "decode" (n_seq x 1) or "verify" (n_seq x tokens_per_seq)
+    n_seq: int
+    tokens_per_seq: int
+    step_ms: float
+
+    @property
+    def rows(self) -> int:
+        return self.n_seq * self.tokens_per_seq
+
+
+def verify_lengths(n_max: int) -> list[int]:
+    """Draft-plus-one lengths to measure: a few spread over 2..n_max+1 (cost is near-linear)."""
+    top = n_max + 1
+    return sorted({2, (top + 2) // 2, top}) if top > 2 else [2]
+
+
+def command(
+    binary: Path,
+    model: Path,
+    n_parallel: int,
+    n_max: int,
+    ctx_size: int,
+    threads: int | None,
+    generation_tokens: int,
+    extra_args: list[str],
+) -> list[str]:
+    lengths = verify_lengths(n_max)
+    n_ctx = max(ctx_size, n_parallel * (max(lengths) + generation_tokens) + 16)
+    cmd = [
+        str(binary),
+        "-m",
+        str(model),
+        "-c",
+        str(n_ctx),
+        "-npp",
+        ",".join(map(str, lengths)),
+        "-ntg",
+        str(generation_tokens),
+        "-npl",
+        ",".join(str(c) for c in range(1, n_parallel + 1)),
+        "--output-format",
+        "jsonl",
+    ]
+    if threads:
+        cmd += ["-t", str(threads)]
+    return cmd + extra_args
+
+
+def parse_jsonl(text: str) -> list[KernelPoint]:
+    """Every jsonl line gives one verify point (its prompt batch) and one decode point."""
+    points: list[KernelPoint] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        pl, pp, tg = int(row["pl"]), int(row["pp"]), int(row["tg"])
+        points.append(KernelPoint("verify", pl, pp, float(row["t_pp"]) * 1000))
+        if tg > 0:
+            points.append(KernelPoint("decode", pl, 1, float(row["t_tg"]) * 1000 / tg))
+    return points
+
+
+def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) -> list[KernelPoint]:
+    """Run llama-batched-bench and parse its rows; its output is kept in log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ServerError(f"llama-batched-bench did not finish within {timeout_s:.0f} s") from exc
+    except OSError as exc:
+        raise ServerError(f"cannot run llama-batched-bench: {exc}") from exc
+    log_path.write_text("$ " + " ".join(cmd) + "\n" + result.stdout + "\n" + result.stderr)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-10:])
+        raise ServerError(f"llama-batched-bench failed (exit {result.returncode}):\n{tail}")
+    points = parse_jsonl(result.stdout + "\n" + result.stderr)
+    if not points:
+        raise ServerError(f"llama-batched-bench printed no jsonl rows; see {log_path}")
+    return points

@@ -1,0 +1,251 @@
+"""The load generator: c concurrent /completion requests that generate together, and their figures.
+
+One shared async HTTP client per level; every stream is released by one barrier so all c slots
+start together; times come from `time.perf_counter`; a failed request is recorded, not raised.
+`summarize` is a pure function from samples to the level's figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from tuner.errors import LoadError
+
+PROMPT_TEXT = (
+    "The history of computing is a story of machines that grew smaller, faster and cheaper, "
+    "from rooms of vacuum tubes to chips that fit in a pocket. Write a long, detailed essay "
+    "about it, covering the people, the ideas and the machines, one era after another. "
+)
+
+
+@dataclass
+class RequestSample:
+    """One request as the client saw it, with the server's own timings when it finished."""
+
+    stream: int
+    ok: bool = False
+    error: str | None = None
+    tokens: int = 0
+    prompt_tokens: int = 0
+    generation_ms: float | None = None  # server: time spent generating (timings.predicted_ms)
+    ttft_ms: float | None = None
+    latency_ms: float | None = None
+    draft_n: int = 0
+    draft_accepted: int = 0
+    start: float = 0.0  # perf_counter seconds
+    token_times: list[float] = field(default_factory=list)  # perf_counter of every token (stream)
+
+    @property
+    def steps(self) -> int | None:
+        """Server steps this request took: every step yields one token plus its accepted drafts."""
+        if not self.ok or self.tokens <= 0:
+            return None
+        return max(1, self.tokens - self.draft_accepted)
+
+    @property
+    def step_ms(self) -> float | None:
+        steps = self.steps
+        if steps is None or not self.generation_ms:
+            return None
+        return self.generation_ms / steps
+
+
+@dataclass(frozen=True)
+class LevelFigures:
+    """What one repeat of one level measured."""
+
+    concurrency: int
+    ok: int
+    failed: int
+    tokens_per_second: float | None  # aggregate, while all streams were generating
+    per_stream_tps: float | None
+    step_ms: float | None  # median over requests
+    accept_len: float | None  # tokens per stream per step (1 + accepted drafts per step)
+    ttft_ms: float | None
+    window_ms: float | None
+    window_tokens: int | None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
+    """Turn one repeat's samples into figures; pure.
+
+    Aggregate tokens/s counts only the window in which every stream was generating (from the
+    latest first token to the earliest last token), so a fast stream finishing early or a slow
+    prompt does not blur the figure. Without per-token times it falls back to the sum of the
+    streams' own rates.
+    """
+    good = [s for s in samples if s.ok and s.tokens > 0]
+    failed = len(samples) - len(good)
+    if not good:
+        return LevelFigures(concurrency, 0, failed, None, None, None, None, None, None, None)
+    window_ms = window_tokens = None
+    tps: float | None = None
+    if all(len(s.token_times) >= 2 for s in good) and len(good) == concurrency:
+        begin = max(s.token_times[0] for s in good)
+        end = min(s.token_times[-1] for s in good)
+        if end > begin:
+            window_tokens = sum(sum(1 for t in s.token_times if begin < t <= end) for s in good)
+            window_ms = (end - begin) * 1000
+            tps = window_tokens / (end - begin)
+    if tps is None:
+        rates = [s.tokens / (s.generation_ms / 1000) for s in good if s.generation_ms]
+        tps = sum(rates) if rates else None
+    step_values = [v for s in good if (v := s.step_ms) is not None]
+    steps_total = sum(s.steps or 0 for s in good)
+    accept_len = sum(s.tokens for s in good) / steps_total if steps_total else None
+    ttfts = [s.ttft_ms for s in good if s.ttft_ms is not None]
+    return LevelFigures(
+        concurrency=concurrency,
+        ok=len(good),
+        failed=failed,
+        tokens_per_second=tps,
+        per_stream_tps=tps / len(good) if tps is not None else None,
+        step_ms=_median(step_values),
+        accept_len=accept_len,
+        ttft_ms=_median(ttfts),
+        window_ms=window_ms,
+        window_tokens=window_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every request of a level asks for."""
+
+    prompt_tokens: int = 32
+    max_tokens: int = 128
+    stream: bool = True
+    request_timeout_s: float = 120.0
+
+
+def _prompt(stream: int) -> str:
+    # A different opening per stream keeps slots from sharing a cached prefix.
+    return f"Essay number {stream}. " + PROMPT_TEXT * 8
+
+
+class LoadGenerator:
+    """Sends levels of concurrent requests to one server over one shared client."""
+
+    def __init__(self, url: str, workload: Workload, api_key: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.workload = workload
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._prompts: dict[int, list[int]] = {}
+
+    async def _prompt_tokens(self, client: httpx.AsyncClient, stream: int) -> list[int]:
+        """Exactly workload.prompt_tokens tokens, found through the server's own tokenizer."""
+        if stream not in self._prompts:
+            response = await client.post(f"{self.url}/tokenize", json={"content": _prompt(stream)})
+            response.raise_for_status()
+            tokens = response.json()["tokens"]
+            if len(tokens) < self.workload.prompt_tokens:
+                tokens = tokens * (self.workload.prompt_tokens // len(tokens) + 1)
+            self._prompts[stream] = tokens[: self.workload.prompt_tokens]
+        return self._prompts[stream]
+
+    def _body(self, prompt: list[int]) -> dict:
+        return {
+            "prompt": prompt,
+            "n_predict": self.workload.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "cache_prompt": False,
+            "stream": self.workload.stream,
+        }
+
+    async def _one(
+        self, client: httpx.AsyncClient, stream: int, prompt: list[int], barrier: asyncio.Barrier
+    ) -> RequestSample:
+        sample = RequestSample(stream=stream)
+        await barrier.wait()
+        sample.start = time.perf_counter()
+        try:
+            if self.workload.stream:
+                final = await self._streamed(client, prompt, sample)
+            else:
+                response = await client.post(f"{self.url}/completion", json=self._body(prompt))
+                if response.status_code != 200:
+                    raise _RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+                final = response.json()
+            end = time.perf_counter()
+            timings = final.get("timings") or {}
+            sample.tokens = int(timings.get("predicted_n", final.get("tokens_predicted", 0)))
+            sample.prompt_tokens = int(timings.get("prompt_n", 0))
+            sample.generation_ms = timings.get("predicted_ms")
+            sample.draft_n = int(timings.get("draft_n", 0))
+            sample.draft_accepted = int(timings.get("draft_n_accepted", 0))
+            sample.latency_ms = (end - sample.start) * 1000
+            if sample.token_times:
+                sample.ttft_ms = (sample.token_times[0] - sample.start) * 1000
+            sample.ok = sample.tokens > 0
+            if not sample.ok:
+                sample.error = "no tokens generated"
+        except (httpx.HTTPError, _RequestFailed, ValueError, KeyError) as exc:
+            sample.ok = False
+            sample.error = f"{exc.__class__.__name__}: {exc}"[:500] or exc.__class__.__name__
+            sample.latency_ms = (time.perf_counter() - sample.start) * 1000
+        return sample
+
+    async def _streamed(
+        self, client: httpx.AsyncClient, prompt: list[int], sample: RequestSample
+    ) -> dict:
+        final: dict = {}
+        async with client.stream(
+            "POST", f"{self.url}/completion", json=self._body(prompt)
+        ) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                raise _RequestFailed(f"HTTP {response.status_code}: {body[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(line[len("data: ") :])
+                if "error" in chunk:
+                    raise _RequestFailed(str(chunk["error"])[:300])
+                if chunk.get("content") or chunk.get("tokens"):
+                    sample.token_times.append(now)
+                if chunk.get("stop"):
+                    final = chunk
+        if not final:
+            raise _RequestFailed("stream ended without a final chunk")
+        return final
+
+    async def run_level(self, concurrency: int) -> list[RequestSample]:
+        """Start `concurrency` requests together and wait for all; failures are in the samples."""
+        # With streaming, `read` bounds the silence between two tokens, so a hung server is
+        # noticed after request_timeout_s without cutting short a long, healthy generation.
+        timeout = httpx.Timeout(
+            connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=10.0
+        )
+        limits = httpx.Limits(max_connections=concurrency + 2)
+        async with httpx.AsyncClient(
+            timeout=timeout, limits=limits, headers=self.headers
+        ) as client:
+            try:
+                prompts = [await self._prompt_tokens(client, i) for i in range(concurrency)]
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                raise LoadError(f"cannot tokenize the prompt on {self.url}: {exc}") from exc
+            barrier = asyncio.Barrier(concurrency)
+            return list(
+                await asyncio.gather(
+                    *(self._one(client, i, prompts[i], barrier) for i in range(concurrency))
+                )
+            )
+
+    def run(self, concurrency: int) -> list[RequestSample]:
+        return asyncio.run(self.run_level(concurrency))
+
+
+class _RequestFailed(Exception):
+    """A request came back with an error status or body (recorded in its sample)."""

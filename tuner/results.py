@@ -1,0 +1,138 @@
+"""Reading results back: runs, their level tables, and the measured points of a model.
+
+Everything a command shows or a fit consumes comes through here, as plain dataclasses, so the
+callers never hold an ORM session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tuner.errors import NotFoundError
+from tuner.store import Host, Level, Model, Run, Sample, Store
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    id: int
+    kind: str
+    source: str
+    status: str
+    model: str
+    host: str | None
+    spec_name: str
+    label: str | None
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    levels_done: int
+    levels_total: int
+    samples: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class LevelPoint:
+    """One measured (configuration, concurrency) point."""
+
+    run_id: int
+    config: str
+    max_slots: int | None  # None plain, 0 always draft, N threshold
+    n_max: int | None
+    concurrency: int
+    status: str
+    repeats: int
+    tokens_per_second: float | None
+    tokens_per_second_spread: float | None
+    per_stream_tps: float | None
+    step_ms: float | None
+    step_ms_spread: float | None
+    accept_len: float | None
+    ttft_ms: float | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _point(level: Level) -> LevelPoint:
+    return LevelPoint(
+        run_id=level.run_id,
+        config=level.config,
+        max_slots=level.max_slots,
+        n_max=level.n_max,
+        concurrency=level.concurrency,
+        status=level.status,
+        repeats=level.repeats,
+        tokens_per_second=level.tokens_per_second,
+        tokens_per_second_spread=level.tokens_per_second_spread,
+        per_stream_tps=level.per_stream_tps,
+        step_ms=level.step_ms,
+        step_ms_spread=level.step_ms_spread,
+        accept_len=level.accept_len,
+        ttft_ms=level.ttft_ms,
+        metrics=dict(level.metrics or {}),
+        error=level.error,
+    )
+
+
+def _summary(session: Session, run: Run) -> RunSummary:
+    samples = (
+        session.scalar(select(func.count(Sample.id)).join(Level).where(Level.run_id == run.id)) or 0
+    )
+    return RunSummary(
+        id=run.id,
+        kind=run.kind,
+        source=run.source,
+        status=run.status,
+        model=run.model.name,
+        host=run.host.name if run.host else None,
+        spec_name=run.spec_name,
+        label=run.label,
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        levels_done=sum(1 for level in run.levels if level.status == "completed"),
+        levels_total=len(run.levels),
+        samples=samples,
+        error=run.error,
+    )
+
+
+def list_runs(store: Store, model: str | None = None, limit: int = 50) -> list[RunSummary]:
+    with store.session() as session:
+        query = select(Run).order_by(Run.id.desc()).limit(limit)
+        if model:
+            query = query.join(Model).where(Model.name == model)
+        return [_summary(session, run) for run in session.scalars(query)]
+
+
+def run_points(store: Store, run_id: int) -> tuple[RunSummary, list[LevelPoint]]:
+    with store.session() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFoundError(f"run {run_id} does not exist; `tuner runs` lists them")
+        return _summary(session, run), [_point(level) for level in run.levels]
+
+
+def model_points(
+    store: Store,
+    model: str,
+    host: str | None = None,
+    kinds: tuple[str, ...] = ("profile", "import", "validate", "sweep"),
+) -> list[LevelPoint]:
+    """Every completed level of a model (optionally on one host), oldest run first."""
+    with store.session() as session:
+        if session.scalars(select(Model).where(Model.name == model)).first() is None:
+            raise NotFoundError(f"no model named {model!r}; `tuner runs` lists what is stored")
+        query = (
+            select(Level)
+            .join(Run)
+            .join(Model)
+            .where(Model.name == model, Level.status == "completed", Run.kind.in_(kinds))
+            .order_by(Run.id, Level.id)
+        )
+        if host is not None:
+            query = query.join(Host, Run.host_id == Host.id).where(Host.name == host)
+        return [_point(level) for level in session.scalars(query)]

@@ -1,0 +1,196 @@
+"""One llama-server launch: command line, free loopback port, health wait, logs, clean stop.
+
+The tuner only ever signals the process group it started itself (the server runs in a new
+session), and every launch waits for the previous server to have exited: llama-server may hold
+its port for a moment after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.errors import PortInUseError, ServerError, ServerStartError
+
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_S = 10.0
+BIND_FAILURE = "couldn't bind HTTP server socket"
+
+
+def free_port() -> int:
+    """A port that was free on loopback a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class LaunchConfig:
+    """Everything one llama-server launch needs."""
+
+    binary: Path
+    model: Path
+    n_parallel: int
+    ctx_size: int
+    threads: int | None = None
+    args: list[str] = field(default_factory=list)  # drafting args and anything else
+    env: dict[str, str] = field(default_factory=dict)
+    max_slots: int | None = None  # adds --spec-draft-max-slots N
+    port: int | None = None  # None: a fresh free port per launch
+
+    def command(self, port: int) -> list[str]:
+        cmd = [
+            str(self.binary),
+            "--model",
+            str(self.model),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--parallel",
+            str(self.n_parallel),
+            "--ctx-size",
+            str(self.ctx_size),
+            "--metrics",
+        ]
+        if self.threads:
+            cmd += ["--threads", str(self.threads)]
+        if self.max_slots is not None:
+            cmd += ["--spec-draft-max-slots", str(self.max_slots)]
+        return cmd + list(self.args)
+
+
+class ManagedServer:
+    """A llama-server this process started; use as a context manager."""
+
+    def __init__(
+        self, config: LaunchConfig, log_path: Path, start_timeout_s: float = 180.0
+    ) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        binary = self.config.binary
+        if not binary.exists():
+            raise ServerStartError(f"llama-server binary not found: {binary}")
+        if not self.config.model.exists():
+            raise ServerStartError(f"model file not found: {self.config.model}")
+        if self.config.port is not None:
+            if not port_is_free(self.config.port):
+                raise PortInUseError(f"port {self.config.port} on {LOOPBACK} is already in use")
+            self.port = self.config.port
+        else:
+            self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.config.env}
+        with self.log_path.open("wb") as log:
+            log.write(("$ " + " ".join(self.config.command(self.port)) + "\n").encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.config.command(self.port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: we can stop it and its children
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    tail = self.log_tail()
+                    if BIND_FAILURE in tail:
+                        raise PortInUseError(
+                            f"llama-server could not bind port {self.port}:\n{tail}"
+                        )
+                    raise ServerStartError(
+                        f"llama-server exited at start-up (exit {self.process.returncode}); "
+                        f"last lines of {self.log_path}:\n{tail}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+        raise ServerStartError(
+            f"llama-server did not become healthy within {self.start_timeout_s:.0f} s; "
+            f"last lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def props(self) -> dict[str, Any]:
+        try:
+            response = httpx.get(f"{self.url}/props", timeout=10)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise ServerError(f"GET /props failed: {exc}") from exc
+        return response.json()
+
+    def stop(self) -> None:
+        """TERM the process group, KILL it after a grace period, and wait until it has exited."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+            # A stopped (SIGSTOP) server cannot act on TERM until it is continued.
+            os.killpg(process.pid, signal.SIGCONT)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

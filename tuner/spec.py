@@ -1,0 +1,257 @@
+"""Profile specs: TOML files in profiles/, validated by pydantic (unknown keys are errors).
+
+A spec names the server to launch, the speculative set-up, the workload and the model name that
+results are stored under. String values of the form `bench:NAME` (`bench:llama-server`,
+`bench:target`, `bench:draft`, ...) are resolved through the bench manifest, so the shipped specs
+work on any machine after `tuner bench setup`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.errors import ConfigError
+from tuner.fingerprint import require_gguf
+
+BENCH_PREFIX = "bench:"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Strict):
+    """How to launch llama-server."""
+
+    binary: Path = Field(description="llama-server executable")
+    model: Path = Field(description="target model GGUF")
+    n_parallel: int = Field(8, ge=1, le=256, description="-np: server slots")
+    ctx_size: int = Field(4096, ge=256, description="-c: total context (all slots)")
+    threads: int | None = Field(None, ge=1, description="-t; default: llama-server's choice")
+    args: list[str] = Field(default_factory=list, description="extra arguments for every launch")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    start_timeout_s: float = Field(180.0, gt=0)
+
+
+class SpeculativeSpec(_Strict):
+    """The drafting set-up used by the spec and threshold configurations."""
+
+    args: list[str] = Field(description="llama-server drafting arguments (draft model, MTP, ...)")
+    n_max: int = Field(3, ge=1, le=64, description="--spec-draft-n-max")
+    threshold: int | None = Field(
+        None, ge=1, description="also measure --spec-draft-max-slots N (needs the patched server)"
+    )
+
+
+class WorkloadSpec(_Strict):
+    """What the load generator sends, and how often."""
+
+    prompt_tokens: int = Field(32, ge=1)
+    max_tokens: int = Field(128, ge=8, description="tokens generated per request")
+    concurrency: list[int] | None = Field(
+        None, description="levels; default 1, 2, 4, ... up to and including n_parallel"
+    )
+    min_repeats: int = Field(2, ge=1)
+    max_repeats: int = Field(3, ge=1)
+    target_spread: float = Field(0.02, gt=0, description="stop repeating at this MAD/median")
+    warmup: int = Field(1, ge=0, description="warm-up rounds after each server start")
+    stream: bool = True
+    request_timeout_s: float = Field(60.0, gt=0, description="longest silence from the server")
+    weights: dict[int, float] | None = Field(
+        None, description="share of time the server spends at each concurrency (default uniform)"
+    )
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels_positive(cls, levels: list[int] | None) -> list[int] | None:
+        if levels is None:
+            return None
+        if not levels:
+            raise ValueError("needs at least one level")
+        if any(c < 1 for c in levels):
+            raise ValueError("every concurrency level must be at least 1")
+        return sorted(set(levels))
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_valid(cls, weights: dict[int, float] | None) -> dict[int, float] | None:
+        if weights is None:
+            return None
+        if any(c < 1 for c in weights):
+            raise ValueError("weight keys are concurrency levels, at least 1")
+        if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+            raise ValueError("weights must be non-negative with at least one above zero")
+        return dict(sorted(weights.items()))
+
+    @model_validator(mode="after")
+    def _repeat_bounds(self) -> WorkloadSpec:
+        if self.max_repeats < self.min_repeats:
+            raise ValueError("max_repeats must be at least min_repeats")
+        return self
+
+
+class KernelSpec(_Strict):
+    """Kernel-level measurements with llama-batched-bench (skipped when it is not there)."""
+
+    enabled: bool = True
+    binary: Path | None = Field(
+        None, description="llama-batched-bench; default: beside llama-server"
+    )
+    generation_tokens: int = Field(16, ge=2, description="-ntg: decode steps per point")
+    args: list[str] = Field(default_factory=list, description="extra llama-batched-bench arguments")
+
+
+class ProfileSpec(_Strict):
+    """A whole profile spec."""
+
+    name: str = Field(min_length=1, description="spec name (runs are resumed by spec)")
+    model_name: str = Field(min_length=1, description="results are stored under this model name")
+    server: ServerSpec
+    speculative: SpeculativeSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    kernel: KernelSpec = KernelSpec()
+
+    @model_validator(mode="after")
+    def _levels_fit_slots(self) -> ProfileSpec:
+        levels = self.workload.concurrency
+        if levels and max(levels) > self.server.n_parallel:
+            raise ValueError(
+                f"workload.concurrency: level {max(levels)} exceeds server.n_parallel "
+                f"({self.server.n_parallel}); all streams must generate together"
+            )
+        if self.speculative.threshold and self.speculative.threshold > self.server.n_parallel:
+            raise ValueError("speculative.threshold exceeds server.n_parallel")
+        return self
+
+    @property
+    def levels(self) -> list[int]:
+        if self.workload.concurrency:
+            return list(self.workload.concurrency)
+        return default_levels(self.server.n_parallel)
+
+    def weights(self) -> dict[int, float]:
+        """Workload weights over the measured levels, normalised to sum to 1."""
+        raw = self.workload.weights or {c: 1.0 for c in self.levels}
+        total = sum(raw.values())
+        return {c: w / total for c, w in raw.items()}
+
+    def spec_hash(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def kernel_binary(self) -> Path:
+        return self.kernel.binary or self.server.binary.with_name("llama-batched-bench")
+
+
+def default_levels(n_parallel: int) -> list[int]:
+    """1, 2, 4, ... up to and including n_parallel."""
+    levels, c = [], 1
+    while c < n_parallel:
+        levels.append(c)
+        c *= 2
+    levels.append(n_parallel)
+    return levels
+
+
+def _format_error(source: str, error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (typo?)"
+    return f"{source}: {where}: {message}"
+
+
+def _resolve_refs(value: Any, resolve: Callable[[str], str]) -> Any:
+    if isinstance(value, str) and value.startswith(BENCH_PREFIX):
+        return resolve(value[len(BENCH_PREFIX) :])
+    if isinstance(value, list):
+        return [_resolve_refs(v, resolve) for v in value]
+    if isinstance(value, dict):
+        return {k: _resolve_refs(v, resolve) for k, v in value.items()}
+    return value
+
+
+def _uses_bench(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.startswith(BENCH_PREFIX)
+    if isinstance(value, list):
+        return any(_uses_bench(v) for v in value)
+    if isinstance(value, dict):
+        return any(_uses_bench(v) for v in value.values())
+    return False
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {part} is not a table")
+    node[leaf] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`workload.max_repeats=2` -> ("workload.max_repeats", 2); values are TOML, else strings."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. workload.max_repeats=2")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def load_spec(
+    path: Path,
+    overrides: list[tuple[str, Any]] | None = None,
+    bench_refs: Callable[[], dict[str, Path]] | None = None,
+    check_files: bool = True,
+) -> ProfileSpec:
+    """Read, resolve and validate a spec; every problem is one ConfigError line naming the field."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"spec file not found: {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read spec {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for key, value in overrides or []:
+        _set_dotted(data, key, value)
+    if _uses_bench(data):
+        if bench_refs is None:
+            raise ConfigError(f"{path} uses bench: paths but no bench is configured")
+        refs = bench_refs()
+
+        def resolve(name: str) -> str:
+            if name not in refs:
+                raise ConfigError(
+                    f"{path}: unknown bench path 'bench:{name}' (known: {', '.join(refs)})"
+                )
+            return str(refs[name])
+
+        data = _resolve_refs(data, resolve)
+    try:
+        spec = ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(str(path), err) for err in exc.errors()]
+        raise ConfigError("\n".join(lines)) from exc
+    if check_files:
+        check_spec_files(spec, str(path))
+    return spec
+
+
+def check_spec_files(spec: ProfileSpec, source: str) -> None:
+    """The binary must exist and the model must be a GGUF file."""
+    if not spec.server.binary.exists():
+        raise ConfigError(f"{source}: server.binary: file not found: {spec.server.binary}")
+    require_gguf(spec.server.model, f"{source}: server.model")

@@ -1,0 +1,343 @@
+"""Storage: ORM models (tables prefixed `tuner_`), engine set-up, migrations, a session helper.
+
+Optuna keeps its own tables in the same database, so every table here is prefixed `tuner_` and
+Alembic's version table is `tuner_alembic_version`. The schema is created and upgraded only by the
+migrations in `db/`; `Base.metadata` is what those migrations are checked against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    make_url,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    relationship,
+    sessionmaker,
+)
+
+from tuner.errors import ConfigError, StorageError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "db"
+VERSION_TABLE = "tuner_alembic_version"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Host(Base):
+    """A machine measurements were taken on."""
+
+    __tablename__ = "tuner_hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    cpu_model: Mapped[str | None] = mapped_column(String(255))
+    cpu_cores: Mapped[int | None]
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    devices: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Build(Base):
+    """A llama-server binary, fingerprinted by sha256 (the version line alone is not unique)."""
+
+    __tablename__ = "tuner_builds"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    binary_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    version_text: Mapped[str] = mapped_column(Text, default="")
+    has_max_slots: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Model(Base):
+    """A model as users name it; file facts are filled in when the GGUF is at hand."""
+
+    __tablename__ = "tuner_models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    file_size: Mapped[int | None] = mapped_column(BigInteger)
+    file_sha256: Mapped[str | None] = mapped_column(String(64))
+    architecture: Mapped[str | None] = mapped_column(String(64))
+    quantization: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Run(Base):
+    """One profile, import, validation or sweep, with the spec exactly as it ran."""
+
+    __tablename__ = "tuner_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))  # profile | import | validate | sweep
+    source: Mapped[str] = mapped_column(String(32), default="measured")  # measured | imported
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    model_id: Mapped[int] = mapped_column(ForeignKey("tuner_models.id"))
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_hosts.id"))
+    build_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_builds.id"))
+    spec_name: Mapped[str] = mapped_column(String(255), default="")
+    spec_hash: Mapped[str] = mapped_column(String(64), default="", index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    label: Mapped[str | None] = mapped_column(String(255))
+    n_parallel: Mapped[int | None]
+    n_max: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    model: Mapped[Model] = relationship()
+    host: Mapped[Host | None] = relationship()
+    build: Mapped[Build | None] = relationship()
+    levels: Mapped[list[Level]] = relationship(back_populates="run", order_by="Level.id")
+
+
+class Level(Base):
+    """One configuration at one concurrency within a run: medians over repeats, with spreads."""
+
+    __tablename__ = "tuner_levels"
+    __table_args__ = (UniqueConstraint("run_id", "config", "concurrency"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
+    config: Mapped[str] = mapped_column(String(64))  # plain | spec | max-slots-N
+    max_slots: Mapped[int | None]  # None: plain (no drafting); 0: always draft; N: threshold
+    n_max: Mapped[int | None]
+    concurrency: Mapped[int]
+    status: Mapped[str] = mapped_column(String(32), default="running")  # running|completed|failed
+    repeats: Mapped[int] = mapped_column(default=0)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    tokens_per_second_spread: Mapped[float | None] = mapped_column(Float)
+    per_stream_tps: Mapped[float | None] = mapped_column(Float)
+    step_ms: Mapped[float | None] = mapped_column(Float)
+    step_ms_spread: Mapped[float | None] = mapped_column(Float)
+    accept_len: Mapped[float | None] = mapped_column(Float)  # tokens per stream per step, E[L]
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)  # /metrics deltas, per repeat
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="levels")
+    samples: Mapped[list[Sample]] = relationship(back_populates="level", order_by="Sample.id")
+
+
+class Sample(Base):
+    """One request as the load generator saw it (failed ones too)."""
+
+    __tablename__ = "tuner_samples"
+    __table_args__ = (UniqueConstraint("level_id", "repeat", "stream"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    level_id: Mapped[int] = mapped_column(
+        ForeignKey("tuner_levels.id", ondelete="CASCADE"), index=True
+    )
+    repeat: Mapped[int]
+    stream: Mapped[int]
+    ok: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)
+    tokens: Mapped[int] = mapped_column(default=0)
+    prompt_tokens: Mapped[int] = mapped_column(default=0)
+    generation_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    draft_n: Mapped[int] = mapped_column(default=0)
+    draft_accepted: Mapped[int] = mapped_column(default=0)
+    steps: Mapped[int | None]
+
+    level: Mapped[Level] = relationship(back_populates="samples")
+
+
+class KernelRow(Base):
+    """One llama-batched-bench measurement: a batch of n_seq sequences x tokens_per_seq rows."""
+
+    __tablename__ = "tuner_kernel_rows"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
+    shape: Mapped[str] = mapped_column(String(16))  # decode (n_seq x 1) | verify (n_seq x (n+1))
+    n_seq: Mapped[int]
+    tokens_per_seq: Mapped[int]
+    rows: Mapped[int]
+    step_ms: Mapped[float] = mapped_column(Float)
+
+
+class Fit(Base):
+    """A fitted cost model, with its inputs and version, so recommendations can cite it."""
+
+    __tablename__ = "tuner_fits"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("tuner_models.id"))
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_hosts.id"))
+    build_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_builds.id"))
+    version: Mapped[str] = mapped_column(String(32))
+    form: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    inputs: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    quality: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    model: Mapped[Model] = relationship()
+    host: Mapped[Host | None] = relationship()
+    build: Mapped[Build | None] = relationship()
+
+
+class Recommendation(Base):
+    """A chosen N (and n_max), with the fit and Optuna study it came from."""
+
+    __tablename__ = "tuner_recommendations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fit_id: Mapped[int] = mapped_column(ForeignKey("tuner_fits.id"))
+    study_name: Mapped[str] = mapped_column(String(255))
+    max_slots: Mapped[int]
+    n_max: Mapped[int | None]
+    objective: Mapped[float] = mapped_column(Float)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    fit: Mapped[Fit] = relationship()
+
+
+# --- engine, migrations, sessions ------------------------------------------------------------
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers and one writer work at once; the busy timeout makes a second tuner
+    # process wait for a lock instead of failing at once.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for any SQLAlchemy URL; SQLite files get WAL, a busy timeout and their folder."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"database URL {url!r} is not a valid SQLAlchemy URL") from exc
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError as exc:
+        raise ConfigError(
+            f"database URL {parsed.render_as_string(hide_password=True)!r}: unknown dialect "
+            f"{parsed.drivername!r} (use sqlite:///PATH or postgresql+psycopg://...)"
+        ) from exc
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"database URL {parsed.render_as_string(hide_password=True)!r} needs the Python "
+            f"package {exc.name!r}; install it (e.g. pip install 'tuner[postgres]')"
+        ) from exc
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def alembic_config(engine: Engine):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("version_table", VERSION_TABLE)
+    config.attributes["engine"] = engine
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Create or upgrade the tuner's tables to the newest migration."""
+    from alembic import command
+
+    try:
+        command.upgrade(alembic_config(engine), "head")
+    except SQLAlchemyError as exc:
+        raise StorageError(f"cannot migrate the database: {exc.__class__.__name__}: {exc}") from exc
+
+
+class Store:
+    """The database: an engine, migrated on first use, and a session helper."""
+
+    def __init__(self, url: str, migrate_schema: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        if migrate_schema:
+            migrate(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """Commit on success, roll back on failure; database errors become StorageError."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise StorageError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+T = TypeVar("T", bound=Base)
+
+
+def get_or_create(
+    session: Session, model: type[T], lookup: dict[str, Any], values: dict[str, Any] | None = None
+) -> T:
+    """The row matching lookup, created with values if missing; safe against a concurrent insert."""
+    row = session.scalars(select(model).filter_by(**lookup)).first()
+    if row is not None:
+        for key, value in (values or {}).items():
+            if value is not None and getattr(row, key) is None:
+                setattr(row, key, value)  # fill facts learnt later (e.g. a model's sha256)
+        return row
+    try:
+        with session.begin_nested():
+            row = model(**lookup, **(values or {}))
+            session.add(row)
+    except IntegrityError:
+        # Another process inserted the same row between our select and insert.
+        row = session.scalars(select(model).filter_by(**lookup)).one()
+    return row
