@@ -1,0 +1,177 @@
+"""The llama-server patch (--spec-draft-max-slots) on the real bench: no mocks.
+
+Each test launches the patched server with the bench's F32 target and one-block draft and drives
+it with concurrent greedy requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tuner import metrics
+from tuner.bench import Bench
+from tuner.errors import ServerStartError
+from tuner.load import LoadGenerator, Workload
+from tuner.server import LaunchConfig, ManagedServer
+
+pytestmark = pytest.mark.bench
+
+SYNTHETIC = ["--spec-synth-len", "3.5"]
+
+
+def launch(
+    bench: Bench,
+    tmp_path: Path,
+    max_slots: int | None,
+    synthetic: bool = True,
+    env: dict[str, str] | None = None,
+    name: str = "server",
+) -> ManagedServer:
+    args = [
+        "--kv-unified",
+        "--model-draft",
+        str(bench.draft),
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        "6",
+    ]
+    if synthetic:
+        args += SYNTHETIC
+    config = LaunchConfig(
+        binary=bench.server,
+        model=bench.target,
+        n_parallel=8,
+        ctx_size=4096,
+        threads=2,
+        args=args,
+        env=env or {},
+        max_slots=max_slots,
+    )
+    return ManagedServer(config, tmp_path / f"{name}.log", start_timeout_s=120)
+
+
+LENGTHS = (48, 96, 144, 192)  # staggered: 4 streams, then 3, 2 and finally 1 still generating
+
+
+async def _staggered(url: str) -> list[dict]:
+    """Four greedy requests started together, of staggered lengths; when each one finishes,
+    read drafts_total from /metrics (llama-server adds a request's drafts when it ends)."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        before = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+        finished: list[dict] = []
+
+        async def one(i: int, n: int) -> None:
+            response = await client.post(
+                f"{url}/completion",
+                json={
+                    "prompt": f"Story {i}: once upon a time",
+                    "n_predict": n,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                },
+            )
+            timings = response.json()["timings"]
+            await asyncio.sleep(0.05)  # the server flushes the slot's stats as it resets it
+            after = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+            finished.append(
+                {
+                    "length": n,
+                    "draft_n": timings.get("draft_n", 0),
+                    "drafts_total": after["spec_decode_num_drafts_total"]
+                    - before.get("spec_decode_num_drafts_total", 0.0),
+                }
+            )
+
+        await asyncio.gather(*(one(i, n) for i, n in enumerate(LENGTHS)))
+    return finished
+
+
+@pytest.mark.parametrize("max_slots", [0, 1, 8])
+def test_drafting_at_concurrency_four(bench: Bench, tmp_path: Path, max_slots: int) -> None:
+    with launch(bench, tmp_path, max_slots) as server:
+        finished = asyncio.run(_staggered(server.url))
+    assert [f["length"] for f in finished] == list(LENGTHS), "requests finished out of order"
+    first = finished[0]  # generated entirely while all four were generating
+    if max_slots == 1:
+        # More than 1 slot generating: no new drafts start, so /metrics' drafts_total did not
+        # grow while 4 (then 3, then 2) were generating; a draft in flight at the start may count.
+        assert first["drafts_total"] <= 3, finished
+        assert finished[2]["drafts_total"] <= 9, finished
+        assert first["draft_n"] <= 3 * 6, finished
+        # Once only the last stream is left, it drafts again.
+        assert finished[3]["draft_n"] >= 30, finished
+    else:
+        # 0 = no limit, 8 >= 4: every step drafts (48 tokens at ~3.5 per step: ~14 drafts).
+        assert first["drafts_total"] >= 8, finished
+        assert first["draft_n"] >= 8 * 3, finished
+
+
+def test_threshold_cuts_draft_tokens_far_below_unlimited(bench: Bench, tmp_path: Path) -> None:
+    totals = {}
+    for max_slots in (0, 1):
+        with launch(bench, tmp_path, max_slots, name=f"n{max_slots}") as server:
+            samples = LoadGenerator(server.url, Workload(prompt_tokens=16, max_tokens=96)).run(4)
+        assert all(s.ok for s in samples)
+        totals[max_slots] = sum(s.draft_n for s in samples)
+    assert totals[1] < 0.2 * totals[0], totals
+
+
+async def _greedy_tokens(url: str, concurrency: int) -> list[list[int]]:
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(i: int) -> tuple[list[int], int]:
+            response = await client.post(
+                f"{url}/completion",
+                json={
+                    "prompt": f"Question {i}: what is the capital of France? Answer:",
+                    "n_predict": 48,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                    "return_tokens": True,
+                },
+            )
+            body = response.json()
+            return body["tokens"], body["timings"].get("draft_n", 0)
+
+        results = await asyncio.gather(*(one(i) for i in range(concurrency)))
+    assert all(draft_n > 0 for _, draft_n in results), "both servers must draft here"
+    return [tokens for tokens, _ in results]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_threshold_changes_no_output(bench: Bench, tmp_path: Path, concurrency: int) -> None:
+    """Real acceptance (no synthetic rates), greedy: N=2 and N=0 give identical tokens."""
+    outputs = {}
+    for max_slots in (0, 2):
+        with launch(bench, tmp_path, max_slots, synthetic=False, name=f"n{max_slots}") as server:
+            outputs[max_slots] = asyncio.run(_greedy_tokens(server.url, concurrency))
+    assert all(len(tokens) == 48 for tokens in outputs[0])
+    assert outputs[2] == outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("max_slots", "env"),
+    [(-1, {}), (None, {"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "abc"})],
+    ids=["negative-flag", "non-integer-env"],
+)
+def test_bad_values_fail_at_start_up(
+    bench: Bench, tmp_path: Path, max_slots: int | None, env: dict[str, str]
+) -> None:
+    server = launch(bench, tmp_path, max_slots, env=env)
+    with pytest.raises(ServerStartError) as failure:
+        server.start()
+    assert "--spec-draft-max-slots expects a non-negative integer" in str(failure.value)
+    assert not server.alive()
+
+
+def test_env_variable_sets_the_threshold(bench: Bench, tmp_path: Path) -> None:
+    with launch(bench, tmp_path, None, env={"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "1"}) as server:
+        samples = LoadGenerator(server.url, Workload(prompt_tokens=16, max_tokens=96)).run(4)
+    assert sum(s.draft_n for s in samples) <= 4 * 6 * 2
