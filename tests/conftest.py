@@ -6,9 +6,15 @@ it is missing they fail with the command that builds it, never skip silently.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from tuner.bench import Bench, load_bench
 from tuner.settings import Settings
@@ -34,3 +40,65 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def bench() -> Bench:
     """The real bench (patched llama-server, F32 target, one-block draft)."""
     return load_bench(BENCH_MANIFEST)
+
+
+def tuner_cmd(*args: str) -> list[str]:
+    """The tuner command line, run with this interpreter (the installed package)."""
+    return [sys.executable, "-m", "tuner", *args]
+
+
+def tuner_env(db_url: str, cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "TUNER_DB": db_url,
+        "TUNER_CACHE_DIR": str(cache_dir),
+        "TUNER_BENCH_MANIFEST": str(BENCH_MANIFEST),
+        "COLUMNS": "200",
+    }
+    env.pop("TUNER_API_KEY", None)
+    return {**env, **extra}
+
+
+@dataclass(frozen=True)
+class ProfiledBench:
+    """A finished `tuner profile` of a bench spec, shared by the tests that read it."""
+
+    db_url: str
+    run_id: int
+    output: str
+    wall_s: float
+
+
+def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> ProfiledBench:
+    base = tmp_path_factory.mktemp(spec)
+    db_url = f"sqlite:///{base / 'tuner.db'}"
+    started = time.monotonic()
+    result = subprocess.run(
+        tuner_cmd("profile", str(PROFILES / f"{spec}.toml")),
+        env=tuner_env(db_url, base / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    wall = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tuner.store import Run, Store
+
+    store = Store(db_url)
+    with store.session() as session:
+        run_id = session.scalars(select(Run.id).order_by(Run.id.desc())).first()
+    store.dispose()
+    return ProfiledBench(db_url, run_id, result.stdout + result.stderr, wall)
+
+
+@pytest.fixture(scope="session")
+def bench_profile(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
+    """The bench spec (n-max 6, synth-len 3.5) profiled once per test session."""
+    return _profile_once(tmp_path_factory, "bench-smollm2-cpu")
+
+
+@pytest.fixture(scope="session")
+def bench_profile_nmax3(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
+    """The second bench regime (n-max 3, synth-len 2.0) profiled once per test session."""
+    return _profile_once(tmp_path_factory, "bench-smollm2-cpu-nmax3")

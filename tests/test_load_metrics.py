@@ -1,0 +1,128 @@
+"""Pure pieces of measuring: sample summaries, spreads, /metrics parsing, kernel rows, levels."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner import kernel, metrics
+from tuner.load import RequestSample, summarize
+from tuner.profiler import relative_mad
+from tuner.spec import default_levels
+
+METRICS_BEFORE = """\
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 100
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 10
+# TYPE llamacpp:n_busy_slots_per_decode gauge
+llamacpp:n_busy_slots_per_decode 1
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 8
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 5
+"""
+METRICS_AFTER = """\
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 400
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 110
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total 200
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total 130
+# TYPE llamacpp:n_busy_slots_per_decode gauge
+llamacpp:n_busy_slots_per_decode 3.5
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 88
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 55
+"""
+
+
+def _sample(stream: int, start: float, step: float, n: int, accepted: int = 0) -> RequestSample:
+    times = [start + step * i for i in range(n)]
+    return RequestSample(
+        stream=stream,
+        ok=True,
+        tokens=n,
+        generation_ms=step * (n - 1) * 1000,
+        draft_accepted=accepted,
+        start=start - 0.1,
+        token_times=times,
+    )
+
+
+def test_summarize_counts_only_the_window_where_all_streams_generate() -> None:
+    # Stream 0 starts early and runs alone for a while; stream 1 joins 1 s later.
+    a = _sample(0, start=0.0, step=0.01, n=300)  # 0.00 .. 2.99 s
+    b = _sample(1, start=1.0, step=0.02, n=100)  # 1.00 .. 2.98 s
+    figures = summarize([a, b], concurrency=2)
+    window = 2.98 - 1.0
+    tokens_a = sum(1 for t in a.token_times if 1.0 < t <= 2.98)
+    tokens_b = sum(1 for t in b.token_times if 1.0 < t <= 2.98)
+    assert figures.window_tokens == tokens_a + tokens_b
+    assert figures.tokens_per_second == pytest.approx((tokens_a + tokens_b) / window)
+    # ~100 tok/s + ~50 tok/s, not the blurred average over everyone's whole life.
+    assert figures.tokens_per_second == pytest.approx(150, rel=0.02)
+    assert figures.per_stream_tps == pytest.approx(figures.tokens_per_second / 2)
+
+
+def test_summarize_steps_and_acceptance() -> None:
+    s = _sample(0, start=0.0, step=0.01, n=101, accepted=51)  # 50 server steps for 101 tokens
+    figures = summarize([s], concurrency=1)
+    assert s.steps == 50
+    assert figures.step_ms == pytest.approx(1000 / 50)
+    assert figures.accept_len == pytest.approx(101 / 50)
+
+
+def test_summarize_keeps_failures_apart() -> None:
+    good = _sample(0, start=0.0, step=0.01, n=50)
+    bad = RequestSample(stream=1, ok=False, error="ReadTimeout")
+    figures = summarize([good, bad], concurrency=2)
+    assert (figures.ok, figures.failed) == (1, 1)
+    # With a stream missing there is no all-streams window: fall back to the streams' own rates.
+    assert figures.window_tokens is None
+    assert figures.tokens_per_second == pytest.approx(50 / 0.49)
+    assert summarize([bad], concurrency=1).tokens_per_second is None
+
+
+def test_relative_mad() -> None:
+    assert relative_mad([10.0]) is None
+    assert relative_mad([10.0, 10.0, 10.0]) == 0
+    assert relative_mad([9.0, 10.0, 12.0]) == pytest.approx(1 / 10)
+
+
+def test_metrics_delta_and_drafting_summary() -> None:
+    before = metrics.parse_metrics(METRICS_BEFORE)
+    after = metrics.parse_metrics(METRICS_AFTER)
+    diff = metrics.delta(before, after)
+    assert diff["tokens_predicted_total"] == 300
+    assert diff["n_busy_slots_per_decode"] == 3.5  # a gauge keeps its later value
+    summary = metrics.drafting_summary(diff)
+    assert summary["drafts"] == 100
+    assert summary["accepted_per_position"] == [80, 50]
+    assert summary["accept_rates"] == [0.8, 0.5]  # E[L] = 1 + 0.8 + 0.5
+
+
+def test_kernel_jsonl_gives_decode_and_verify_points() -> None:
+    line = (
+        '{"n_kv_max": 4096, "pp": 4, "tg": 16, "pl": 2, "n_kv": 40, "t_pp": 0.05, '
+        '"speed_pp": 160.0, "t_tg": 0.64, "speed_tg": 50.0, "t": 0.69, "speed": 58.0}'
+    )
+    points = kernel.parse_jsonl("build info line\n" + line + "\n")
+    verify, decode = points
+    assert (verify.shape, verify.n_seq, verify.tokens_per_seq, verify.rows) == ("verify", 2, 4, 8)
+    assert verify.step_ms == pytest.approx(50.0)
+    assert (decode.shape, decode.rows) == ("decode", 2)
+    assert decode.step_ms == pytest.approx(40.0)
+
+
+def test_kernel_verify_lengths_cover_the_draft() -> None:
+    assert kernel.verify_lengths(6) == [2, 4, 7]
+    assert kernel.verify_lengths(3) == [2, 3, 4]
+    assert kernel.verify_lengths(1) == [2]
+
+
+def test_default_levels() -> None:
+    assert default_levels(8) == [1, 2, 4, 8]
+    assert default_levels(6) == [1, 2, 4, 6]
+    assert default_levels(1) == [1]
