@@ -1,0 +1,78 @@
+"""How long a full bench profile takes, and how stable its figures are.
+
+Runs `tuner profile profiles/bench-smollm2-cpu.toml` (2 configurations x 4 levels x up to 3
+repeats) into a throwaway database, --runs times, and prints the wall time (median over runs) and,
+per level, the spread across repeats (MAD/median of step time and of aggregate tok/s) and, with
+several runs, the spread of each level's median across runs. Target: under 10 minutes per profile
+on 2 cores.
+
+    .venv/bin/python benchmarks/profile_time.py [--runs 2] [--spec profiles/...toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from tuner.profiler import relative_mad
+from tuner.settings import Settings
+from tuner.store import Level, Store
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_S = 600
+
+
+def profile_once(spec: Path, workdir: Path) -> tuple[float, dict[tuple[str, int], Level]]:
+    db_url = f"sqlite:///{workdir / 'bench.db'}"
+    env = {**os.environ, "TUNER_DB": db_url, "TUNER_CACHE_DIR": str(workdir / "cache"),
+           "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path)}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "tuner", "profile", str(spec)], env=env,
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        sys.exit(f"tuner profile failed:\n{result.stderr[-3000:]}")
+    wall = time.monotonic() - started
+    store = Store(db_url)
+    with store.session() as session:
+        levels = {(lv.config, lv.concurrency): lv for lv in session.scalars(select(Level))}
+    store.dispose()
+    return wall, levels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--spec", type=Path, default=REPO / "profiles" / "bench-smollm2-cpu.toml")
+    args = parser.parse_args()
+
+    walls, runs = [], []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, levels = profile_once(args.spec, Path(tmp))
+        walls.append(wall)
+        runs.append(levels)
+        print(f"run {i + 1}: {wall:.0f} s", flush=True)
+
+    print(f"\nprofile wall time: median {statistics.median(walls):.0f} s over {len(walls)} run(s) "
+          f"(target < {TARGET_S} s: {'met' if statistics.median(walls) < TARGET_S else 'MISSED'})")
+    print(f"\n{'config':>8} {'c':>3} {'repeats':>7} {'tok/s':>8} {'tps MAD%':>8} "
+          f"{'ms/step':>8} {'step MAD%':>9} {'across runs tps MAD%':>21}")
+    for key in sorted(runs[0], key=lambda k: (k[0], k[1])):
+        level = runs[0][key]
+        across = relative_mad([r[key].tokens_per_second for r in runs if key in r])
+        print(f"{key[0]:>8} {key[1]:>3} {level.repeats:>7} {level.tokens_per_second:>8.1f} "
+              f"{100 * (level.tokens_per_second_spread or 0):>8.1f} {level.step_ms:>8.1f} "
+              f"{100 * (level.step_ms_spread or 0):>9.1f} "
+              f"{'' if across is None else f'{100 * across:.1f}':>21}")
+
+
+if __name__ == "__main__":
+    main()
