@@ -1,0 +1,170 @@
+"""Bench-like data for tests and the benchmark: a real profile of the bundled bench, and a helper
+that stores it (or any table of levels) in a database the way `tuner profile` does.
+
+The profile: SmolLM2-135M F32 on 2 CPU cores, -np 8, a 1-block draft with n-max 6 and synthetic
+acceptance (mean length 3.5); per level the repeats as (tok/s, tokens per step, ms per step,
+drafts, accepted per position); kernel rows from llama-batched-bench as (shape, n_seq,
+tokens_per_seq, ms).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from tuner.store import Build, Host, KernelRow, Level, Model, Run, Store, get_or_create
+
+BENCH_N_PARALLEL = 8
+BENCH_N_MAX = 6
+Rep = tuple[float, float, float, int, list[int]]
+
+BENCH_LEVELS: list[tuple[str, int, list[Rep]]] = [
+    ("plain", 1, [(75.604, 1.0, 13.124, 0, []), (74.691, 1.0, 13.285, 0, [])]),
+    ("plain", 2, [(117.765, 1.0, 17.019, 0, []), (118.943, 1.0, 16.933, 0, [])]),
+    ("plain", 4, [(192.549, 1.0, 20.484, 0, []), (189.626, 1.0, 20.882, 0, [])]),
+    ("plain", 8, [(260.323, 1.0, 30.339, 0, []), (260.658, 1.0, 30.303, 0, [])]),
+    (
+        "spec",
+        1,
+        [
+            (121.643, 4.0, 32.357, 31, [25, 22, 17, 14, 11, 7]),
+            (110.331, 3.6571, 32.884, 34, [29, 17, 16, 13, 10, 8]),
+        ],
+    ),
+    (
+        "spec",
+        2,
+        [
+            (130.448, 3.7101, 54.998, 66, [53, 39, 31, 26, 21, 17]),
+            (113.585, 3.2821, 53.939, 75, [56, 39, 29, 24, 16, 14]),
+        ],
+    ),
+    (
+        "spec",
+        4,
+        [
+            (127.951, 3.3464, 104.717, 148, [117, 88, 59, 41, 31, 23]),
+            (116.525, 2.9767, 99.335, 166, [113, 83, 57, 37, 29, 21]),
+            (127.642, 3.3464, 102.058, 148, [113, 83, 63, 49, 31, 20]),
+        ],
+    ),
+    (
+        "spec",
+        8,
+        [
+            (169.468, 3.6441, 168.741, 272, [206, 166, 136, 98, 81, 56]),
+            (153.153, 3.2508, 167.004, 304, [230, 168, 125, 88, 55, 43]),
+        ],
+    ),
+]
+
+_DECODE = [10.136, 13.18, 16.132, 17.268, 19.73, 21.423, 21.097, 24.197]
+_VERIFY = {
+    2: [12.935, 16.725, 20.322, 23.019, 25.078, 27.584, 28.696, 29.99],
+    4: [16.026, 29.137, 26.393, 28.401, 33.034, 36.951, 39.665, 43.228],
+    7: [18.593, 26.294, 32.204, 38.462, 43.891, 50.04, 63.268, 67.142],
+}
+BENCH_KERNEL: list[tuple[str, int, int, float]] = [
+    ("decode", c + 1, 1, ms) for c, ms in enumerate(_DECODE)
+] + [("verify", c + 1, k, ms) for k, values in _VERIFY.items() for c, ms in enumerate(values)]
+
+
+def _repeat_dict(i: int, c: int, rep: Rep) -> dict[str, Any]:
+    tps, accept_len, step_ms, drafts, per_position = rep
+    return {
+        "repeat": i,
+        "concurrency": c,
+        "ok": c,
+        "failed": 0,
+        "tokens_per_second": tps,
+        "per_stream_tps": tps / c,
+        "step_ms": step_ms,
+        "accept_len": accept_len,
+        "ttft_ms": None,
+        "metrics": {
+            "drafts": float(drafts),
+            "draft_tokens": float(drafts * BENCH_N_MAX),
+            "accepted_tokens": float(sum(per_position)),
+            "accepted_per_position": [float(v) for v in per_position],
+            "accept_rates": [v / drafts for v in per_position] if drafts else [],
+        },
+    }
+
+
+def store_profile(
+    store: Store,
+    model: str = "smollm2-bench",
+    host: str | None = "bench-host",
+    levels: list[tuple[str, int, list[Rep]]] | None = None,
+    kernel: list[tuple[str, int, int, float]] | None = None,
+    n_parallel: int = BENCH_N_PARALLEL,
+    n_max: int = BENCH_N_MAX,
+    weights: dict[str, float] | None = None,
+    build_sha: str = "b" * 64,
+) -> int:
+    """Store a completed profile run (plain/spec/max-slots-N levels, kernel rows); its run id."""
+    levels = BENCH_LEVELS if levels is None else levels
+    kernel = BENCH_KERNEL if kernel is None else kernel
+    with store.session() as session:
+        model_row = get_or_create(session, Model, {"name": model})
+        host_row = get_or_create(session, Host, {"name": host}) if host else None
+        build = get_or_create(session, Build, {"binary_sha256": build_sha}, {"version_text": ""})
+        spec: dict[str, Any] = {"name": "bench", "model_name": model, "workload": {}}
+        if weights:
+            spec["workload"]["weights"] = weights
+        run = Run(
+            kind="profile",
+            source="measured",
+            status="completed",
+            model=model_row,
+            host=host_row,
+            build=build,
+            spec_name="bench",
+            spec_hash="x",
+            spec=spec,
+            n_parallel=n_parallel,
+            n_max=n_max,
+        )
+        session.add(run)
+        session.flush()
+        for config, c, reps in levels:
+            max_slots = {"plain": None, "spec": 0}.get(config)
+            if config.startswith("max-slots-"):
+                max_slots = int(config.removeprefix("max-slots-"))
+            repeats = [_repeat_dict(i, c, rep) for i, rep in enumerate(reps)]
+            drafts = sum(r[3] for r in reps)
+            width = max((len(r[4]) for r in reps), default=0)
+            per_position = [sum(r[4][i] for r in reps if i < len(r[4])) for i in range(width)]
+            session.add(
+                Level(
+                    run_id=run.id,
+                    config=config,
+                    max_slots=max_slots,
+                    n_max=n_max,
+                    concurrency=c,
+                    status="completed",
+                    repeats=len(reps),
+                    tokens_per_second=statistics.median(r[0] for r in reps),
+                    per_stream_tps=statistics.median(r[0] for r in reps) / c,
+                    step_ms=statistics.median(r[2] for r in reps),
+                    accept_len=statistics.median(r[1] for r in reps),
+                    metrics={
+                        "repeats": repeats,
+                        "drafts": float(drafts),
+                        "accepted_per_position": [float(v) for v in per_position],
+                        "accept_rates": [v / drafts for v in per_position] if drafts else [],
+                    },
+                )
+            )
+        for shape, n_seq, tokens, ms in kernel:
+            session.add(
+                KernelRow(
+                    run_id=run.id,
+                    shape=shape,
+                    n_seq=n_seq,
+                    tokens_per_seq=tokens,
+                    rows=n_seq * tokens,
+                    step_ms=ms,
+                )
+            )
+        return run.id

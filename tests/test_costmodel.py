@@ -1,0 +1,384 @@
+"""The cost model: fits on synthetic data with known parameters, invariants, serialisation.
+
+Pure logic, no server: every test runs in milliseconds to a second.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner import costmodel
+from tuner.costmodel import (
+    Acceptance,
+    CostModel,
+    Curve,
+    FitData,
+    KernelObs,
+    LevelObs,
+    Repeat,
+    fit,
+    fit_curve,
+    geometric_rates,
+    select_form,
+)
+
+LEVELS = [1, 2, 3, 4, 6, 8]
+
+
+def truth_rates(n_max: int, alpha: float = 0.8) -> tuple[float, ...]:
+    return tuple(alpha**i for i in range(1, n_max + 1))
+
+
+def synthetic(
+    plain_ms,
+    spec_ms,
+    rates: tuple[float, ...],
+    levels=LEVELS,
+    repeats: int = 1,
+    noise: float = 0.0,
+    seed: int = 0,
+    n_parallel: int = 8,
+    drafts_per_repeat: int = 10_000,
+    kernel: tuple[KernelObs, ...] = (),
+) -> FitData:
+    """Levels generated from known step costs (ms, as functions of c) and acceptance rates."""
+    rng = np.random.default_rng(seed)
+    n_max = len(rates)
+    length = 1.0 + sum(rates)
+    obs = []
+    for c in levels:
+        for config, step, tokens in (("plain", plain_ms, 1.0), ("spec", spec_ms, length)):
+            reps = []
+            for _ in range(repeats):
+                t = step(c) * (1 + noise * rng.standard_normal())
+                per_position = tuple(drafts_per_repeat * r for r in rates)
+                reps.append(
+                    Repeat(
+                        tokens_per_second=1000.0 * c * tokens / t,
+                        accept_len=tokens,
+                        step_ms=t,
+                        drafts=drafts_per_repeat if config == "spec" else 0.0,
+                        accepted_per_position=per_position if config == "spec" else (),
+                    )
+                )
+            obs.append(LevelObs(config, c, tuple(reps), None if config == "plain" else 0))
+    return FitData(n_parallel, n_max, tuple(obs), kernel)
+
+
+# --- forms ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("form", "params"),
+    [
+        ("linear", (12.0, 3.0)),
+        ("power", (8.0, 5.0, 0.6)),
+        ("quadratic", (10.0, 1.0, 0.4)),
+        ("knee", (20.0, 4.0, 3.0)),
+    ],
+)
+def test_each_form_recovers_its_own_parameters(form: str, params: tuple[float, ...]) -> None:
+    x = np.arange(1, 13, dtype=float)
+    y = costmodel.FORMS[form].evaluate(params, x)
+    curve = fit_curve(form, x, y)
+    assert curve.params == pytest.approx(params, rel=1e-3, abs=1e-3)
+
+
+def test_leave_one_out_picks_the_true_form() -> None:
+    x = np.array([1, 2, 3, 4, 6, 8], dtype=float)
+    power = select_form(x, 8.0 + 5.0 * x**0.5, 8)
+    assert power.curve.form == "power"
+    assert power.loo_rmse_pct["power"] < 1e-3
+    linear = select_form(x, 12.0 + 3.0 * x, 8)
+    assert linear.curve.form == "linear"  # the simplest of the forms that fit exactly
+
+
+def test_forms_that_fall_with_more_streams_are_rejected() -> None:
+    x = np.array([1, 2, 4, 8], dtype=float)
+    y = np.array([10.0, 14.0, 16.0, 15.0])  # a noisy last point would make a quadratic fall
+    choice = select_form(x, y, 8)
+    grid = np.linspace(1, 8, 50)
+    assert np.all(np.diff(choice.curve(grid)) >= -1e-9)
+
+
+# --- fit recovery on synthetic data with known parameters ----------------------------------
+
+
+def test_fit_recovers_known_linear_step_costs_and_acceptance() -> None:
+    rates = truth_rates(4)
+    data = synthetic(lambda c: 12.0 + 3.0 * c, lambda c: 20.0 + 9.0 * c, rates)
+    result = fit(data, replicates=20)
+    m = result.model
+    assert m.plain.form == "linear" and m.spec.form == "linear"
+    assert m.plain.params == pytest.approx((12.0, 3.0), rel=1e-6)
+    assert m.spec.params == pytest.approx((20.0, 9.0), rel=1e-6)
+    assert m.acceptance.source == "measured"
+    assert m.acceptance.rates == pytest.approx(rates)
+    assert m.acceptance.mean_length == pytest.approx(1 + sum(rates))
+    for n in range(1, 5):
+        assert m.acceptance.length(n) == pytest.approx(1 + sum(rates[:n]))
+    c = np.arange(1, 9)
+    assert m.plain_tps(c) == pytest.approx(1000 * c / (12.0 + 3.0 * c))
+    assert m.spec_tps(c) == pytest.approx(1000 * c * (1 + sum(rates)) / (20.0 + 9.0 * c))
+    assert abs(result.quality["worst_residual_pct"]) < 1e-6
+
+
+def test_fit_recovers_a_power_law_from_noisy_repeats() -> None:
+    rates = truth_rates(3, 0.7)
+
+    def plain(c):
+        return 9.0 + 6.0 * c**0.7
+
+    def spec(c):
+        return 15.0 + 14.0 * c**0.8
+
+    data = synthetic(plain, spec, rates, repeats=3, noise=0.005, seed=1)
+    m = fit(data, replicates=50).model
+    c = np.arange(1, 9, dtype=float)
+    assert np.max(np.abs(m.plain_step(c) / plain(c) - 1)) < 0.02
+    assert np.max(np.abs(m.spec_step(c) / spec(c) - 1)) < 0.02
+    # The intervals come close to the truth (a bootstrap over 3 repeats runs a little narrow).
+    truth = 1000 * c * (1 + sum(rates)) / spec(c)
+    pred = m.predict(0)
+    assert all(
+        lo * 0.99 <= t <= hi * 1.01 for lo, t, hi in zip(pred.lower, truth, pred.upper, strict=True)
+    )
+
+
+def test_smaller_draft_lengths_follow_the_kernel_verify_cost() -> None:
+    """Truth: T_spec(c, n) = T_plain(c) + [V(c, n+1) - V(c, 1)] + n * d(c)."""
+    n_max = 4
+    rates = truth_rates(n_max)
+
+    def verify(c, k):
+        return 6.0 + 2.0 * c * k**0.7  # sub-linear in k: memory-bound verify rows
+
+    def plain(c):
+        return verify(c, 1) + 3.0  # server overhead over the kernel
+
+    def draft(c):
+        return 0.5 + 1.2 * c  # per draft token
+
+    def spec_at(c, n):
+        return plain(c) + verify(c, n + 1) - verify(c, 1) + n * draft(c)
+
+    kernel = tuple(KernelObs(c, k, verify(c, k)) for c in range(1, 9) for k in (1, 2, 3, n_max + 1))
+    data = synthetic(plain, lambda c: spec_at(c, n_max), rates, kernel=kernel)
+    m = fit(data, replicates=10).model
+    assert set(m.verify) == {1, 2, 3, 5}
+    c = np.arange(1, 9, dtype=float)
+    for n in range(1, n_max + 1):
+        assert m.spec_step(c, n) == pytest.approx(spec_at(c, n), rel=0.01)
+        expected = 1000 * c * (1 + sum(rates[:n])) / spec_at(c, n)
+        assert m.spec_tps(c, n) == pytest.approx(expected, rel=0.01)
+
+
+def test_without_kernel_rows_the_step_is_linear_in_the_draft_length() -> None:
+    rates = truth_rates(4)
+    data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 30.0 + 10.0 * c, rates)
+    m = fit(data, replicates=5).model
+    c = np.arange(1, 9, dtype=float)
+    plain, spec = 10.0 + 2.0 * c, 30.0 + 10.0 * c
+    assert m.spec_step(c, 2) == pytest.approx(plain + 0.5 * (spec - plain))
+
+
+def test_acceptance_is_inferred_when_only_tokens_per_step_were_measured() -> None:
+    rates = truth_rates(3)
+    data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 25.0 + 6.0 * c, rates)
+    stripped = tuple(
+        LevelObs(
+            lv.config,
+            lv.concurrency,
+            tuple(Repeat(r.tokens_per_second, r.accept_len, r.step_ms) for r in lv.repeats),
+            lv.max_slots,
+        )
+        for lv in data.levels
+    )
+    m = fit(FitData(8, 3, stripped), replicates=5).model
+    assert m.acceptance.source == "inferred"
+    assert m.acceptance.length() == pytest.approx(1 + sum(rates))
+    assert m.acceptance.expected(3) == pytest.approx(1 + sum(rates), rel=1e-6)
+    assert m.n_values() == [1, 2, 3]
+
+
+def test_tok_s_only_folds_acceptance_and_fixes_n_max() -> None:
+    levels = tuple(
+        LevelObs(cfg, c, (Repeat(tps),), ms)
+        for cfg, ms, row in (
+            ("plain", None, [38.7, 54.0, 67.5, 78.3]),
+            ("spec", 0, [56.5, 57.9, 64.8, 69.9]),
+        )
+        for c, tps in zip([1, 2, 4, 8], row, strict=True)
+    )
+    m = fit(FitData(8, 3, levels), replicates=20).model
+    assert m.acceptance.source == "folded"
+    assert m.n_values() == [3]
+    with pytest.raises(ValueError, match="only the profiled"):
+        m.spec_step([1, 2], 2)
+
+
+def test_seed_rows_predict_the_measured_threshold_row() -> None:
+    """From "MTP always" and "no MTP" alone, threshold 2 within 3 % of "max-slots 2"."""
+    c = [1, 2, 4, 8]
+    rows = {
+        "plain": [38.7, 54.0, 67.5, 78.3],
+        "spec": [56.5, 57.9, 64.8, 69.9],
+    }
+    measured = [56.5, 58.8, 66.5, 76.9]
+    levels = tuple(
+        LevelObs(cfg, ci, (Repeat(tps),), None if cfg == "plain" else 0)
+        for cfg, row in rows.items()
+        for ci, tps in zip(c, row, strict=True)
+    ) + tuple(
+        LevelObs("threshold", ci, (Repeat(tps),), 2) for ci, tps in zip(c, measured, strict=True)
+    )
+    result = fit(FitData(8, 3, levels))
+    predicted = result.model.predict(2, concurrency=c).tokens_per_second
+    for p, m in zip(predicted, measured, strict=True):
+        assert abs(p / m - 1) < 0.03
+    checks = result.quality["threshold_check"]
+    assert [ch["concurrency"] for ch in checks] == c
+    assert max(abs(ch["error_pct"]) for ch in checks) < 3.0
+
+
+def test_fit_needs_two_levels_of_each() -> None:
+    data = synthetic(lambda c: 10.0 + c, lambda c: 20.0 + 3 * c, truth_rates(2), levels=[1])
+    with pytest.raises(ValueError, match="two or more"):
+        fit(data)
+
+
+# --- uncertainty ----------------------------------------------------------------------------
+
+
+def test_bootstrap_is_seeded_and_intervals_hold_the_point() -> None:
+    data = synthetic(
+        lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), repeats=3, noise=0.02
+    )
+    a, b = fit(data, seed=7, replicates=40), fit(data, seed=7, replicates=40)
+    assert a.model.replicates == b.model.replicates
+    assert a.quality["uncertainty"]["method"] == "repeats"
+    pred = a.model.predict(3)
+    assert all(
+        lo <= p <= hi
+        for lo, p, hi in zip(pred.lower, pred.tokens_per_second, pred.upper, strict=True)
+    )
+    assert any(hi > lo for lo, hi in zip(pred.lower, pred.upper, strict=True))
+    cross = a.model.crossover()
+    assert cross.lower <= (cross.streams or cross.lower) <= cross.upper
+
+
+def test_residual_bootstrap_without_repeats() -> None:
+    data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), noise=0.02)
+    result = fit(data, replicates=30)
+    assert result.quality["uncertainty"]["method"] == "residuals"
+    gain = result.model.gain()
+    assert np.all(gain.lower <= gain.point) and np.all(gain.point <= gain.upper)
+
+
+def test_crossover_of_known_curves() -> None:
+    # plain(c) = 1000c/(10+2c); spec(c) = 1000c*2/(16+6c): equal where 2(10+2c) = 16+6c, c = 2.
+    model = CostModel(
+        8,
+        1,
+        Curve("linear", (10.0, 2.0)),
+        Curve("linear", (16.0, 6.0)),
+        Acceptance(1, 2.0, (1.0,), "measured"),
+    )
+    cross = model.crossover()
+    assert cross.streams == pytest.approx(2.0, abs=0.01)
+    assert cross.spec_wins_upto == 2  # equal at 2 counts as ahead
+
+
+# --- serialisation --------------------------------------------------------------------------
+
+
+def test_model_round_trips_through_json() -> None:
+    kernel = tuple(KernelObs(c, k, 5 + c * k) for c in range(1, 9) for k in (1, 2, 4))
+    data = synthetic(
+        lambda c: 10.0 + 2.0 * c,
+        lambda c: 22.0 + 7.0 * c,
+        truth_rates(3),
+        repeats=2,
+        noise=0.01,
+        kernel=kernel,
+    )
+    model = fit(data, replicates=10).model
+    again = CostModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    for n in again.n_values():
+        assert again.predict(2, n).to_dict() == model.predict(2, n).to_dict()
+    assert again.crossover().to_dict() == model.crossover().to_dict()
+
+
+# --- invariants (hypothesis) ----------------------------------------------------------------
+
+
+def _model(
+    plain_a: float, plain_b: float, spec_a: float, spec_b: float, rates: list[float]
+) -> CostModel:
+    rates_t = tuple(sorted(rates, reverse=True))
+    return CostModel(
+        8,
+        len(rates_t),
+        Curve("linear", (plain_a, plain_b)),
+        Curve("linear", (spec_a, spec_b)),
+        Acceptance(len(rates_t), 1.0 + sum(rates_t), rates_t, "measured"),
+    )
+
+
+positive = st.floats(0.5, 50.0, allow_nan=False)
+rate_lists = st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=6)
+
+
+@given(positive, positive, positive, positive, rate_lists, st.data())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_more_acceptance_never_lowers_spec_throughput(
+    pa: float, pb: float, sa: float, sb: float, rates: list[float], data: st.DataObject
+) -> None:
+    model = _model(pa, pb, sa, sb, rates)
+    base = model.acceptance.rates
+    assert base is not None
+    bumps = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(base), max_size=len(base)))
+    higher = [min(1.0, r + b) for r, b in zip(base, bumps, strict=True)]
+    higher = list(np.minimum.accumulate(np.maximum(higher, base)))  # still a_1 >= a_2 >= ...
+    better = CostModel(
+        model.n_parallel,
+        model.n_max,
+        model.plain,
+        model.spec,
+        model.acceptance.with_rates(higher),
+    )
+    c = model.levels
+    for n in model.n_values():
+        assert np.all(better.spec_tps(c, n) >= model.spec_tps(c, n) * (1 - 1e-12))
+
+
+@given(positive, positive, positive, positive, rate_lists, st.integers(0, 8))
+@settings(max_examples=150, deadline=None)
+def test_threshold_row_is_spec_up_to_n_and_plain_above(
+    pa: float, pb: float, sa: float, sb: float, rates: list[float], max_slots: int
+) -> None:
+    model = _model(pa, pb, sa, sb, rates)
+    c = model.levels
+    for n in model.n_values():
+        row = model.policy_tps(c, max_slots, n)
+        spec, plain = model.spec_tps(c, n), model.plain_tps(c)
+        limit = model.n_parallel if max_slots == 0 else max_slots
+        assert np.array_equal(row[c <= limit], spec[c <= limit])
+        assert np.array_equal(row[c > limit], plain[c > limit])
+
+
+@given(st.floats(1.0, 7.0), st.integers(1, 6))
+@settings(max_examples=60, deadline=None)
+def test_geometric_rates_reproduce_the_mean_length(length: float, n_max: int) -> None:
+    rates = geometric_rates(length, n_max)
+    assert len(rates) == n_max
+    assert all(a >= b for a, b in itertools.pairwise(rates))
+    assert 1 + sum(rates) == pytest.approx(min(length, n_max + 1.0), abs=1e-6)
+    assert not any(math.isnan(r) for r in rates)

@@ -1,0 +1,392 @@
+"""Fit, predict and recommend through the library and the real CLI (temporary SQLite databases).
+
+Includes the seed's must-show: from the "MTP always" and "no MTP" rows alone, the predicted
+threshold-2 row is within 3 % of the measured "max-slots 2" row, and the recommendation is 2 or 3
+with the reason (3 streams were not measured).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from benchdata import BENCH_LEVELS, Rep, store_profile
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from tuner import search
+from tuner.cli import app
+from tuner.costmodel import Acceptance, CostModel, Curve
+from tuner.errors import NothingToDoError
+from tuner.recommend import choose, current_fit, fit_model, recommend, render
+from tuner.store import Fit, Recommendation, Store
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
+SEED_MODEL = "Qwen3.8-Flash-Next"
+SEED_LEVELS = [1, 2, 4, 8]
+SEED_MAX_SLOTS_2 = [56.5, 58.8, 66.5, 76.9]
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'rec.db'}"
+
+
+def cli(db: str, *args: str):
+    return runner.invoke(app, ["--db", db, *args], env={"TUNER_HOST_NAME": "this-box"})
+
+
+@pytest.fixture
+def seeded(db: str) -> str:
+    result = cli(db, "import", str(SEED))
+    assert result.exit_code == 0, result.output
+    return db
+
+
+# --- the seed's must-show ---------------------------------------------------------------------
+
+
+def test_seed_threshold_2_prediction_within_3_percent(seeded: str) -> None:
+    result = cli(seeded, "predict", "--model", SEED_MODEL, "--max-slots", "2", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["concurrency"] == list(range(1, 9))
+    predicted = dict(zip(data["concurrency"], data["tokens_per_second"], strict=True))
+    errors = {
+        c: predicted[c] / measured - 1
+        for c, measured in zip(SEED_LEVELS, SEED_MAX_SLOTS_2, strict=True)
+    }
+    assert all(abs(e) < 0.03 for e in errors.values()), errors
+    assert all(
+        lo <= p <= hi
+        for lo, p, hi in zip(data["lower"], data["tokens_per_second"], data["upper"], strict=True)
+    )
+    # The threshold row was not fitted: the fit reports it as a held-out check.
+    fit = json.loads(cli(seeded, "fit", "--model", SEED_MODEL, "--format", "json").stdout)
+    checks = fit["quality"]["threshold_check"]
+    assert [c["concurrency"] for c in checks] == SEED_LEVELS
+    assert max(abs(c["error_pct"]) for c in checks) < 3.0
+    assert fit["inputs"]["sources"] == ["imported"]
+
+
+def test_seed_recommendation_is_2_or_3_with_the_reason(seeded: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    assert lines[0] in ("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2", "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=3")
+    assert "3 streams not measured" in result.stderr
+    assert "measure 3 streams next" in result.stderr
+    data = json.loads(cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "json").stdout)
+    assert data["max_slots"] in (2, 3)
+    assert data["measure_next"] == [3]
+    assert any("3 streams not measured" in r for r in data["reasons"])
+    assert "imported data" in data["host_note"]
+
+
+def test_seed_recommendation_explained_on_stdout(seeded: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL, "--explain")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    for word in ("plain", "spec", "chosen", "vs plain", "3 streams not measured"):
+        assert word in result.stdout
+    quiet = cli(seeded, "recommend", "--model", SEED_MODEL, "-q")
+    assert quiet.stderr == "" and len(quiet.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ("env", "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2"),
+        ("shell", "export LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2"),
+        ("systemd", "Environment=LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2"),
+        ("args", "--spec-draft-max-slots 2"),
+    ],
+)
+def test_output_formats(seeded: str, fmt: str, expected: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL, "--format", fmt, "-q")
+    assert result.exit_code == 0
+    assert result.stdout == expected + "\n"
+
+
+def test_unknown_format_is_an_error(seeded: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "yaml")
+    assert result.exit_code == 2 and "expected one of" in result.stderr
+
+
+# --- nothing to recommend from -------------------------------------------------------------
+
+
+def test_empty_database_exits_1_naming_the_fix(db: str) -> None:
+    result = cli(db, "recommend", "--model", "nothing-here")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "tuner profile" in result.stderr and "tuner import" in result.stderr
+
+
+def test_model_with_only_plain_levels_exits_1(db: str) -> None:
+    store = Store(db)
+    store_profile(store, levels=[lv for lv in BENCH_LEVELS if lv[0] == "plain"], kernel=[])
+    result = cli(db, "recommend", "--model", "smollm2-bench")
+    assert result.exit_code == 1 and "tuner profile" in result.stderr
+    for command in (("fit",), ("predict", "--max-slots", "2")):
+        again = cli(db, *command, "--model", "smollm2-bench")
+        assert again.exit_code == 1
+
+
+def test_a_host_without_data_is_named(seeded: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL, "--host", "elsewhere")
+    assert result.exit_code == 1
+    assert "elsewhere" in result.stderr and "gfx1151" in result.stderr
+
+
+# --- bench regimes: spec ahead up to N and behind above, by the measurements -----------------
+
+
+def regime2_levels() -> list[tuple[str, int, list[Rep]]]:
+    """Like the bench's n-max 3, synth-len 2.0 regime: crossover between 2 and 4, small margins."""
+    rng = np.random.default_rng(5)
+    rates = (0.5437, 0.2956, 0.1607)  # geometric, mean length 2.0
+    plain_ms = {1: 37.0, 2: 52.6, 4: 64.0, 8: 83.4}
+    spec_ms = {1: 69.0, 2: 98.0, 4: 141.0, 8: 216.0}
+    levels: list[tuple[str, int, list[Rep]]] = []
+    for c, ms in plain_ms.items():
+        reps = []
+        for _ in range(2):
+            step = ms * (1 + 0.01 * rng.standard_normal())
+            reps.append((1000 * c / step, 1.0, step, 0, []))
+        levels.append(("plain", c, reps))
+    for c, ms in spec_ms.items():
+        reps = []
+        for _ in range(2):
+            step = ms * (1 + 0.01 * rng.standard_normal())
+            drafts = int(c * 96)
+            counts = [int(drafts * r * (1 + 0.04 * rng.standard_normal())) for r in rates]
+            length = 1 + sum(counts) / drafts
+            reps.append((1000 * c * length / step, length, step, drafts, counts))
+        levels.append(("spec", c, reps))
+    return levels
+
+
+def measured_gain(levels: list[tuple[str, int, list[Rep]]]) -> dict[int, float]:
+    med = {(cfg, c): float(np.median([r[0] for r in reps])) for cfg, c, reps in levels}
+    return {c: med["spec", c] / med["plain", c] - 1 for cfg, c in med if cfg == "plain"}
+
+
+@pytest.mark.parametrize(
+    ("levels", "n_max"), [(BENCH_LEVELS, 6), (regime2_levels(), 3)], ids=["nmax6", "nmax3"]
+)
+def test_bench_regimes_recommend_a_threshold_the_measurements_agree_with(
+    db: str, levels: list[tuple[str, int, list[Rep]]], n_max: int
+) -> None:
+    store = Store(db)
+    store_profile(store, levels=levels, n_max=n_max, kernel=[] if n_max == 3 else None)
+    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    gains = measured_gain(levels)
+    limit = 8 if report.max_slots == 0 else report.max_slots
+    for c, g in gains.items():
+        assert (g > 0) == (c <= limit), (report.max_slots, gains, report.reasons)
+
+
+# --- storage and provenance --------------------------------------------------------------------
+
+
+def test_recommendation_is_stored_with_its_fit_and_study(db: str) -> None:
+    store = Store(db)
+    store_profile(store)
+    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    with store.session() as session:
+        row = session.get(Recommendation, report.id)
+        assert row.fit_id == report.fit_id and row.study_name == report.study_name
+        assert row.max_slots == report.max_slots and row.n_max == 6
+        assert row.details["reasons"] == report.reasons
+        fit = session.get(Fit, report.fit_id)
+        assert fit.version == "costmodel-1" and fit.form.startswith("plain=")
+        assert fit.inputs["runs"] == [1] and len(fit.inputs["levels"]) == 8
+        assert fit.inputs["kernel_rows"] == 32
+        assert "points" in fit.quality and "worst_residual_pct" in fit.quality
+    import optuna
+
+    study = optuna.load_study(study_name=report.study_name, storage=store.url)
+    assert study.user_attrs["fit_id"] == report.fit_id
+    assert len(study.trials) == 9  # N = 0..8, enumerated
+
+
+def test_fit_is_reused_until_the_data_changes(db: str) -> None:
+    store = Store(db)
+    store_profile(store)
+    first = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True)
+    again = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True)
+    assert again.reused and again.id == first.id
+    explicit = fit_model(store, "smollm2-bench", "bench-host", host_explicit=True)
+    assert explicit.id != first.id and not explicit.reused
+    store_profile(store)  # a second run of the same spec: more data
+    newer = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True)
+    assert newer.id not in (first.id, explicit.id) and newer.inputs["runs"] == [1, 2]
+
+
+def test_same_data_gives_the_same_answer(tmp_path: Path) -> None:
+    answers = []
+    for i in range(2):
+        store = Store(f"sqlite:///{tmp_path / f'{i}.db'}")
+        store_profile(store)
+        r = recommend(
+            store, "smollm2-bench", host="bench-host", host_explicit=True, tune_n_max=True
+        )
+        answers.append((r.max_slots, r.n_max, r.objective, r.reasons))
+    assert answers[0] == answers[1]
+
+
+def test_tune_n_max_prints_both_settings(db: str) -> None:
+    store_profile(Store(db))
+    result = cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "-q")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert [line.split("=")[0] for line in lines] == [
+        "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS",
+        "LLAMA_ARG_SPEC_DRAFT_N_MAX",
+    ]
+    shell = cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "--format", "shell")
+    assert shell.stdout.count("\n") == 1 and "LLAMA_ARG_SPEC_DRAFT_N_MAX=" in shell.stdout
+    # this-box has no data: the host falls back to the only one with data, and says so
+    assert "no measurements of smollm2-bench on this machine (this-box)" in shell.stderr
+
+
+def test_unreachable_single_stream_floor_is_an_error(db: str) -> None:
+    store_profile(Store(db))
+    result = cli(db, "recommend", "--model", "smollm2-bench", "--min-single-stream", "10000")
+    assert result.exit_code == 2 and "--min-single-stream" in result.stderr
+
+
+def test_weights_from_the_profile_shape_the_objective(db: str) -> None:
+    store = Store(db)
+    store_profile(store, weights={"1": 1.0})
+    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    # Only single-stream counts: every N drafts at 1 stream, so all tie; the smallest N the
+    # measurements allow (spec measured ahead at 2, behind at 4) wins.
+    assert report.max_slots == 2
+    row = report.table[0]
+    assert report.objective == pytest.approx(row.chosen)
+
+
+def test_predict_table_and_n_max(db: str) -> None:
+    store_profile(Store(db))
+    result = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "3")
+    assert result.exit_code == 0, result.output
+    assert "n_max 3" in result.stdout
+    bad = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "9")
+    assert bad.exit_code == 2 and "1..6" in bad.stderr
+    too_many = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "99")
+    assert too_many.exit_code == 2
+
+
+def test_fit_command_reports_quality(db: str) -> None:
+    store_profile(Store(db))
+    result = cli(db, "fit", "--model", "smollm2-bench")
+    assert result.exit_code == 0, result.output
+    for text in ("worst residual", "crossover", "step cost", "leave-one-out"):
+        assert text in result.stdout
+    data = json.loads(cli(db, "fit", "--model", "smollm2-bench", "--format", "json").stdout)
+    assert data["quality"]["uncertainty"]["method"] == "repeats"
+    assert len(data["quality"]["points"]) == 8
+    assert data["n_values"] == [1, 2, 3, 4, 5, 6]
+
+
+# --- the choice rules on hand-made models ---------------------------------------------------
+
+
+def hand_model(spec_b: float, spread: float = 0.02, n_parallel: int = 8) -> CostModel:
+    """plain 10 + 2c ms, spec 16 + spec_b*c ms with L = 2; replicates jitter spec_b."""
+    rng = np.random.default_rng(0)
+    model = CostModel(
+        n_parallel,
+        1,
+        Curve("linear", (10.0, 2.0)),
+        Curve("linear", (16.0, spec_b)),
+        Acceptance(1, 2.0, (1.0,), "measured"),
+    )
+    model.replicates = [
+        {"plain": [10.0, 2.0], "spec": [16.0, spec_b * (1 + spread * rng.standard_normal())]}
+        for _ in range(200)
+    ]
+    return model
+
+
+def choice_for(model: CostModel, gains: dict[int, float]):
+    weights = search.objective_weights(model.n_parallel)
+    result = search.run_study(None, "hand", model, weights)
+    return result, choose(model, weights, result, gains)
+
+
+def test_within_uncertainty_the_smaller_n_wins_and_says_so() -> None:
+    model = hand_model(5.3)  # spec 0.3 % ahead at 3 streams, 3 % behind at 4
+    result, choice = choice_for(model, {1: 0.4, 2: 0.2, 4: -0.03, 8: -0.2})
+    assert result.best.max_slots == 3
+    assert choice.model_optimum == 3 and choice.max_slots == 2
+    assert any("preferring the smaller N" in r for r in choice.reasons)
+    assert choice.measure_next == [3]
+
+
+def test_a_clear_gain_is_not_a_tie() -> None:
+    model = hand_model(4.6, spread=0.001)  # crossover at 6.7 streams, +0.9 % at 6, -1.3 % at 7
+    _, choice = choice_for(model, {1: 0.4, 2: 0.3, 4: 0.1, 8: -0.03})
+    assert choice.max_slots == choice.model_optimum == 6
+    assert choice.measure_next == []
+    assert not any("preferring the smaller N" in r for r in choice.reasons)
+
+
+def test_measurements_bound_the_choice() -> None:
+    model = hand_model(5.3, spread=0.0001)  # the model alone would say 3
+    _, choice = choice_for(model, {1: 0.4, 2: -0.01, 4: -0.1, 8: -0.2})
+    assert choice.max_slots == 1
+    assert any("contradicts the measurements" in r for r in choice.reasons)
+
+
+def test_spec_ahead_everywhere_recommends_no_limit() -> None:
+    _, choice = choice_for(hand_model(1.0, spread=0.0001), {1: 0.6, 8: 0.2})
+    assert choice.max_slots == 0
+    assert "N=0" in choice.reasons[0]
+
+
+def test_plain_ahead_everywhere_recommends_the_least_drafting() -> None:
+    _, choice = choice_for(hand_model(40.0, spread=0.0001), {1: -0.3, 8: -0.8})
+    assert choice.max_slots == 1
+    assert "without drafting" in choice.reasons[0]
+
+
+def test_render_rejects_unknown_formats(db: str) -> None:
+    store_profile(Store(db))
+    report = recommend(Store(db), "smollm2-bench", host="bench-host", host_explicit=True)
+    assert json.loads(render(report, "json"))["max_slots"] == report.max_slots
+    with pytest.raises(Exception, match="expected one of"):
+        render(report, "xml")
+
+
+def test_library_raises_nothing_to_do(db: str) -> None:
+    with pytest.raises(NothingToDoError, match="tuner profile"):
+        recommend(Store(db), "absent")
+    with Store(db).session() as session:
+        assert session.scalars(select(Recommendation)).first() is None
+
+
+def test_fit_and_search_take_under_5_s_on_bench_data(db: str) -> None:
+    import time
+
+    store = Store(db)
+    store_profile(store)
+    started = time.perf_counter()
+    stored = fit_model(store, "smollm2-bench", "bench-host", host_explicit=True)
+    recommend(
+        store,
+        "smollm2-bench",
+        host="bench-host",
+        host_explicit=True,
+        tune_n_max=True,
+        fit_id=stored.id,
+    )
+    assert time.perf_counter() - started < 5.0

@@ -1,0 +1,263 @@
+"""The search: an Optuna study over spec_draft_max_slots (and n_max) on a fitted cost model.
+
+The study lives in the tuner's own database (Optuna's tables beside the `tuner_` ones), one per
+model, host, build, fit and search options, so a rerun resumes it and the same data gives the same
+answer. Parameters: `spec_draft_max_slots` in 0..n_parallel (0 = always draft) and, when asked,
+`spec_draft_n_max` in 1..the profiled n_max. Objective: workload-weighted aggregate tok/s over
+concurrency 1..n_parallel (weights from the profile, default uniform), with an optional floor on
+single-stream tok/s (a constraint: trials below it are infeasible, not optimal).
+
+The space is small ((n_parallel + 1) x n_max points), so it is enumerated with Optuna's
+BruteForceSampler: the study's best feasible trial is the model's true optimum. Spaces above
+BRUTE_FORCE_LIMIT use a seeded multivariate TPE sampler with TPE_TRIALS trials;
+tests/test_search.py shows that budget reaching the enumerated optimum on a larger space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.costmodel import CostModel
+
+MAX_SLOTS_PARAM = "spec_draft_max_slots"
+N_MAX_PARAM = "spec_draft_n_max"
+BRUTE_FORCE_LIMIT = 1024
+TPE_TRIALS = 400
+
+
+def objective_weights(
+    n_parallel: int, weights: Mapping[int | str, float] | None = None
+) -> np.ndarray:
+    """Weights w_c for c = 1..n_parallel, summing to 1 (uniform when none are given).
+
+    Keys may be ints or int strings (weights stored in JSON); levels above n_parallel are dropped.
+    """
+    w = np.zeros(n_parallel)
+    if not weights:
+        w[:] = 1.0
+    else:
+        for key, value in weights.items():
+            c = int(key)
+            if 1 <= c <= n_parallel and value > 0:
+                w[c - 1] = float(value)
+        if w.sum() <= 0:
+            raise ValueError(f"no workload weight falls on concurrency 1..{n_parallel}")
+    return w / w.sum()
+
+
+def policy_objective(
+    model: CostModel, max_slots: int, n_max: int | None, weights: np.ndarray
+) -> float:
+    """sum_c w_c * tok/s at c under the threshold policy (the point estimate)."""
+    return float(weights @ model.policy_tps(model.levels, max_slots, n_max))
+
+
+def objective_samples(
+    model: CostModel, max_slots: int, n_max: int | None, weights: np.ndarray
+) -> np.ndarray:
+    """The objective under every bootstrap replicate of the model."""
+    return model.samples(lambda m: np.array(policy_objective(m, max_slots, n_max, weights)))
+
+
+def single_stream(model: CostModel, max_slots: int, n_max: int | None) -> float:
+    return float(model.policy_tps([1], max_slots, n_max)[0])
+
+
+def space_size(n_parallel: int, n_values: list[int]) -> int:
+    return (n_parallel + 1) * len(n_values)
+
+
+def preference(max_slots: int, n_max: int, n_parallel: int, profiled_n: int) -> tuple:
+    """Order among equal objectives: N = 0 (the server default) over its twin N = n_parallel,
+    then smaller N; the profiled n_max (measured, not extrapolated) first, then larger n."""
+    effective = n_parallel if max_slots == 0 else max_slots
+    return (effective, 0 if max_slots == 0 else 1, n_max != profiled_n, -n_max)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    max_slots: int
+    n_max: int
+    value: float
+    single_stream: float
+    feasible: bool
+
+
+def enumerate_space(
+    model: CostModel,
+    weights: np.ndarray,
+    n_values: list[int],
+    min_single_stream: float | None = None,
+) -> list[Candidate]:
+    """Every (N, n_max) with its objective, without Optuna (the reference for tests)."""
+    out = []
+    for n in n_values:
+        for max_slots in range(model.n_parallel + 1):
+            single = single_stream(model, max_slots, n)
+            out.append(
+                Candidate(
+                    max_slots,
+                    n,
+                    policy_objective(model, max_slots, n, weights),
+                    single,
+                    min_single_stream is None or single >= min_single_stream,
+                )
+            )
+    return out
+
+
+def best_candidate(candidates: list[Candidate], n_parallel: int, profiled_n: int) -> Candidate:
+    feasible = [c for c in candidates if c.feasible]
+    if not feasible:
+        raise ValueError("no candidate meets the single-stream floor")
+    top = max(c.value for c in feasible)
+    ties = [c for c in feasible if c.value >= top - 1e-9 * max(1.0, abs(top))]
+    return min(ties, key=lambda c: preference(c.max_slots, c.n_max, n_parallel, profiled_n))
+
+
+@dataclass
+class SearchResult:
+    """The study's outcome: its name, sampler, trials and best feasible candidate."""
+
+    study_name: str
+    sampler: str
+    space_size: int
+    trials: int
+    new_trials: int
+    best: Candidate
+    candidates: list[Candidate] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study_name": self.study_name,
+            "sampler": self.sampler,
+            "space_size": self.space_size,
+            "trials": self.trials,
+            "new_trials": self.new_trials,
+            "best": self.best.__dict__,
+            "weights": self.weights,
+        }
+
+
+def study_name(
+    model_name: str,
+    host: str | None,
+    build: str | None,
+    fit_id: int | None,
+    options: Mapping[str, Any],
+) -> str:
+    """One study per model, host, build and fit; the search options are hashed into the name."""
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:10]
+    build_part = (build or "unknown-build")[:16]
+    fit_part = f"fit{fit_id}" if fit_id is not None else "unsaved"
+    where = f"{model_name}@{host or 'unknown-host'}"
+    if len(where) > 400:  # Optuna keeps study names up to 512 characters
+        where = hashlib.sha256(where.encode()).hexdigest()[:16]
+    return f"tuner:{where}:{build_part}:{fit_part}:{digest}"
+
+
+def _storage(url: str):
+    import optuna
+
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": 30}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def run_study(
+    storage_url: str | None,
+    name: str,
+    model: CostModel,
+    weights: np.ndarray,
+    *,
+    tune_n_max: bool = False,
+    min_single_stream: float | None = None,
+    seed: int = 0,
+    brute_force_limit: int = BRUTE_FORCE_LIMIT,
+    tpe_trials: int = TPE_TRIALS,
+    user_attrs: Mapping[str, Any] | None = None,
+) -> SearchResult:
+    """Create or resume the study and run the trials it still needs; return its best candidate.
+
+    storage_url None keeps the study in memory (tests, benchmarks).
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    n_values = model.n_values() if tune_n_max else [model.n_max]
+    size = space_size(model.n_parallel, n_values)
+    floor = min_single_stream
+
+    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+        return [float(trial.user_attrs.get("floor_violation", 0.0))]
+
+    if size <= brute_force_limit:
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.BruteForceSampler(seed=seed)
+        sampler_name, budget = "BruteForceSampler", size
+    else:
+        sampler = optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            n_startup_trials=min(50, tpe_trials // 4),
+            constraints_func=constraints if floor is not None else None,
+        )
+        sampler_name, budget = "TPESampler", tpe_trials
+    study = optuna.create_study(
+        study_name=name,
+        storage=_storage(storage_url) if storage_url else None,
+        sampler=sampler,
+        direction="maximize",
+        load_if_exists=True,
+    )
+    if not study.user_attrs:
+        for key, value in {**(user_attrs or {}), "sampler": sampler_name, "seed": seed}.items():
+            study.set_user_attr(key, value)
+
+    def objective(trial: optuna.trial.Trial) -> float:
+        max_slots = trial.suggest_int(MAX_SLOTS_PARAM, 0, model.n_parallel)
+        n = trial.suggest_int(N_MAX_PARAM, n_values[0], n_values[-1]) if tune_n_max else n_values[0]
+        single = single_stream(model, max_slots, n)
+        trial.set_user_attr("single_stream_tps", single)
+        violation = (floor - single) if floor is not None else 0.0
+        trial.set_user_attr("floor_violation", violation)
+        trial.set_user_attr("feasible", violation <= 0)
+        return policy_objective(model, max_slots, n, weights)
+
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    remaining = max(0, budget - len(done))
+    if remaining:
+        study.optimize(objective, n_trials=remaining)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    seen: dict[tuple[int, int], Candidate] = {}
+    for t in complete:
+        n = int(t.params.get(N_MAX_PARAM, n_values[0]))
+        key = (int(t.params[MAX_SLOTS_PARAM]), n)
+        seen[key] = Candidate(
+            key[0],
+            n,
+            float(t.value),
+            float(t.user_attrs.get("single_stream_tps", 0.0)),
+            bool(t.user_attrs.get("feasible", True)),
+        )
+    candidates = sorted(seen.values(), key=lambda c: (c.n_max, c.max_slots))
+    best = best_candidate(candidates, model.n_parallel, model.n_max)
+    return SearchResult(
+        name,
+        sampler_name,
+        size,
+        len(complete),
+        remaining,
+        best,
+        candidates,
+        [float(v) for v in weights],
+    )
