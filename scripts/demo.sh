@@ -14,7 +14,7 @@ spec=profiles/bench-smollm2-cpu.toml
 model=smollm2-135m-f32
 
 $tuner profile "$spec" --resume
-$tuner recommend --model "$model" --explain > "$OUT/server.env"
+$tuner recommend --model "$model" > "$OUT/server.env"
 $tuner validate --model "$model" --resume
 $tuner report --model "$model" --out "$OUT/report"
 echo

@@ -1,0 +1,400 @@
+"""`tuner report`: the plotted series are the cost model's, the files are valid and stay in --out.
+
+Fast and without a server: the bench data is the stored real bench profile (tests/benchdata.py),
+the imported data is the seed's table, and a validation run is stored the way `tuner validate`
+stores one.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from benchdata import BENCH_LEVELS, Rep, store_profile
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.errors import NothingToDoError
+from tuner.recommend import current_fit, recommend
+from tuner.report import (
+    PNG_NAME,
+    SUMMARY_NAME,
+    SVG_NAME,
+    RecommendationInfo,
+    group_points,
+    points_gid,
+    report_data,
+    write_report,
+)
+from tuner.results import LevelPoint, model_points
+from tuner.store import Run, Store
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
+SEED_MODEL = "Qwen3.8-Flash-Next"
+SEED_HOST = "Ryzen AI Max+ 395 (gfx1151)"
+BENCH_MODEL = "smollm2-bench"
+BENCH_HOST = "bench-host"
+SVG_NS = "{http://www.w3.org/2000/svg}"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def matplotlib_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """matplotlib's font cache goes to a temporary folder, not the user's home."""
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path_factory.mktemp("mplconfig")))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    """A database in its own folder, so the tests can watch every other file."""
+    return f"sqlite:///{tmp_path / 'db' / 'report.db'}"
+
+
+@pytest.fixture
+def bench_store(db: str) -> Store:
+    store = Store(db)
+    store_profile(store)
+    return store
+
+
+def cli(db: str, *args: str):
+    return runner.invoke(app, ["--db", db, *args], env={"TUNER_HOST_NAME": "this-box"})
+
+
+def tree(root: Path, skip: str = "db") -> set[str]:
+    """Every file and folder under root (relative), except the database folder."""
+    return {
+        str(p.relative_to(root)) for p in root.rglob("*") if p.relative_to(root).parts[0] != skip
+    }
+
+
+# --- the series: exactly the cost model's predictions ---------------------------------------
+
+
+def test_report_data_plots_the_cost_model_predictions(bench_store: Store) -> None:
+    fit = current_fit(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    cm = fit.model
+    rec = RecommendationInfo(id=1, max_slots=3, n_max=cm.n_max, fit_id=fit.id)
+    points = model_points(bench_store, BENCH_MODEL)
+    data = report_data(BENCH_MODEL, BENCH_HOST, fit.id, cm, rec, points)
+
+    for key, max_slots in (("plain", None), ("spec", 0), ("policy", 3)):
+        pred = cm.predict(max_slots, cm.n_max)
+        curve = data.curve(key)
+        assert curve.concurrency == list(range(1, 9))
+        assert curve.tokens_per_second == pytest.approx(pred.tokens_per_second, rel=1e-12)
+        assert curve.lower == pytest.approx(pred.lower, rel=1e-12)
+        assert curve.upper == pytest.approx(pred.upper, rel=1e-12)
+        per_stream = curve.per_stream()
+        assert per_stream.tokens_per_second == pytest.approx(
+            [v / c for c, v in zip(pred.concurrency, pred.tokens_per_second, strict=True)]
+        )
+    # the policy follows spec up to N and plain above it
+    policy, spec, plain = data.curve("policy"), data.curve("spec"), data.curve("plain")
+    assert policy.tokens_per_second[:3] == pytest.approx(spec.tokens_per_second[:3])
+    assert policy.tokens_per_second[3:] == pytest.approx(plain.tokens_per_second[3:])
+    assert "N=3" in policy.label
+
+    cross = cm.crossover()
+    assert data.crossover == cross
+    assert cross.streams is not None and 1.5 < cross.streams < 2.5
+
+    medians = {
+        (config, c): statistics.median(r[0] for r in reps) for config, c, reps in BENCH_LEVELS
+    }
+    measured_plain = data.point_series("measured plain")
+    measured_spec = data.point_series("measured N=0")
+    assert measured_plain is not None and measured_spec is not None
+    assert measured_plain.concurrency == [1, 2, 4, 8]
+    assert measured_plain.tokens_per_second == pytest.approx(
+        [medians[("plain", c)] for c in (1, 2, 4, 8)]
+    )
+    assert measured_spec.tokens_per_second == pytest.approx(
+        [medians[("spec", c)] for c in (1, 2, 4, 8)]
+    )
+    assert data.point_series("validation N=0") is None
+
+
+def _point(run_id: int, config: str, max_slots: int | None, c: int, tps: float, spread):
+    return LevelPoint(
+        run_id=run_id,
+        config=config,
+        max_slots=max_slots,
+        n_max=3,
+        concurrency=c,
+        status="completed",
+        repeats=2,
+        tokens_per_second=tps,
+        tokens_per_second_spread=spread,
+        per_stream_tps=tps / c,
+        step_ms=None,
+        step_ms_spread=None,
+        accept_len=None,
+        ttft_ms=None,
+    )
+
+
+def test_points_are_grouped_by_candidate_with_spread_error_bars() -> None:
+    points = [
+        _point(1, "plain", None, 2, 100.0, 0.05),
+        _point(1, "plain", None, 1, 60.0, None),
+        _point(1, "spec", 0, 1, 90.0, 0.1),
+        _point(1, "max-slots-2", 2, 4, 120.0, 0.02),
+        _point(1, "label-from-attach", None, 1, 50.0, 0.0),  # not a policy: left out
+        _point(7, "max-slots-2", 2, 2, 110.0, 0.01),  # a validation run
+        _point(7, "plain", None, 2, 101.0, 0.0),
+    ]
+    groups = {g.key: g for g in group_points(points, validation_runs=[7])}
+    assert list(groups) == [
+        "measured plain",
+        "measured N=0",
+        "measured N=2",
+        "validation plain",
+        "validation N=2",
+    ]
+    plain = groups["measured plain"]
+    assert plain.concurrency == [1, 2]  # sorted by concurrency
+    assert plain.error == pytest.approx([0.0, 5.0])  # spread x value
+    assert plain.per_stream().tokens_per_second == pytest.approx([60.0, 50.0])
+    assert plain.per_stream().error == pytest.approx([0.0, 2.5])
+    assert groups["measured N=0"].error == pytest.approx([9.0])
+    assert groups["validation N=2"].validation and groups["validation N=2"].run_ids == (7,)
+    assert points_gid("validation N=2") == "points-validation-N2"
+
+
+# --- the files --------------------------------------------------------------------------------
+
+
+def _svg_groups(svg: Path) -> dict[str, ET.Element]:
+    root = ET.parse(svg).getroot()
+    return {g.get("id"): g for g in root.iter(f"{SVG_NS}g") if g.get("id")}
+
+
+def _path_points(group: ET.Element) -> list[tuple[float, float]]:
+    """The vertices of the first path of a line's <g> ("M x y L x y ...")."""
+    path = next(group.iter(f"{SVG_NS}path"))
+    numbers = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", path.get("d", ""))]
+    return list(zip(numbers[0::2], numbers[1::2], strict=True))
+
+
+def _marker_count(group: ET.Element) -> int:
+    """Markers of a point series are <use> elements."""
+    return sum(1 for _ in group.iter(f"{SVG_NS}use"))
+
+
+def _assert_affine(pixels: list[float], values: list[float]) -> None:
+    """The plotted y pixels are a linear map of the values (a linear axis): the curve is them."""
+    (p0, v0), (p1, v1) = (pixels[0], values[0]), (pixels[-1], values[-1])
+    scale = (p1 - p0) / (v1 - v0)
+    for p, v in zip(pixels, values, strict=True):
+        assert p == pytest.approx(p0 + scale * (v - v0), abs=0.02)
+
+
+def test_bench_report_files_from_the_cli(
+    bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = tree(tmp_path)
+    result = cli(db, "report", "--model", BENCH_MODEL, "--host", BENCH_HOST, "--out", "out/r")
+    assert result.exit_code == 0, result.output
+    out = work / "out" / "r"
+    printed = result.stdout.split()
+    assert printed == [str(Path("out/r") / name) for name in (PNG_NAME, SVG_NAME, SUMMARY_NAME)]
+
+    # nothing written outside --out (the database folder aside)
+    new = tree(tmp_path) - before
+    assert new == {
+        "work/out",
+        "work/out/r",
+        f"work/out/r/{PNG_NAME}",
+        f"work/out/r/{SVG_NAME}",
+        f"work/out/r/{SUMMARY_NAME}",
+    }
+
+    png = (out / PNG_NAME).read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 20_000
+
+    fit = current_fit(Store(db), BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    cm = fit.model
+    with Store(db).session() as session:
+        from tuner.store import Recommendation
+
+        rec = session.scalars(select(Recommendation)).one()  # made by the report, stored
+        assert rec.fit_id == fit.id
+        n = rec.max_slots
+    assert n == 2  # the bench's recommendation (tests/test_recommend.py)
+
+    groups = _svg_groups(out / SVG_NAME)
+    for gid in ("curve-plain", "curve-spec", "curve-policy", "crossover"):
+        assert gid in groups and f"{gid}-per-stream" in groups
+    for key, max_slots in (("plain", None), ("spec", 0), ("policy", n)):
+        vertices = _path_points(groups[f"curve-{key}"])
+        assert len(vertices) == cm.n_parallel
+        _assert_affine([y for _, y in vertices], cm.predict(max_slots).tokens_per_second)
+        per_stream = _path_points(groups[f"curve-{key}-per-stream"])
+        values = cm.predict(max_slots).tokens_per_second
+        _assert_affine([y for _, y in per_stream], [v / (i + 1) for i, v in enumerate(values)])
+    assert _marker_count(groups[points_gid("measured plain")]) == 4
+    assert _marker_count(groups[points_gid("measured N=0")]) == 4
+    assert points_gid("validation N=2") not in groups
+    texts = " ".join("".join(t.itertext()) for t in ET.parse(out / SVG_NAME).iter(f"{SVG_NS}text"))
+    for label in ("model: plain", "always draft", "recommended: N=2", "crossover", "tok/s"):
+        assert label in texts
+
+    summary = (out / SUMMARY_NAME).read_text()
+    assert "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2" in summary
+    assert "## Recommendation: N=2" in summary
+    assert "- name: bench-host" in summary
+    assert "- name: smollm2-bench" in summary
+    assert "`bbbbbbbbbbbb...`" in summary  # the build's sha256 prefix
+    assert "kernel rows (llama-batched-bench): 32" in summary
+    worst = fit.quality["worst_residual_pct"]
+    assert f"**Worst residual: {worst:+.1f}%**" in summary
+    for p in fit.quality["points"]:
+        assert f"| {p['config']} | {p['concurrency']} | {p['measured_tps']:.1f} |" in summary
+    assert "no validation yet (run `tuner validate --model smollm2-bench`)" in summary
+
+    # a second report reuses the stored recommendation and writes the same figure
+    svg_first = (out / SVG_NAME).read_bytes()
+    again = cli(db, "report", "--model", BENCH_MODEL, "--host", BENCH_HOST, "--out", "out/r")
+    assert again.exit_code == 0, again.output
+    assert (out / SVG_NAME).read_bytes() == svg_first
+    assert "stored recommendation" in (out / SUMMARY_NAME).read_text()
+    assert tree(tmp_path) - before == new
+
+
+def test_default_out_is_tuner_report_in_the_working_folder(
+    bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = cli(db, "report", "--model", BENCH_MODEL, "--host", BENCH_HOST)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (work / "tuner-report").iterdir()) == sorted(
+        [PNG_NAME, SVG_NAME, SUMMARY_NAME]
+    )
+    assert sorted(p.name for p in work.iterdir()) == ["tuner-report"]
+
+
+def test_seed_report_from_the_imported_table(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    imported = cli(db, "import", str(SEED))
+    assert imported.exit_code == 0, imported.output
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    result = cli(db, "report", "--model", SEED_MODEL, "--out", str(tmp_path / "seed"))
+    assert result.exit_code == 0, result.output
+    assert "using the imported data" in result.stderr  # no data of this box: the note says so
+    assert tree(tmp_path) - before == {
+        "seed",
+        f"seed/{PNG_NAME}",
+        f"seed/{SVG_NAME}",
+        f"seed/{SUMMARY_NAME}",
+    }
+    out = tmp_path / "seed"
+    assert (out / PNG_NAME).read_bytes().startswith(PNG_MAGIC)
+
+    groups = _svg_groups(out / SVG_NAME)
+    # the table's "max-slots 2" row is drawn as measured N=2 points beside the model's curves
+    assert _marker_count(groups[points_gid("measured N=2")]) == 4
+    assert _marker_count(groups[points_gid("measured plain")]) == 4
+    assert len(_path_points(groups["curve-policy"])) == 8
+
+    fit = current_fit(Store(db), SEED_MODEL, SEED_HOST, host_explicit=True)
+    summary = (out / SUMMARY_NAME).read_text()
+    assert "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2" in summary
+    assert f"- name: {SEED_HOST}" in summary
+    assert "Qwen3.8-Flash-Next ROCmFP4-FAST with its MTP head" in summary
+    assert "llama.cpp with --spec-draft-max-slots (PR #151)" in summary
+    assert "max-slots-2 (held out)" in summary
+    assert f"**Worst residual: {fit.quality['worst_residual_pct']:+.1f}%**" in summary
+    assert "Measure next: 3 streams" in summary  # the seed did not measure 3 streams
+    assert "no validation yet" in summary
+
+
+# --- with a validation run --------------------------------------------------------------------
+
+
+def _store_validation(store: Store, fit_id: int, recommended: int) -> int:
+    """A completed validate run: plain, N=0 and N-1..N+1 at 1, 2, 3, 4, 8 streams, each within
+    a few % of the fit's prediction (stored like the profiler stores it)."""
+    cm = current_fit(store, BENCH_MODEL, fit_id=fit_id).model
+    levels: list[tuple[str, int, list[Rep]]] = []
+    wobble = iter([1.02, 0.97, 1.01, 0.99, 1.03] * 10)
+    for max_slots in (None, 0, recommended - 1, recommended, recommended + 1):
+        config = {None: "plain", 0: "spec"}.get(max_slots, f"max-slots-{max_slots}")
+        for c in (1, 2, 3, 4, 8):
+            tps = float(cm.policy_tps([c], max_slots)[0]) * next(wobble)
+            drafting = max_slots is not None and (max_slots == 0 or c <= max_slots)
+            length = 3.4 if drafting else 1.0
+            rep: Rep = (tps, length, 1000.0 * c * length / tps, 0, [])
+            levels.append((config, c, [rep, rep]))
+    run_id = store_profile(store, levels=levels, kernel=[])
+    with store.session() as session:
+        run = session.get(Run, run_id)
+        run.kind = "validate"
+        run.spec_name = "bench-validate"
+    return run_id
+
+
+def test_report_shows_the_validation(
+    bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner import validate
+
+    rec = recommend(bench_store, BENCH_MODEL, host=BENCH_HOST, host_explicit=True)
+    run_id = _store_validation(bench_store, rec.fit_id, rec.max_slots)
+    assert validate.latest_validation(bench_store, BENCH_MODEL) == run_id
+    expected = validate.analyse(bench_store, run_id, BENCH_MODEL)
+
+    monkeypatch.chdir(tmp_path)
+    files = write_report(bench_store, BENCH_MODEL, tmp_path / "val", BENCH_HOST, host_explicit=True)
+    assert files.paths == [tmp_path / "val" / n for n in (PNG_NAME, SVG_NAME, SUMMARY_NAME)]
+
+    groups = _svg_groups(files.svg)
+    for label in ("plain", "N=0", "N=1", "N=2", "N=3"):
+        assert _marker_count(groups[points_gid(f"validation {label}")]) == 5, label
+
+    summary = files.summary.read_text()
+    assert f"Validation run {run_id} (it checked N={rec.max_slots})" in summary
+    assert f"regret of the recommendation: {expected.regret_pct:.1f}%" in summary
+    assert f"worst |error| {expected.worst_abs_error_pct:.1f}%" in summary
+    for name, value in expected.weighted.items():
+        assert f"{value:.1f}" in summary, name
+    assert "no validation yet" not in summary
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_unknown_model_writes_nothing_and_names_tuner_profile(
+    bench_store: Store, db: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "nothing"
+    with pytest.raises(NothingToDoError, match="tuner profile"):
+        write_report(bench_store, "no-such-model", out)
+    assert not out.exists()
+    result = cli(db, "report", "--model", "no-such-model", "--out", str(out))
+    assert result.exit_code == 1
+    assert "tuner profile" in result.stderr
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_is_refused(bench_store: Store, db: str, tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me")
+    result = cli(db, "report", "--model", BENCH_MODEL, "--host", BENCH_HOST, "--out", str(target))
+    assert result.exit_code == 2
+    assert "not a folder" in result.stderr
+    assert target.read_text() == "keep me"

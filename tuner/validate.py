@@ -1,0 +1,276 @@
+"""`tuner validate`: measure the recommended N and its neighbours live, and grade the model.
+
+The server runs with the recommended N, N-1, N+1, 0 (always draft) and plain, each across the
+profile's concurrency levels plus the levels where those neighbours differ (N and N+1), under
+the same repeat and noise rules as `profile`. The measurements are stored as a run of kind
+"validate" (threshold measurements that feed the next `fit`) and compared with the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from tuner.errors import ConfigError, NothingToDoError
+from tuner.fingerprint import probe_build, probe_host, probe_model
+from tuner.profiler import (
+    COMPLETED,
+    Context,
+    Observer,
+    Profiler,
+    ProgressEvent,
+    ServerConfig,
+    _quiet,
+    find_resumable_run,
+)
+from tuner.results import run_points
+from tuner.spec import ProfileSpec, check_spec_files
+from tuner.store import Fit, Host, Model, Recommendation, Run, Store
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The stored recommendation validation starts from."""
+
+    id: int
+    max_slots: int
+    n_max: int | None
+    fit_id: int
+    host: str | None
+
+
+@dataclass
+class ValidationReport:
+    """Measured tok/s per candidate and level, the best candidate, regret and model error."""
+
+    run_id: int
+    model: str
+    recommended: int
+    levels: list[int]
+    weights: dict[int, float]
+    measured: dict[str, dict[int, float]]  # candidate label -> concurrency -> tok/s
+    predicted: dict[str, dict[int, float]] = field(default_factory=dict)
+    weighted: dict[str, float] = field(default_factory=dict)
+    best: str = ""
+    regret_pct: float = 0.0
+    errors_pct: dict[str, dict[int, float]] = field(default_factory=dict)  # signed % error
+    mean_abs_error_pct: float | None = None
+    worst_abs_error_pct: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "model": self.model, "recommended": self.recommended,
+            "levels": self.levels, "weights": self.weights, "measured": self.measured,
+            "predicted": self.predicted, "weighted": self.weighted, "best": self.best,
+            "regret_pct": self.regret_pct, "errors_pct": self.errors_pct,
+            "mean_abs_error_pct": self.mean_abs_error_pct,
+            "worst_abs_error_pct": self.worst_abs_error_pct,
+        }
+
+
+def label(max_slots: int | None) -> str:
+    """How a candidate is named in tables: plain, N=0 (always draft), N=k."""
+    return "plain" if max_slots is None else f"N={max_slots}"
+
+
+def latest_recommendation(store: Store, model: str, host: str | None = None) -> Recommended:
+    with store.session() as session:
+        query = (
+            select(Recommendation, Host.name)
+            .join(Fit, Recommendation.fit_id == Fit.id)
+            .join(Model, Fit.model_id == Model.id)
+            .outerjoin(Host, Fit.host_id == Host.id)
+            .where(Model.name == model)
+            .order_by(Recommendation.id.desc())
+        )
+        if host is not None:
+            query = query.where(Host.name == host)
+        row = session.execute(query).first()
+        if row is None:
+            raise NothingToDoError(
+                f"no recommendation for model {model!r} yet; run `tuner recommend --model {model}`"
+            )
+        rec, host_name = row
+        return Recommended(rec.id, rec.max_slots, rec.n_max, rec.fit_id, host_name)
+
+
+def latest_profile_spec(store: Store, model: str) -> ProfileSpec:
+    """The spec of the model's newest managed profile run (validation reuses its server set-up)."""
+    with store.session() as session:
+        runs = session.scalars(
+            select(Run).join(Model)
+            .where(Model.name == model, Run.kind == "profile", Run.source == "measured",
+                   Run.label.is_(None))
+            .order_by(Run.id.desc())
+        ).all()
+        specs = [run.spec for run in runs]
+    if not specs:
+        raise NothingToDoError(
+            f"model {model!r} has no managed profile run to take the server set-up from; "
+            f"run `tuner profile SPEC` first"
+        )
+    return ProfileSpec.model_validate(specs[0])
+
+
+def candidates(recommended: int, n_parallel: int) -> list[int | None]:
+    """N, N-1, N+1 (within 1..np), 0 = always draft, and None = plain."""
+    around = {n for n in (recommended - 1, recommended, recommended + 1) if 1 <= n <= n_parallel}
+    return [None, 0, *sorted(around)]
+
+
+def validation_levels(spec: ProfileSpec, recommended: int) -> list[int]:
+    """The profile's levels plus N and N+1, where N-1 | N and N | N+1 differ."""
+    extra = {c for c in (recommended, recommended + 1) if 1 <= c <= spec.server.n_parallel}
+    return sorted(set(spec.levels) | extra)
+
+
+def _config(max_slots: int | None) -> ServerConfig:
+    if max_slots is None:
+        return ServerConfig.plain()
+    if max_slots == 0:
+        return ServerConfig.spec()
+    return ServerConfig.threshold(max_slots)
+
+
+def _validation_spec(spec: ProfileSpec, levels: list[int], n_max: int | None) -> ProfileSpec:
+    data = spec.model_dump(mode="json")
+    data["name"] = f"{spec.name}-validate"
+    data["workload"]["concurrency"] = levels
+    if n_max:
+        data["speculative"]["n_max"] = n_max
+    data["speculative"]["threshold"] = None
+    return ProfileSpec.model_validate(data)
+
+
+def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
+            resume: bool = False, host_name: str | None = None,
+            max_slots: int | None = None) -> tuple[int, Recommended, ProfileSpec]:
+    """Run the validation measurements; returns (run id, the recommendation, the spec used)."""
+    rec = latest_recommendation(store, model)
+    if max_slots is not None:
+        rec = Recommended(rec.id, max_slots, rec.n_max, rec.fit_id, rec.host)
+    profile_spec = latest_profile_spec(store, model)
+    check_spec_files(profile_spec, f"profile spec of {model}")
+    build = probe_build(profile_spec.server.binary)
+    if not build.has_max_slots:
+        raise ConfigError(
+            f"{profile_spec.server.binary} does not know --spec-draft-max-slots (not in its "
+            f"--help); validation needs the patched server (scripts/setup.sh builds one)"
+        )
+    levels = validation_levels(profile_spec, rec.max_slots)
+    spec = _validation_spec(profile_spec, levels, rec.n_max)
+    profiler = Profiler(store, spec, log_dir, observer)
+    run_id = find_resumable_run(store, spec, kind="validate") if resume else None
+    if run_id is not None:
+        profiler.reopen_run(run_id)
+        observer(ProgressEvent("message", text=f"resuming validation run {run_id}"))
+    else:
+        context = Context(model_name=model, model=probe_model(spec.server.model), build=build,
+                          host=probe_host(spec.server.binary, host_name))
+        profiler.create_run(context, kind="validate")
+    configs = [_config(n) for n in candidates(rec.max_slots, spec.server.n_parallel)]
+    run_id = profiler.execute(configs, kernel_level=False)
+    return run_id, rec, spec
+
+
+def measured_table(store: Store, run_id: int) -> dict[str, dict[int, float]]:
+    _, points = run_points(store, run_id)
+    table: dict[str, dict[int, float]] = {}
+    for p in points:
+        if p.status == COMPLETED and p.tokens_per_second is not None:
+            table.setdefault(label(p.max_slots), {})[p.concurrency] = p.tokens_per_second
+    return table
+
+
+def latest_validation(store: Store, model: str) -> int | None:
+    """The newest completed validation run of a model."""
+    with store.session() as session:
+        return session.scalars(
+            select(Run.id).join(Model)
+            .where(Model.name == model, Run.kind == "validate", Run.status == COMPLETED)
+            .order_by(Run.id.desc())
+        ).first()
+
+
+def _validated_recommendation(store: Store, run_id: int, model: str) -> Recommended:
+    """The recommendation a validation run checked: the newest one made before it started."""
+    with store.session() as session:
+        run = session.get(Run, run_id)
+        row = session.execute(
+            select(Recommendation, Host.name)
+            .join(Fit, Recommendation.fit_id == Fit.id)
+            .join(Model, Fit.model_id == Model.id)
+            .outerjoin(Host, Fit.host_id == Host.id)
+            .where(Model.name == model, Recommendation.created_at <= run.started_at)
+            .order_by(Recommendation.id.desc())
+        ).first()
+    if row is None:
+        return latest_recommendation(store, model)
+    rec, host = row
+    return Recommended(rec.id, rec.max_slots, rec.n_max, rec.fit_id, host)
+
+
+def analyse(store: Store, run_id: int, model: str,
+            recommended: Recommended | None = None) -> ValidationReport:
+    """Compare a validation run with the fit the recommendation came from.
+
+    Weighted figures use the workload weights restricted to the validated levels (uniform when
+    the profile set none); regret is how far the recommended N's weighted tok/s falls below the
+    best measured candidate's; model error is (predicted - measured) / measured on every point.
+    """
+    from tuner import recommend, search
+
+    rec = recommended or _validated_recommendation(store, run_id, model)
+    measured = measured_table(store, run_id)
+    if not measured:
+        raise NothingToDoError(f"validation run {run_id} has no completed levels")
+    fit = recommend.current_fit(store, model, fit_id=rec.fit_id).model
+    levels = sorted({c for row in measured.values() for c in row})
+    all_weights = search.objective_weights(fit.n_parallel, _spec_weights(store, run_id))
+    weights = {c: float(all_weights[c - 1]) for c in levels}
+    if sum(weights.values()) <= 0:
+        weights = {c: 1.0 for c in levels}
+    total = sum(weights.values())
+    weights = {c: w / total for c, w in weights.items()}
+
+    predicted: dict[str, dict[int, float]] = {}
+    errors: dict[str, dict[int, float]] = {}
+    for name, row in measured.items():
+        max_slots = None if name == "plain" else int(name.removeprefix("N="))
+        n = rec.n_max if rec.n_max in fit.n_values() else None
+        values = fit.policy_tps(sorted(row), max_slots, n)
+        predicted[name] = {c: float(v) for c, v in zip(sorted(row), values, strict=True)}
+        errors[name] = {c: 100 * (predicted[name][c] - tps) / tps for c, tps in row.items()}
+    complete = {name: row for name, row in measured.items() if set(row) == set(levels)}
+    weighted = {name: sum(weights[c] * row[c] for c in levels) for name, row in complete.items()}
+    rec_label = label(rec.max_slots)
+    best = max(weighted, key=lambda name: weighted[name]) if weighted else ""
+    regret = 0.0
+    if best and rec_label in weighted:
+        regret = 100 * (weighted[best] - weighted[rec_label]) / weighted[best]
+    flat = [abs(e) for row in errors.values() for e in row.values()]
+    return ValidationReport(
+        run_id=run_id, model=model, recommended=rec.max_slots, levels=levels, weights=weights,
+        measured=measured, predicted=predicted, weighted=weighted, best=best, regret_pct=regret,
+        errors_pct=errors,
+        mean_abs_error_pct=sum(flat) / len(flat) if flat else None,
+        worst_abs_error_pct=max(flat) if flat else None,
+    )
+
+
+def _spec_weights(store: Store, run_id: int) -> dict[str, float] | None:
+    with store.session() as session:
+        spec = session.get(Run, run_id).spec or {}
+    weights = (spec.get("workload") or {}).get("weights")
+    return {str(k): float(v) for k, v in weights.items()} if weights else None
+
+
+def validate(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
+             resume: bool = False, host_name: str | None = None,
+             max_slots: int | None = None) -> ValidationReport:
+    """`tuner validate`: measure the recommendation and its neighbours, then grade them."""
+    run_id, rec, _spec = measure(store, model, log_dir, observer, resume, host_name, max_slots)
+    return analyse(store, run_id, model, rec)
