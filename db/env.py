@@ -15,9 +15,23 @@ def include_object(obj, name, type_, reflected, compare_to):
     return True
 
 
+# Any constant: the key of the PostgreSQL advisory lock that serialises migrations.
+MIGRATION_LOCK_KEY = 0x74756E6572
+
+
+def _lock_for_migration(connection) -> None:
+    """One migrating process at a time: two tuner processes of a fleet may start together."""
+    if connection.dialect.name == "sqlite":
+        # Take the write lock before alembic reads the version table (waits the busy timeout).
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+
+
 def run_migrations_online() -> None:
     engine = config.attributes["engine"]
     with engine.begin() as connection:
+        _lock_for_migration(connection)
         context.configure(
             connection=connection,
             target_metadata=target_metadata,

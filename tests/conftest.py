@@ -102,3 +102,26 @@ def bench_profile(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
 def bench_profile_nmax3(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
     """The second bench regime (n-max 3, synth-len 2.0) profiled once per test session."""
     return _profile_once(tmp_path_factory, "bench-smollm2-cpu-nmax3")
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards.
+
+    The server is the one `scripts/test.sh` starts (`scripts/postgres.sh start`) and names in
+    TUNER_TEST_PG_URL. Without it the test fails in CI (CI set) and is skipped, with the reason,
+    when a developer runs pytest by hand.
+    """
+    from fleetkit import fresh_pg_database
+
+    server = os.environ.get("TUNER_TEST_PG_URL")
+    if not server:
+        reason = (
+            "TUNER_TEST_PG_URL is not set: run scripts/test.sh, or "
+            "`export TUNER_TEST_PG_URL=$(scripts/postgres.sh start)`"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with fresh_pg_database(server) as url:
+        yield url

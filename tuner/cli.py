@@ -6,13 +6,16 @@ nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tuner import __version__
 from tuner.errors import TunerError
@@ -54,7 +57,12 @@ def reports_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except TunerError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            err.print(
+                f"[bold red]error:[/] {escape(str(exc))}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -144,13 +152,21 @@ def load_spec_file(path: Path, overrides: list[str] | None = None, check_files: 
     )
 
 
+def _parsed_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    from tuner.spec import parse_override
+
+    return [parse_override(o) for o in overrides]
+
+
 def _levels_option(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise typer.BadParameter("expected comma-separated integers, e.g. 1,2,4,8") from None
+        raise typer.BadParameter(
+            f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8", param_hint="--levels"
+        ) from None
 
 
 class ProgressDisplay:
@@ -238,6 +254,25 @@ def render_points(title: str, points) -> None:
 # --- profile, runs, show ----------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a fleet's scheduler, `kill`) stops a run like Ctrl-C does: the run is marked
+    interrupted, its llama-server stopped, and completed repeats are kept for --resume."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @app.command()
 @reports_errors
 def profile(
@@ -295,7 +330,7 @@ def profile(
             raise ConfigError("--url needs --label: a name for the server being measured")
         spec = load_spec_file(spec_path, extra, check_files=False) if spec_path else None
         store = open_store()
-        with ProgressDisplay() as display:
+        with terminate_as_interrupt(), ProgressDisplay() as display:
             run_id = profiler.attach(
                 store,
                 url,
@@ -306,13 +341,16 @@ def profile(
                 display,
                 api_key=api_key,
                 host_name=settings.host_name,
+                overrides=None if spec_path else _parsed_overrides(extra),
             )
     else:
         if spec_path is None:
-            raise typer.BadParameter("give a SPEC file (or --url for attach mode)")
+            raise typer.BadParameter(
+                "give a SPEC file (or --url for attach mode)", param_hint="SPEC"
+            )
         spec = load_spec_file(spec_path, extra)
         store = open_store()
-        with ProgressDisplay() as display:
+        with terminate_as_interrupt(), ProgressDisplay() as display:
             run_id = profiler.profile(
                 store, spec, settings.log_dir, display, resume=resume, host_name=settings.host_name
             )
@@ -372,3 +410,430 @@ def show(
 ) -> None:
     """Print a run's measured table (concurrency x configuration)."""
     _show(open_store(), run_id)
+
+
+# --- fleet: hosts ---------------------------------------------------------------------------
+
+
+@app.command()
+@reports_errors
+def hosts(
+    model: Annotated[str | None, typer.Option(help="only hosts that measured this model")] = None,
+) -> None:
+    """List the hosts (boxes of a fleet) the database has results from, with their models."""
+    import socket
+
+    from rich.table import Table
+
+    from tuner.results import list_hosts
+
+    settings = State.settings()
+    here = settings.host_name or socket.gethostname()
+    table = Table()
+    for column in ("host", "cpu", "cores", "memory", "devices", "runs done/all", "models", "last"):
+        table.add_column(column)
+    known = list_hosts(open_store(), model)
+    for h in known:
+        memory = f"{h.memory_bytes / 2**30:.1f} GiB" if h.memory_bytes else ""
+        table.add_row(
+            h.name + (" (this host)" if h.name == here else ""),
+            h.cpu_model or "",
+            str(h.cpu_cores or ""),
+            memory,
+            ", ".join(h.devices) or "-",
+            f"{h.completed_runs}/{h.runs}",
+            ", ".join(h.models),
+            h.last_run_at.strftime("%Y-%m-%d %H:%M") if h.last_run_at else "",
+        )
+    if not known:
+        err.print("no hosts yet: `tuner profile SPEC` measures this one", highlight=False)
+        return
+    out.print(table)
+
+
+# --- import, fit, predict, recommend ----------------------------------------------------------
+
+
+def _model_host(host: str | None) -> tuple[str, bool]:
+    """The host to read results of (default: this machine) and whether the user named it."""
+    from tuner.recommend import this_host
+
+    return (host, True) if host else (this_host(State.settings().host_name), False)
+
+
+def _note(text: str | None) -> None:
+    if text:
+        err.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)
+
+
+@app.command("import")
+@reports_errors
+def import_cmd(
+    path: Annotated[Path, typer.Argument(metavar="FILE", help="table to import (TOML)")],
+) -> None:
+    """Store a table measured elsewhere (tok/s per concurrency) as a run with source "imported".
+
+    The format is documented in profiles/reference/README.md.
+    """
+    from tuner.importer import import_table
+
+    store = open_store()
+    result = import_table(store, path)
+    verb = "imported" if result.created else "already imported"
+    err.print(
+        f"{verb} {path} as run {result.run_id}: model {result.model}"
+        + (f", host {result.host}" if result.host else "")
+        + f", {result.levels} levels",
+        highlight=False,
+    )
+    _show(store, result.run_id)
+
+
+def _fit_table(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    quality, inputs, cross = summary["quality"], summary["inputs"], summary["crossover"]
+    forms = quality["forms"]
+
+    def loo(key: str) -> str:
+        value = forms[key]["loo_rmse_pct"].get(forms[key]["chosen"])
+        return f"leave-one-out {value:.1f}%" if value is not None else "no point to hold out"
+
+    acc = quality["acceptance"]
+    if acc["source"] == "folded":
+        acceptance = "unknown (tok/s only): folded into the spec curve, n_max fixed"
+    else:
+        acceptance = (
+            f"{acc['source']}: {acc['mean_length']:.2f} tokens per stream per step at n_max "
+            f"{acc['n_max']}"
+        )
+    reused = " (reused: same data)" if summary["reused"] else ""
+    out.print(
+        f"fit {summary['fit_id']}{reused} of {inputs['model']} ({summary['version']}): host "
+        f"{inputs.get('host') or '(none)'}, runs {', '.join(map(str, inputs['runs']))} "
+        f"({', '.join(inputs['sources'])}), -np {inputs['n_parallel']}, n_max {inputs['n_max']}, "
+        f"{inputs['kernel_rows']} kernel rows",
+        highlight=False,
+    )
+    out.print(
+        f"step cost: plain={forms['plain']['chosen']} ({loo('plain')}), "
+        f"spec={forms['spec']['chosen']} ({loo('spec')}); acceptance {acceptance}",
+        highlight=False,
+    )
+    unc = quality["uncertainty"]
+    table = Table(
+        title=f"fit quality ({100 * unc['interval']:.0f}% intervals, bootstrap over "
+        f"{unc['method']}, {unc['replicates']} replicates)"
+    )
+    columns = ("config", "streams", "measured tok/s", "predicted", "interval", "residual")
+    for column in (*columns, "step ms meas.", "step ms pred."):
+        table.add_column(column, justify="right")
+    for p in quality["points"]:
+        table.add_row(
+            p["config"],
+            str(p["concurrency"]),
+            f"{p['measured_tps']:.1f}",
+            f"{p['predicted_tps']:.1f}",
+            f"{p['lower']:.1f}-{p['upper']:.1f}",
+            f"{p['residual_pct']:+.1f}%",
+            f"{p['measured_step_ms']:.1f}",
+            f"{p['predicted_step_ms']:.1f}",
+        )
+    for p in quality["threshold_check"]:
+        table.add_row(
+            f"max-slots-{p['max_slots']} (held out)",
+            str(p["concurrency"]),
+            f"{p['measured_tps']:.1f}",
+            f"{p['predicted_tps']:.1f}",
+            f"{p['lower']:.1f}-{p['upper']:.1f}",
+            f"{p['error_pct']:+.1f}%",
+            "",
+            "",
+        )
+    out.print(table)
+    worst = quality["worst_point"]
+    out.print(
+        f"worst residual: {quality['worst_residual_pct']:+.1f}% ({worst['config']} at "
+        f"{worst['concurrency']} streams); rms {quality['rms_residual_pct']:.1f}%",
+        highlight=False,
+    )
+    if quality.get("worst_threshold_error_pct") is not None:
+        worst_threshold = quality["worst_threshold_error_pct"]
+        out.print(
+            f"threshold rows (not fitted): worst error {worst_threshold:+.1f}%", highlight=False
+        )
+    where = (
+        f"{cross['streams']:.1f} streams [{cross['lower']:.1f}, {cross['upper']:.1f}]"
+        if cross["streams"] is not None
+        else "none inside 1..n_parallel"
+    )
+    lo, hi = cross["spec_wins_upto_interval"]
+    out.print(
+        f"crossover: {where}; spec ahead at 1..{cross['spec_wins_upto']} streams "
+        f"(interval {lo}..{hi})",
+        highlight=False,
+    )
+
+
+@app.command()
+@reports_errors
+def fit(
+    model: Annotated[str, typer.Option("--model", help="model name (see `tuner runs`)")],
+    host: Annotated[
+        str | None, typer.Option(help="host whose results to fit (default: this machine)")
+    ] = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
+) -> None:
+    """Fit the cost model (step time + acceptance) to a model's results and store it."""
+    from tuner.errors import ConfigError
+    from tuner.recommend import fit_model, fit_summary
+
+    if output not in ("table", "json"):
+        raise ConfigError(f"--format {output!r}: expected table or json")
+    name, explicit = _model_host(host)
+    stored = fit_model(open_store(), model, name, host_explicit=explicit, seed=seed)
+    _note(stored.host_note)
+    summary = fit_summary(stored)
+    if output == "json":
+        import json
+
+        typer.echo(json.dumps(summary, default=str))
+    else:
+        _fit_table(summary)
+
+
+@app.command()
+@reports_errors
+def predict(
+    model: Annotated[str, typer.Option("--model", help="model name (see `tuner runs`)")],
+    max_slots: Annotated[
+        int, typer.Option("--max-slots", help="--spec-draft-max-slots N (0: always draft)")
+    ],
+    n_max: Annotated[
+        int | None, typer.Option("--n-max", help="draft length (default: the profiled one)")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="host whose results to use (default: this machine)")
+    ] = None,
+    fit_id: Annotated[int | None, typer.Option("--fit", help="use this stored fit")] = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """Print predicted aggregate tok/s per concurrency under --spec-draft-max-slots N."""
+    from rich.table import Table
+
+    from tuner.errors import ConfigError
+    from tuner.recommend import predict as predict_policy
+
+    if output not in ("table", "json"):
+        raise ConfigError(f"--format {output!r}: expected table or json")
+    name, explicit = _model_host(host)
+    report = predict_policy(
+        open_store(),
+        model,
+        max_slots,
+        n_max=n_max,
+        host=name,
+        host_explicit=explicit,
+        fit_id=fit_id,
+    )
+    _note(report.fit.host_note)
+    if output == "json":
+        import json
+
+        typer.echo(json.dumps(report.to_dict()))
+        return
+    pct = f"{100 * report.prediction.interval:.0f}%"
+    measured = report.fit.measured
+    table = Table(
+        title=f"{model}: --spec-draft-max-slots {max_slots}, n_max {report.n_max} "
+        f"(fit {report.fit.id}, {pct} intervals)"
+    )
+    for column in ("streams", "tok/s", "interval", "plain", "spec", "measured"):
+        table.add_column(column, justify="right")
+    pred, plain, spec = report.prediction, report.plain, report.spec
+    for i, c in enumerate(pred.concurrency):
+        seen = [k for k, levels in measured.items() if c in levels]
+        table.add_row(
+            str(c),
+            f"{pred.tokens_per_second[i]:.1f}",
+            f"{pred.lower[i]:.1f}-{pred.upper[i]:.1f}",
+            f"{plain.tokens_per_second[i]:.1f}",
+            f"{spec.tokens_per_second[i]:.1f}",
+            ", ".join(seen),
+        )
+    out.print(table)
+
+
+def _recommend_table(report) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report.model}: predicted tok/s, chosen = --spec-draft-max-slots "
+        f"{report.max_slots}" + (f", n_max {report.n_max}" if report.tune_n_max else "")
+    )
+    for column in ("streams", "measured", "plain", "spec", "chosen", "vs plain", "vs spec"):
+        table.add_column(column, justify="right")
+    for row in report.table:
+        table.add_row(
+            str(row.concurrency),
+            "yes" if row.measured else "",
+            f"{row.plain:.1f}",
+            f"{row.spec:.1f}",
+            f"{row.chosen:.1f}",
+            f"{100 * row.gain_vs_plain:+.1f}%",
+            f"{100 * row.gain_vs_spec:+.1f}%",
+        )
+    return table
+
+
+@app.command()
+@reports_errors
+def recommend(
+    model: Annotated[str, typer.Option("--model", help="model name (see `tuner runs`)")],
+    host: Annotated[
+        str | None, typer.Option(help="host whose results to use (default: this machine)")
+    ] = None,
+    output: Annotated[
+        str, typer.Option("--format", help="env | shell | json | systemd | args")
+    ] = "env",
+    explain: Annotated[
+        bool, typer.Option("--explain", help="print the table and reasons on stdout too")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="nothing on stderr")] = False,
+    tune_n_max: Annotated[
+        bool, typer.Option("--tune-n-max", help="also search --spec-draft-n-max (1..profiled)")
+    ] = False,
+    min_single_stream: Annotated[
+        float | None,
+        typer.Option("--min-single-stream", help="floor on single-stream tok/s"),
+    ] = None,
+    fit_id: Annotated[int | None, typer.Option("--fit", help="use this stored fit")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the fit's bootstrap and the study")] = 0,
+) -> None:
+    """Recommend --spec-draft-max-slots N: one line on stdout, e.g. for `>> server.env`.
+
+    `eval "export $(tuner recommend --model M)"` sets it in a shell. The table and the reasons go
+    to stderr (with --explain, to stdout after the line).
+    """
+    from tuner.errors import ConfigError
+    from tuner.recommend import FORMATS, explain_lines, render
+    from tuner.recommend import recommend as make_recommendation
+
+    if output not in FORMATS:
+        raise ConfigError(f"--format {output!r}: expected one of {', '.join(FORMATS)}")
+    name, explicit = _model_host(host)
+    report = make_recommendation(
+        open_store(),
+        model,
+        host=name,
+        host_explicit=explicit,
+        tune_n_max=tune_n_max,
+        min_single_stream=min_single_stream,
+        seed=seed,
+        fit_id=fit_id,
+    )
+    typer.echo(render(report, output))
+    if explain:
+        out.print(_recommend_table(report))
+        for line in explain_lines(report):
+            out.print(line, highlight=False, markup=False)
+    elif not quiet:
+        err.print(_recommend_table(report))
+        for line in explain_lines(report):
+            err.print(line, highlight=False, markup=False)
+
+
+# --- validate -------------------------------------------------------------------------------
+
+
+def render_validation(report) -> None:
+    """Measured (and predicted) tok/s per candidate N and level; best N, regret, model error."""
+    from rich.table import Table
+
+    names = sorted(report.measured, key=lambda n: (n != "plain", int(n[2:]) if n != "plain" else 0))
+    table = Table(title=f"validation run {report.run_id}: {report.model}, "
+                        f"recommended N={report.recommended}")
+    table.add_column("streams", justify="right")
+    table.add_column("weight", justify="right")
+    for name in names:
+        mark = " *" if name == f"N={report.recommended}" else ""
+        table.add_column(f"{name}{mark}\nmeasured (model)", justify="right")
+    for c in report.levels:
+        row = [str(c), f"{report.weights[c]:.2f}"]
+        for name in names:
+            tps = report.measured[name].get(c)
+            pred = report.predicted.get(name, {}).get(c)
+            row.append("" if tps is None else f"{tps:.1f} ({pred:.1f})")
+        table.add_row(*row)
+    table.add_row("weighted", "", *(f"{report.weighted[n]:.1f}" if n in report.weighted else ""
+                                    for n in names), style="bold")
+    out.print(table)
+    out.print(f"best measured: {report.best}; regret of N={report.recommended}: "
+              f"{report.regret_pct:.1f} %", highlight=False)
+    if report.mean_abs_error_pct is not None:
+        out.print(f"model error on these points: mean {report.mean_abs_error_pct:.1f} %, "
+                  f"worst {report.worst_abs_error_pct:.1f} %", highlight=False)
+
+
+@app.command()
+@reports_errors
+def validate(
+    model: Annotated[str, typer.Option(help="model name the recommendation is for")],
+    resume: Annotated[bool, typer.Option("--resume", help="continue the last unfinished "
+                                         "validation of this model")] = False,
+    max_slots: Annotated[int | None, typer.Option(
+        "--max-slots", min=0, help="validate this N instead of the stored recommendation")] = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """Measure the recommended N, N-1, N+1, 0 (always draft) and plain live; report regret.
+
+    Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
+    model's newest profile. The new points are stored and feed the next `tuner fit`.
+    """
+    import json
+
+    from tuner import validate as validation
+
+    settings = State.settings()
+    with terminate_as_interrupt(), ProgressDisplay() as display:
+        report = validation.validate(open_store(), model, settings.log_dir, display,
+                                     resume=resume, host_name=settings.host_name,
+                                     max_slots=max_slots)
+    if output == "json":
+        typer.echo(json.dumps(report.as_dict(), default=str))
+    else:
+        render_validation(report)
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+@app.command()
+@reports_errors
+def report(
+    model: Annotated[str, typer.Option("--model", help="model name (see `tuner runs`)")],
+    host: Annotated[
+        str | None, typer.Option(help="host whose results to use (default: this machine)")
+    ] = None,
+    out_dir: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="folder for report.png, report.svg and summary.md (created; nothing is "
+            "written outside it)",
+        ),
+    ] = Path("tuner-report"),
+) -> None:
+    """Plot tok/s against concurrency (measured, model, recommended policy, crossover) and
+    write a Markdown summary (host, build, model, data, fit quality, recommendation, validation).
+
+    Uses the stored recommendation of the current fit; without one it makes (and stores) one.
+    """
+    from tuner.report import write_report
+
+    name, explicit = _model_host(host)
+    files = write_report(open_store(), model, out_dir, name, host_explicit=explicit)
+    _note(files.host_note)
+    for path in files.paths:
+        typer.echo(str(path))

@@ -88,7 +88,7 @@ def launch_config(spec: ProfileSpec, config: ServerConfig, port: int | None = No
         args=args,
         env=dict(spec.server.env),
         max_slots=config.max_slots,
-        port=port,
+        port=port if port is not None else spec.server.port,
     )
 
 
@@ -322,6 +322,24 @@ class Profiler:
             level.metrics = {**level.metrics, "repeats": repeats, **_pool_drafting(repeats)}
             level.repeats = len(repeats)
             _set_medians(level, repeats)
+
+    def record_level(
+        self,
+        config: ServerConfig,
+        concurrency: int,
+        repeats: list[tuple[list[RequestSample], dict[str, Any]]],
+    ) -> int:
+        """Store a level measured elsewhere (replayed, simulated) through the same rows and
+        commits as run_level: one transaction per repeat, then the level marked completed."""
+        level = self._level_row(config, concurrency)
+        done = list(level.metrics.get("repeats", []))
+        first = max((r["repeat"] for r in done), default=-1) + 1
+        for offset, (samples, drafting) in enumerate(repeats):
+            figures = summarize(samples, concurrency)
+            self._store_repeat(level.id, first + offset, samples, figures, drafting)
+        with self.store.session() as session:
+            session.get(Level, level.id).status = COMPLETED
+        return level.id
 
     def _fail_level(self, level_id: int, error: str) -> None:
         with self.store.session() as session:
@@ -578,14 +596,23 @@ def _pool_drafting(repeats: list[dict[str, Any]]) -> dict[str, Any]:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def find_resumable_run(store: Store, spec: ProfileSpec, kind: str = "profile") -> int | None:
-    """The newest unfinished run of this exact spec (running, failed or interrupted)."""
+def find_resumable_run(
+    store: Store, spec: ProfileSpec, kind: str = "profile", host_name: str | None = None
+) -> int | None:
+    """The newest unfinished run of this exact spec (running, failed or interrupted).
+
+    With host_name, only that host's runs: in a fleet sharing one database, a box resumes its
+    own measurements, never another box's.
+    """
     with store.session() as session:
-        return session.scalars(
+        query = (
             select(Run.id)
             .where(Run.spec_hash == spec.spec_hash(), Run.kind == kind, Run.status != COMPLETED)
             .order_by(Run.id.desc())
-        ).first()
+        )
+        if host_name is not None:
+            query = query.join(Host, Run.host_id == Host.id).where(Host.name == host_name)
+        return session.scalars(query).first()
 
 
 def profile(
@@ -604,7 +631,7 @@ def profile(
             f"{spec.server.binary} does not list it in --help"
         )
     profiler = Profiler(store, spec, log_dir, observer)
-    run_id = find_resumable_run(store, spec) if resume else None
+    run_id = find_resumable_run(store, spec, host_name=context.host.name) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)
         observer(ProgressEvent("message", text=f"resuming run {run_id}"))
@@ -625,14 +652,25 @@ def attach(
     observer: Observer = _quiet,
     api_key: str | None = None,
     host_name: str | None = None,
+    overrides: list[tuple[str, Any]] | None = None,
 ) -> int:
-    """Measure one already-running server as it is configured (it cannot be restarted)."""
+    """Measure one already-running server as it is configured (it cannot be restarted).
+
+    Without a spec, overrides (`--set workload.max_tokens=32`, `--levels`) shape the workload.
+    The API key is only ever sent as a bearer token: it is not part of the stored spec.
+    """
+    from pydantic import ValidationError
+
+    from tuner.spec import _format_error, _set_dotted
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(f"{url.rstrip('/')}/props", headers=headers, timeout=10)
     except httpx.HTTPError as exc:
-        raise ServerError(f"cannot reach {url}: {exc}") from exc
+        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
     if response.status_code == 401:
+        if api_key:
+            raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
         raise ServerError(f"{url} wants an API key: pass --api-key or set TUNER_API_KEY")
     if response.status_code != 200:
         raise ServerError(f"GET {url}/props answered HTTP {response.status_code}")
@@ -648,11 +686,15 @@ def attach(
         "kernel": {"enabled": False},
     }
     if spec is not None:
-        workload = spec.workload.model_dump()
-        if workload.get("concurrency"):
-            workload["concurrency"] = [c for c in workload["concurrency"] if c <= slots]
-        data["workload"] = workload
-    attached = ProfileSpec.model_validate(data)
+        data["workload"] = spec.workload.model_dump()
+    for key, value in overrides or []:
+        _set_dotted(data, key, value)
+    try:
+        # A level above the server's slots is an error (all streams must generate together).
+        attached = ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        source = f"attached server {url} ({slots} slots)"
+        raise ConfigError("\n".join(_format_error(source, e) for e in exc.errors())) from exc
     context = Context(
         model_name=name,
         model=probe_model(model_path) if model_path.exists() else None,

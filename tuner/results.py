@@ -136,3 +136,49 @@ def model_points(
         if host is not None:
             query = query.join(Host, Run.host_id == Host.id).where(Host.name == host)
         return [_point(level) for level in session.scalars(query)]
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """A machine of the fleet as the database knows it: what it is and what it measured."""
+
+    name: str
+    cpu_model: str | None
+    cpu_cores: int | None
+    memory_bytes: int | None
+    devices: list[str]
+    runs: int
+    completed_runs: int
+    models: list[str]
+    last_run_at: dt.datetime | None
+
+
+def list_hosts(store: Store, model: str | None = None) -> list[HostSummary]:
+    """Every host with a run (optionally of one model), by name, with its models and run counts."""
+    with store.session() as session:
+        query = select(Run.host_id, Run.status, Run.started_at, Model.name).join(Model)
+        if model:
+            query = query.where(Model.name == model)
+        per_host: dict[int | None, list[tuple[str, dt.datetime, str]]] = {}
+        for host_id, status, started_at, model_name in session.execute(query):
+            per_host.setdefault(host_id, []).append((status, started_at, model_name))
+        hosts = {h.id: h for h in session.scalars(select(Host))}
+        summaries = []
+        for host in hosts.values():
+            rows = per_host.get(host.id, [])
+            if model and not rows:
+                continue
+            summaries.append(
+                HostSummary(
+                    name=host.name,
+                    cpu_model=host.cpu_model,
+                    cpu_cores=host.cpu_cores,
+                    memory_bytes=host.memory_bytes,
+                    devices=list(host.devices or []),
+                    runs=len(rows),
+                    completed_runs=sum(1 for status, _, _ in rows if status == "completed"),
+                    models=sorted({name for _, _, name in rows}),
+                    last_run_at=max((started for _, started, _ in rows), default=None),
+                )
+            )
+        return sorted(summaries, key=lambda h: h.name)

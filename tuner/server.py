@@ -2,17 +2,21 @@
 
 The tuner only ever signals the process group it started itself (the server runs in a new
 session), and every launch waits for the previous server to have exited: llama-server may hold
-its port for a moment after SIGTERM.
+its port for a moment after SIGTERM. On Linux the server is also bound to the tuner's life
+(PR_SET_PDEATHSIG): if the tuner is killed outright, the kernel kills its llama-server too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,33 @@ from tuner.errors import PortInUseError, ServerError, ServerStartError
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 10.0
 BIND_FAILURE = "couldn't bind HTTP server socket"
+BIND_ATTEMPTS = 3  # a free port can be taken by another process before llama-server binds it
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGKILL when its parent dies (Linux only).
+
+    libc is loaded here, in the parent: the function itself only makes two system calls in the
+    forked child. The parent's pid is checked after prctl, in case it died in between. The
+    signal fires when the *thread* that started the server ends: start servers from the main
+    thread (or one that outlives them).
+    """
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def free_port() -> int:
@@ -34,7 +65,9 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on port now (connections in TIME_WAIT do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, port))
         except OSError:
@@ -111,15 +144,28 @@ class ManagedServer:
             raise ServerStartError(f"llama-server binary not found: {binary}")
         if not self.config.model.exists():
             raise ServerStartError(f"model file not found: {self.config.model}")
-        if self.config.port is not None:
-            if not port_is_free(self.config.port):
-                raise PortInUseError(f"port {self.config.port} on {LOOPBACK} is already in use")
-            self.port = self.config.port
-        else:
-            self.port = free_port()
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            if self.config.port is not None:
+                if not port_is_free(self.config.port):
+                    raise PortInUseError(
+                        f"port {self.config.port} on {LOOPBACK} is already in use by another "
+                        f"process (server.port); free it or choose another port"
+                    )
+                self.port = self.config.port
+            else:
+                self.port = free_port()
+            try:
+                self._launch()
+                return
+            except PortInUseError:
+                # The port we picked was free a moment ago; another process took it first.
+                if self.config.port is not None or attempt == BIND_ATTEMPTS:
+                    raise
+
+    def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.config.env}
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab") as log:
             log.write(("$ " + " ".join(self.config.command(self.port)) + "\n").encode())
             log.flush()
             self.process = subprocess.Popen(
@@ -129,6 +175,7 @@ class ManagedServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group: we can stop it and its children
+                preexec_fn=_parent_death_signal(),  # dies with the tuner, even on SIGKILL
             )
         try:
             self._wait_healthy()
@@ -144,7 +191,8 @@ class ManagedServer:
                     tail = self.log_tail()
                     if BIND_FAILURE in tail:
                         raise PortInUseError(
-                            f"llama-server could not bind port {self.port}:\n{tail}"
+                            f"llama-server could not bind port {self.port} on {LOOPBACK}: "
+                            f"another process holds it; last lines of {self.log_path}:\n{tail}"
                         )
                     raise ServerStartError(
                         f"llama-server exited at start-up (exit {self.process.returncode}); "

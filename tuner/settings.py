@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 APP_NAME = "tuner"
@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     host_name: str | None = Field(
         default=None, description="override the host name results go under"
     )
+    db_busy_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a write waits for another process's lock (SQLite busy timeout)",
+    )
 
     @property
     def bench_manifest_path(self) -> Path:
@@ -45,5 +50,16 @@ class Settings(BaseSettings):
 
 
 def get_settings() -> Settings:
-    """Read the settings afresh, so a changed environment (tests, --db) takes effect."""
-    return Settings()
+    """Read the settings afresh, so a changed environment (tests, --db) takes effect.
+
+    A bad value is one ConfigError line naming its environment variable.
+    """
+    from tuner.errors import ConfigError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [
+            f"TUNER_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        ]
+        raise ConfigError("; ".join(problems)) from exc

@@ -38,6 +38,9 @@ class ServerSpec(_Strict):
     args: list[str] = Field(default_factory=list, description="extra arguments for every launch")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
     start_timeout_s: float = Field(180.0, gt=0)
+    port: int | None = Field(
+        None, ge=1, le=65535, description="fixed loopback port; default: a free one per launch"
+    )
 
 
 class SpeculativeSpec(_Strict):
@@ -127,7 +130,10 @@ class ProfileSpec(_Strict):
                 f"({self.server.n_parallel}); all streams must generate together"
             )
         if self.speculative.threshold and self.speculative.threshold > self.server.n_parallel:
-            raise ValueError("speculative.threshold exceeds server.n_parallel")
+            raise ValueError(
+                f"speculative.threshold: {self.speculative.threshold} exceeds server.n_parallel "
+                f"({self.server.n_parallel})"
+            )
         return self
 
     @property
@@ -161,10 +167,13 @@ def default_levels(n_parallel: int) -> list[int]:
 
 
 def _format_error(source: str, error: dict[str, Any]) -> str:
-    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    where = ".".join(str(part) for part in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key (typo?)"
+    if not where:
+        # Whole-spec checks name their fields in the message itself.
+        return f"{source}: {message}"
     return f"{source}: {where}: {message}"
 
 

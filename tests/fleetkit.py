@@ -1,0 +1,339 @@
+"""Helpers for the fleet, fault and PostgreSQL tests: processes, /proc scans, database peeks.
+
+Nothing here mocks the bench: faults are real signals to real processes, real locks held by
+another process, a real full filesystem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ProgrammingError
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "profiles"
+BENCH_SPEC = PROFILES / "bench-smollm2-cpu.toml"
+
+# Short live settings: the figures do not matter in these tests, only what is stored.
+QUICK = [
+    "--set",
+    "workload.min_repeats=1",
+    "--set",
+    "workload.max_repeats=1",
+    "--set",
+    "workload.warmup=0",
+    "--set",
+    "kernel.enabled=false",
+]
+
+
+def tuner_cmd(*args: str) -> list[str]:
+    """The tuner command line, run with this interpreter (the installed package)."""
+    return [sys.executable, "-m", "tuner", *args]
+
+
+def profile_args(levels: str = "1,2", max_tokens: int = 32, *extra: str) -> list[str]:
+    return [
+        "profile",
+        str(BENCH_SPEC),
+        "--levels",
+        levels,
+        "--set",
+        f"workload.max_tokens={max_tokens}",
+        *QUICK,
+        *extra,
+    ]
+
+
+def env_for(db_url: str, cache_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a tuner subprocess: this test's database and cache, the real bench."""
+    env = {
+        **os.environ,
+        "TUNER_DB": db_url,
+        "TUNER_CACHE_DIR": str(cache_dir),
+        "COLUMNS": "200",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("TUNER_API_KEY", None)
+    env.pop("TUNER_HOST_NAME", None)
+    return {**env, **extra}
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout_s: float = 120.0, interval_s: float = 0.05
+) -> Any:
+    """Poll until predicate returns something truthy; fail with a timeout otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {predicate}")
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def llama_servers(marker: str) -> list[int]:
+    """Live llama-server processes whose environment or command line mentions marker.
+
+    Every server a tuner starts inherits its environment, so the test's own TUNER_CACHE_DIR
+    finds exactly that test's servers, even after the tuner that started them is gone.
+    """
+    pids = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        if b"llama-server" not in _read(entry / "cmdline").split(b"\0")[0]:
+            continue
+        if needle not in _read(entry / "environ") and needle not in _read(entry / "cmdline"):
+            continue
+        if is_dead(int(entry.name)):  # a zombie waiting for its parent: already dead
+            continue
+        pids.append(int(entry.name))
+    return pids
+
+
+def children_named(pid: int, name: str) -> list[int]:
+    """Direct children of pid whose command is name."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read(entry / "stat").decode(errors="replace")
+        if not stat:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) == pid and name in stat.split(")", 1)[0]:
+            found.append(int(entry.name))
+    return found
+
+
+def is_dead(pid: int) -> bool:
+    """Gone, or a zombie: exited and only waiting for its parent (or init) to reap it."""
+    stat = _read(Path(f"/proc/{pid}/stat")).decode(errors="replace")
+    return not stat or stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def assert_no_servers(marker: str, within_s: float = 15.0) -> None:
+    """No llama-server of this test may outlive its tuner (give the kernel a moment)."""
+    deadline = time.monotonic() + within_s
+    while llama_servers(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = llama_servers(marker)
+    for pid in left:  # clean up for the next test, then fail
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"orphaned llama-server processes: {left}"
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+
+
+def finish(process: subprocess.Popen[str], timeout_s: float = 300.0) -> Finished:
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(
+            f"tuner did not finish within {timeout_s} s:\n{stderr[-3000:]}"
+        ) from None
+    return Finished(process.returncode, stdout, stderr)
+
+
+def start_tuner(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        tuner_cmd(*args),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_tuner(args: list[str], env: dict[str, str], timeout_s: float = 600.0) -> Finished:
+    return finish(start_tuner(args, env), timeout_s)
+
+
+# --- database peeks (read-only; a WAL reader never waits for the writer) ----------------------
+
+
+@dataclass(frozen=True)
+class LevelRow:
+    id: int
+    run_id: int
+    config: str
+    concurrency: int
+    status: str
+    repeats: int
+    created_at: str
+    error: str | None
+
+
+def sqlite_path(db_url: str) -> Path:
+    return Path(make_url(db_url).database or "")
+
+
+def peek(db_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one query, on a short-lived connection (SQLite: read-only; PostgreSQL: any)."""
+    if db_url.startswith("sqlite"):
+        path = sqlite_path(db_url)
+        if not path.exists():
+            return []
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+            ) as con:
+                return con.execute(sql, params).fetchall()
+        except sqlite3.OperationalError:
+            return []  # not created yet (no such table) or a moment's lock
+    engine = _ENGINES.get(db_url)
+    if engine is None:  # one per database: polling must not cost a new backend every time
+        engine = _ENGINES[db_url] = create_engine(db_url, pool_size=1, max_overflow=0)
+    named = {f"p{i}": value for i, value in enumerate(params)}
+    for i in range(len(params)):
+        sql = sql.replace("?", f":p{i}", 1)
+    try:
+        with engine.connect() as con:
+            return [tuple(row) for row in con.execute(text(sql), named)]
+    except ProgrammingError:
+        return []  # the tables are not created yet
+
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def forget_engine(db_url: str) -> None:
+    engine = _ENGINES.pop(db_url, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def levels(db_url: str, run_id: int | None = None) -> dict[tuple[str, int], LevelRow]:
+    query = (
+        "SELECT id, run_id, config, concurrency, status, repeats, created_at, error "
+        "FROM tuner_levels"
+    )
+    params: tuple[Any, ...] = ()
+    if run_id is not None:
+        query += " WHERE run_id = ?"
+        params = (run_id,)
+    rows = peek(db_url, query + " ORDER BY id", params)
+    return {(row[2], row[3]): LevelRow(*row) for row in rows}
+
+
+def samples_by_level(db_url: str) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for level_id, sample_id in peek(db_url, "SELECT level_id, id FROM tuner_samples"):
+        out.setdefault(level_id, set()).add(sample_id)
+    return out
+
+
+def runs(db_url: str) -> list[tuple[int, str, str | None]]:
+    return [
+        (row[0], row[1], row[2])
+        for row in peek(db_url, "SELECT id, status, error FROM tuner_runs ORDER BY id")
+    ]
+
+
+def completed(db_url: str) -> list[LevelRow]:
+    return [lv for lv in levels(db_url).values() if lv.status == "completed"]
+
+
+def running_level(db_url: str, config: str, concurrency: int) -> LevelRow | None:
+    row = levels(db_url).get((config, concurrency))
+    return row if row is not None and row.status == "running" else None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What was stored before a fault: completed levels and their samples."""
+
+    done: dict[tuple[str, int], LevelRow]
+    samples: dict[int, set[int]]
+
+
+def snapshot(db_url: str) -> Snapshot:
+    done = {key: lv for key, lv in levels(db_url).items() if lv.status == "completed"}
+    all_samples = samples_by_level(db_url)
+    return Snapshot(done, {lv.id: all_samples.get(lv.id, set()) for lv in done.values()})
+
+
+def assert_kept(db_url: str, before: Snapshot) -> None:
+    """Completed levels were not re-measured: same rows, same created_at, same samples."""
+    now = levels(db_url)
+    all_samples = samples_by_level(db_url)
+    for key, level in before.done.items():
+        assert now[key].id == level.id, f"{key} was re-created"
+        assert now[key].created_at == level.created_at, f"{key} was re-measured"
+        assert now[key].status == "completed"
+        kept = all_samples.get(level.id, set())
+        assert kept == before.samples[level.id], f"{key}: samples changed"
+
+
+def assert_run_complete(db_url: str, run_id: int, configs: int, levels_per_config: int) -> None:
+    rows = levels(db_url, run_id)
+    assert len(rows) == configs * levels_per_config, rows
+    assert all(lv.status == "completed" for lv in rows.values()), rows
+    assert dict((r[0], r[1]) for r in runs(db_url))[run_id] == "completed"
+    counts = dict(peek(db_url, "SELECT level_id, COUNT(*) FROM tuner_samples GROUP BY level_id"))
+    for (_, concurrency), level in rows.items():
+        # one repeat per level in these tests: one sample per stream
+        assert counts.get(level.id) == concurrency * level.repeats, (level, counts)
+    duplicates = peek(
+        db_url,
+        "SELECT level_id, repeat, stream, COUNT(*) FROM tuner_samples "
+        "GROUP BY level_id, repeat, stream HAVING COUNT(*) > 1",
+    )
+    assert duplicates == []
+
+
+# --- PostgreSQL: one database per test --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fresh_pg_database(server_url: str) -> Iterator[str]:
+    """A new, empty database on the test server; dropped (with its connections) afterwards."""
+    name = f"tuner_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as con:
+            con.execute(text(f'CREATE DATABASE "{name}"'))
+        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        yield url
+    finally:
+        forget_engine(url)
+        with admin.connect() as con:
+            con.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -1,0 +1,249 @@
+"""Bad input gets one clear error line that names the field, and a non-zero exit.
+
+Run through the real command line (Typer's runner, in process). Nothing here starts a server:
+every problem is caught before one would be launched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+SPEC = """
+name = "bad-input"
+model_name = "bad-input-model"
+
+[server]
+binary = "{binary}"
+model = "{model}"
+n_parallel = 4
+
+[speculative]
+args = ["--spec-type", "draft-simple"]
+
+[workload]
+concurrency = [1, 2]
+max_tokens = 32
+"""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nexit 0\n")
+    binary.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    not_gguf = tmp_path / "model.txt"
+    not_gguf.write_text("this is not a model\n")
+    return {"binary": binary, "model": model, "not_gguf": not_gguf, "dir": tmp_path}
+
+
+def spec_file(files: dict[str, Path], text: str | None = None, **replace: str) -> Path:
+    body = (text or SPEC).format(binary=files["binary"], model=files["model"])
+    for old, new in replace.items():
+        assert old in body, old
+        body = body.replace(old, new)
+    path = files["dir"] / "spec.toml"
+    path.write_text(body)
+    return path
+
+
+def fails_with_one_line(args: list[str], *fragments: str, exit_code: int = 2) -> str:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == exit_code, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    # One error line (a progress bar that had started may stand before it).
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "━" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# --- profile specs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragments"),
+    [
+        ("n_parallel = 4", 'n_parallel = "four"', ["server.n_parallel:", "valid integer"]),
+        ("max_tokens = 32", "max_tokens = 12.5", ["workload.max_tokens:", "integer"]),
+        ("concurrency = [1, 2]", 'concurrency = "1,2"', ["workload.concurrency:", "valid list"]),
+        ('args = ["--spec-type', 'args = "--spec-type', ["speculative.args:"]),
+    ],
+    ids=["string-for-int", "float-for-int", "string-for-list", "string-for-args"],
+)
+def test_wrong_types_name_the_field(
+    files: dict[str, Path], old: str, new: str, fragments: list[str]
+) -> None:
+    path = spec_file(files)
+    body = path.read_text()
+    if new.startswith('args = "'):
+        new_body = body.replace('args = ["--spec-type", "draft-simple"]', 'args = "--spec-type"')
+    else:
+        new_body = body.replace(old, new)
+    path.write_text(new_body)
+    line = fails_with_one_line(["profile", str(path)], f"error: {path}:", *fragments)
+    assert line.count(":") >= 3
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--levels", "0"], ["workload.concurrency:", "at least 1"]),
+        (["--levels=-2,4"], ["workload.concurrency:", "at least 1"]),
+        (["--set", "workload.concurrency=[0, 1]"], ["workload.concurrency:", "at least 1"]),
+        (["--set", "workload.concurrency=[]"], ["workload.concurrency:", "at least one level"]),
+        (["--set", "server.n_parallel=0"], ["server.n_parallel:", "greater than or equal to 1"]),
+        (["--set", "server.n_parallel=-3"], ["server.n_parallel:", "greater than or equal to 1"]),
+    ],
+    ids=["zero-level", "negative-level", "zero-in-spec", "no-levels", "zero-np", "negative-np"],
+)
+def test_zero_or_negative_concurrency(
+    files: dict[str, Path], args: list[str], fragments: list[str]
+) -> None:
+    fails_with_one_line(["profile", str(spec_file(files)), *args], *fragments)
+
+
+def test_levels_that_are_not_numbers_name_the_option(files: dict[str, Path]) -> None:
+    result = CliRunner().invoke(app, ["profile", str(spec_file(files)), "--levels", "1,two"])
+    assert result.exit_code == 2
+    assert "--levels" in result.stderr and "comma-separated integers" in result.stderr
+
+
+def test_np_smaller_than_a_level(files: dict[str, Path]) -> None:
+    line = fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", "server.n_parallel=2", "--levels", "1,4"],
+        "workload.concurrency: level 4 exceeds server.n_parallel (2)",
+    )
+    assert "(top level)" not in line
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", "speculative.threshold=8"],
+        "speculative.threshold: 8 exceeds server.n_parallel (4)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "field"),
+    [
+        (["--set", "workload.max_token=32"], "workload.max_token"),
+        (["--set", "server.nparallel=4"], "server.nparallel"),
+        (["--set", "modelname=x"], "modelname"),
+        ("[workload]\nrepeats = 2", "workload.repeats"),
+        ("[servr]\nn_parallel = 2", "servr"),
+    ],
+    ids=["set-workload", "set-server", "set-top", "file-workload", "file-table"],
+)
+def test_unknown_keys_are_errors(files: dict[str, Path], how: list[str] | str, field: str) -> None:
+    if isinstance(how, str):
+        table, key = how.split("\n")
+        path = spec_file(files, **{f"{table}\n": f"{table}\n{key}\n"} if table in SPEC else {})
+        if table not in SPEC:
+            path.write_text(path.read_text() + f"\n{how}\n")
+        args = ["profile", str(path)]
+    else:
+        args = ["profile", str(spec_file(files)), *how]
+    fails_with_one_line(args, f"{field}: unknown key (typo?)")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("server.binary", "/nonexistent/llama-server"), ("server.model", "/nonexistent/m.gguf")],
+)
+def test_paths_that_do_not_exist(files: dict[str, Path], field: str, value: str) -> None:
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", f'{field}="{value}"'],
+        f"{field}: file not found: {value}",
+    )
+
+
+def test_spec_file_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    fails_with_one_line(["profile", str(missing)], f"spec file not found: {missing}")
+
+
+def test_a_model_file_that_is_not_gguf(files: dict[str, Path]) -> None:
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", f'server.model="{files["not_gguf"]}"'],
+        "server.model:",
+        "is not a GGUF file",
+    )
+
+
+def test_spec_that_is_not_toml(files: dict[str, Path]) -> None:
+    path = files["dir"] / "broken.toml"
+    path.write_text("name = \n")
+    fails_with_one_line(["profile", str(path)], f"{path}: not valid TOML")
+
+
+# --- attach mode -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://127.0.0.1:8080", "127.0.0.1:8080", "file:///tmp/x", "localhost"]
+)
+def test_a_url_that_is_not_http(url: str) -> None:
+    fails_with_one_line(
+        ["profile", "--url", url, "--label", "x"],
+        f"--url {url!r}: must be an http:// or https:// URL",
+    )
+
+
+def test_attach_needs_a_label() -> None:
+    fails_with_one_line(["profile", "--url", "http://127.0.0.1:9"], "--url needs --label")
+
+
+def test_attach_to_nothing_says_so() -> None:
+    line = fails_with_one_line(
+        ["profile", "--url", "http://127.0.0.1:9", "--label", "x"], "cannot reach"
+    )
+    assert "http://127.0.0.1:9" in line
+
+
+# --- the database URL ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "fragments"),
+    [
+        ("foo://user@host/db", ["database URL (--db / TUNER_DB)", "unknown dialect 'foo'"]),
+        ("mysqlx+nodriver://h/db", ["database URL (--db / TUNER_DB)", "unknown dialect"]),
+        ("not a url", ["database URL (--db / TUNER_DB)", "not a valid SQLAlchemy URL"]),
+    ],
+    ids=["unknown-dialect", "unknown-driver", "not-a-url"],
+)
+def test_database_url_of_an_unknown_dialect(
+    url: str, fragments: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fails_with_one_line(["--db", url, "runs"], *fragments)
+    monkeypatch.setenv("TUNER_DB", url)
+    fails_with_one_line(["runs"], *fragments)
+
+
+def test_database_that_cannot_be_reached() -> None:
+    url = "postgresql+psycopg://tuner@127.0.0.1:9/nowhere"
+    fails_with_one_line(["--db", url, "runs"], f"cannot open database {url}")
+
+
+def test_a_password_in_the_database_url_is_never_printed() -> None:
+    result = CliRunner().invoke(
+        app, ["--db", "postgresql+psycopg://tuner:hunter2@127.0.0.1:9/nowhere", "runs"]
+    )
+    assert result.exit_code == 2
+    assert "hunter2" not in result.output
+    assert "***" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("TUNER_DB_BUSY_TIMEOUT_S", "soon"), ("TUNER_DB_BUSY_TIMEOUT_S", "-1")]
+)
+def test_bad_settings_name_their_variable(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    fails_with_one_line(["runs"], f"error: {variable}:")

@@ -1,0 +1,117 @@
+"""PostgreSQL as the shared database of a fleet: every command, migrations, a live run and resume.
+
+Runs against the real PostgreSQL server that scripts/test.sh starts (scripts/postgres.sh), one
+fresh database per test (the pg_url fixture). The fleet tests in test_fleet.py run on PostgreSQL
+too (concurrent writers, the soak, per-host results).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from fleetkit import (
+    REPO,
+    assert_kept,
+    assert_no_servers,
+    assert_run_complete,
+    env_for,
+    finish,
+    levels,
+    peek,
+    profile_args,
+    run_tuner,
+    running_level,
+    runs,
+    snapshot,
+    start_tuner,
+    wait_for,
+)
+from sqlalchemy import create_engine, inspect
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.store import VERSION_TABLE, Store, optuna_storage
+
+pytestmark = pytest.mark.postgres
+
+REFERENCE = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
+REFERENCE_MODEL = "Qwen3.8-Flash-Next"
+
+# Every command that opens the database, with an invocation against the imported reference
+# data; `profile` runs live below and in test_fleet.py.
+COMMANDS: dict[str, list[str]] = {
+    "import": ["import", str(REFERENCE)],
+    "runs": ["runs"],
+    "show": ["show", "1"],
+    "hosts": ["hosts"],
+    "fit": ["fit", "--model", REFERENCE_MODEL],
+    "predict": ["predict", "--model", REFERENCE_MODEL, "--max-slots", "2"],
+    "recommend": ["recommend", "--model", REFERENCE_MODEL, "-q"],
+}
+LIVE = {"profile"}  # needs the bench: test_profile_and_resume_on_postgres
+NO_DATABASE = {"bench"}
+
+
+def test_every_command_is_covered_here() -> None:
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    names |= {g.name for g in app.registered_groups}
+    missing = names - set(COMMANDS) - LIVE - NO_DATABASE
+    assert not missing, f"add a PostgreSQL case for: {', '.join(sorted(missing))}"
+
+
+@pytest.mark.parametrize("how", ["--db", "TUNER_DB"])
+def test_every_command_works_on_postgres(pg_url: str, how: str) -> None:
+    runner = CliRunner()
+    for name, args in COMMANDS.items():
+        if how == "--db":
+            result = runner.invoke(app, ["--db", pg_url, *args], env={"COLUMNS": "200"})
+        else:
+            result = runner.invoke(app, args, env={"TUNER_DB": pg_url, "COLUMNS": "200"})
+        assert result.exit_code == 0, (name, result.output)
+    assert peek(pg_url, "SELECT COUNT(*) FROM tuner_runs") == [(1,)]
+    assert peek(pg_url, "SELECT COUNT(*) FROM tuner_fits") == [(1,)]  # recommend reuses it
+    assert peek(pg_url, "SELECT COUNT(*) FROM tuner_recommendations") == [(1,)]
+    recommended = runner.invoke(app, ["--db", pg_url, *COMMANDS["recommend"]])
+    assert recommended.stdout.strip() == "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2"
+
+
+def test_migrations_and_optuna_share_the_database(pg_url: str) -> None:
+    Store(pg_url).dispose()
+    Store(pg_url).dispose()  # at head: nothing to do
+    optuna_storage(pg_url)
+    engine = create_engine(pg_url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    ours = {t for t in tables if t.startswith("tuner_")}
+    assert {VERSION_TABLE, "tuner_runs", "tuner_levels", "tuner_samples", "tuner_hosts"} <= ours
+    assert {"studies", "trials", "alembic_version"} <= tables  # Optuna's, beside ours
+    assert peek(pg_url, f"SELECT COUNT(*) FROM {VERSION_TABLE}") == [(1,)]
+
+
+@pytest.mark.bench
+def test_profile_and_resume_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    """A live profile on PostgreSQL, interrupted during a level, then resumed to completion."""
+    cache = tmp_path / "cache"
+    env = env_for(pg_url, cache)
+    args = profile_args("1,2", 96)
+    tuner = start_tuner(args, env)
+    wait_for(lambda: running_level(pg_url, "plain", 2), timeout_s=180, interval_s=0.05)
+    before = snapshot(pg_url)
+    assert set(before.done) == {("plain", 1)}
+    tuner.send_signal(signal.SIGINT)
+    result = finish(tuner)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert_no_servers(f"TUNER_CACHE_DIR={cache}")
+    assert runs(pg_url)[0][1] == "interrupted"
+    assert levels(pg_url)[("plain", 2)].status == "failed"
+    assert_kept(pg_url, before)
+
+    resumed = run_tuner([*args, "--resume"], env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming run 1" in resumed.stderr
+    assert_kept(pg_url, before)
+    assert_run_complete(pg_url, 1, 2, 2)
