@@ -7,6 +7,7 @@ it is missing they fail with the command that builds it, never skip silently.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -125,3 +126,12 @@ def pg_url():
         pytest.skip(reason)
     with fresh_pg_database(server) as url:
         yield url
+
+
+def copy_db(profiled: ProfiledBench, dest_dir: Path) -> str:
+    """A private copy of a shared profile database, for tests that add to it."""
+    source = Path(profiled.db_url.removeprefix("sqlite:///"))
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{source}{suffix}").exists():
+            shutil.copy(f"{source}{suffix}", dest_dir / f"copy.db{suffix}")
+    return f"sqlite:///{dest_dir / 'copy.db'}"

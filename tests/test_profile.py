@@ -42,7 +42,7 @@ def test_bench_profile_stores_everything_and_sees_the_crossover(
             samples = session.scalars(select(Sample).filter_by(level_id=level.id)).all()
             # every request of every repeat is stored, with its server-side timings
             assert len(samples) == level.repeats * level.concurrency
-            assert all(s.ok and s.tokens == 128 and s.steps for s in samples)
+            assert all(s.ok and s.tokens == 192 and s.steps for s in samples)
             assert level.step_ms and level.step_ms_spread is not None
         spec_samples = session.scalars(
             select(Sample).join(Level).where(Level.run_id == run.id, Level.config == "spec")

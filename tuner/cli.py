@@ -784,6 +784,9 @@ def validate(
                                          "validation of this model")] = False,
     max_slots: Annotated[int | None, typer.Option(
         "--max-slots", min=0, help="validate this N instead of the stored recommendation")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                         help="override a value of the profile's spec, e.g. "
+                         "--set workload.max_repeats=2")] = None,
     output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
 ) -> None:
     """Measure the recommended N, N-1, N+1, 0 (always draft) and plain live; report regret.
@@ -799,7 +802,8 @@ def validate(
     with terminate_as_interrupt(), ProgressDisplay() as display:
         report = validation.validate(open_store(), model, settings.log_dir, display,
                                      resume=resume, host_name=settings.host_name,
-                                     max_slots=max_slots)
+                                     max_slots=max_slots,
+                                     overrides=_parsed_overrides(overrides or []))
     if output == "json":
         typer.echo(json.dumps(report.as_dict(), default=str))
     else:

@@ -31,7 +31,7 @@ from tuner.errors import (
 from tuner.fingerprint import BuildInfo, HostInfo, ModelInfo, probe_build, probe_host, probe_model
 from tuner.load import LevelFigures, LoadGenerator, RequestSample, Workload, summarize
 from tuner.server import LaunchConfig, ManagedServer
-from tuner.spec import ProfileSpec
+from tuner.spec import ProfileSpec, WorkloadSpec
 from tuner.store import Build, Host, KernelRow, Level, Model, Run, Sample, Store, get_or_create
 
 RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
@@ -391,11 +391,9 @@ class Profiler:
                 )
             )
             next_repeat += 1
-            spread = relative_mad([r["step_ms"] for r in repeats if r["step_ms"]])
-            enough = len(repeats) >= workload.min_repeats and (
-                spread is not None and spread <= workload.target_spread
-            )
-            if enough or len(repeats) >= workload.max_repeats:
+            if len(repeats) >= workload.max_repeats:
+                break
+            if len(repeats) >= workload.min_repeats and _stable(repeats, workload):
                 break
         with self.store.session() as session:
             row = session.get(Level, level.id)
@@ -553,6 +551,18 @@ class Profiler:
             pass
 
 
+def _stable(repeats: list[dict[str, Any]], workload: WorkloadSpec) -> bool:
+    """Step time within target_spread and tok/s within target_tps_spread (MAD/median).
+
+    Step time is a property of the machine and settles fast; tok/s of a speculative level also
+    carries the randomness of acceptance, so it may need a repeat more.
+    """
+    step = relative_mad([r["step_ms"] for r in repeats if r.get("step_ms")])
+    tps = relative_mad([r["tokens_per_second"] for r in repeats if r.get("tokens_per_second")])
+    return (step is not None and step <= workload.target_spread
+            and tps is not None and tps <= workload.target_tps_spread)
+
+
 def _set_medians(level: Level, repeats: list[dict[str, Any]]) -> None:
     def med(key: str) -> float | None:
         values = [r[key] for r in repeats if r.get(key) is not None]
@@ -661,7 +671,7 @@ def attach(
     """
     from pydantic import ValidationError
 
-    from tuner.spec import _format_error, _set_dotted
+    from tuner.spec import _format_error, set_dotted
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -688,7 +698,7 @@ def attach(
     if spec is not None:
         data["workload"] = spec.workload.model_dump()
     for key, value in overrides or []:
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     try:
         # A level above the server's slots is an error (all streams must generate together).
         attached = ProfileSpec.model_validate(data)

@@ -63,7 +63,12 @@ class WorkloadSpec(_Strict):
     )
     min_repeats: int = Field(2, ge=1)
     max_repeats: int = Field(3, ge=1)
-    target_spread: float = Field(0.02, gt=0, description="stop repeating at this MAD/median")
+    target_spread: float = Field(
+        0.02, gt=0, description="stop repeating once the step time's MAD/median is this small"
+    )
+    target_tps_spread: float = Field(
+        0.05, gt=0, description="... and the aggregate tok/s's MAD/median is this small"
+    )
     warmup: int = Field(1, ge=0, description="warm-up rounds after each server start")
     stream: bool = True
     request_timeout_s: float = Field(60.0, gt=0, description="longest silence from the server")
@@ -197,7 +202,7 @@ def _uses_bench(value: Any) -> bool:
     return False
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = data
     for part in parents:
@@ -235,7 +240,7 @@ def load_spec(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     for key, value in overrides or []:
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     if _uses_bench(data):
         if bench_refs is None:
             raise ConfigError(f"{path} uses bench: paths but no bench is configured")

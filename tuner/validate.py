@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from tuner.errors import ConfigError, NothingToDoError
@@ -27,7 +28,7 @@ from tuner.profiler import (
     find_resumable_run,
 )
 from tuner.results import run_points
-from tuner.spec import ProfileSpec, check_spec_files
+from tuner.spec import ProfileSpec, check_spec_files, set_dotted
 from tuner.store import Fit, Host, Model, Recommendation, Run, Store
 
 
@@ -135,19 +136,26 @@ def _config(max_slots: int | None) -> ServerConfig:
     return ServerConfig.threshold(max_slots)
 
 
-def _validation_spec(spec: ProfileSpec, levels: list[int], n_max: int | None) -> ProfileSpec:
+def _validation_spec(spec: ProfileSpec, levels: list[int], n_max: int | None,
+                     overrides: list[tuple[str, Any]] | None = None) -> ProfileSpec:
     data = spec.model_dump(mode="json")
     data["name"] = f"{spec.name}-validate"
     data["workload"]["concurrency"] = levels
     if n_max:
         data["speculative"]["n_max"] = n_max
     data["speculative"]["threshold"] = None
-    return ProfileSpec.model_validate(data)
+    for key, value in overrides or []:
+        set_dotted(data, key, value)
+    try:
+        return ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"validation spec: {exc.errors()[0]['msg']}") from exc
 
 
 def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
-            resume: bool = False, host_name: str | None = None,
-            max_slots: int | None = None) -> tuple[int, Recommended, ProfileSpec]:
+            resume: bool = False, host_name: str | None = None, max_slots: int | None = None,
+            overrides: list[tuple[str, Any]] | None = None,
+            ) -> tuple[int, Recommended, ProfileSpec]:
     """Run the validation measurements; returns (run id, the recommendation, the spec used)."""
     rec = latest_recommendation(store, model)
     if max_slots is not None:
@@ -161,7 +169,7 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
             f"--help); validation needs the patched server (scripts/setup.sh builds one)"
         )
     levels = validation_levels(profile_spec, rec.max_slots)
-    spec = _validation_spec(profile_spec, levels, rec.n_max)
+    spec = _validation_spec(profile_spec, levels, rec.n_max, overrides)
     profiler = Profiler(store, spec, log_dir, observer)
     run_id = find_resumable_run(store, spec, kind="validate") if resume else None
     if run_id is not None:
@@ -269,8 +277,9 @@ def _spec_weights(store: Store, run_id: int) -> dict[str, float] | None:
 
 
 def validate(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
-             resume: bool = False, host_name: str | None = None,
-             max_slots: int | None = None) -> ValidationReport:
+             resume: bool = False, host_name: str | None = None, max_slots: int | None = None,
+             overrides: list[tuple[str, Any]] | None = None) -> ValidationReport:
     """`tuner validate`: measure the recommendation and its neighbours, then grade them."""
-    run_id, rec, _spec = measure(store, model, log_dir, observer, resume, host_name, max_slots)
+    run_id, rec, _spec = measure(store, model, log_dir, observer, resume, host_name, max_slots,
+                                 overrides)
     return analyse(store, run_id, model, rec)

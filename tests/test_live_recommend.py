@@ -1,0 +1,93 @@
+"""recommend and validate on real bench profiles: the answer agrees with the measurements."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ProfiledBench, copy_db, tuner_cmd, tuner_env
+from sqlalchemy import select
+
+from tuner.store import Level, Run, Sample, Store
+
+pytestmark = pytest.mark.bench
+
+MODELS = {"bench_profile": "smollm2-135m-f32", "bench_profile_nmax3": "smollm2-135m-f32-nmax3"}
+
+
+def _measured(store: Store, run_id: int) -> dict[str, dict[int, float]]:
+    table: dict[str, dict[int, float]] = {}
+    with store.session() as session:
+        for level in session.scalars(select(Level).filter_by(run_id=run_id)):
+            table.setdefault(level.config, {})[level.concurrency] = level.tokens_per_second
+    return table
+
+
+@pytest.mark.parametrize("profile_fixture", list(MODELS))
+def test_recommended_n_matches_the_measured_crossover(
+    profile_fixture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    profiled: ProfiledBench = request.getfixturevalue(profile_fixture)
+    db_url = copy_db(profiled, tmp_path)
+    result = subprocess.run(tuner_cmd("recommend", "--model", MODELS[profile_fixture]),
+                            env=tuner_env(db_url, tmp_path), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    match = re.fullmatch(r"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", result.stdout)
+    assert match, f"stdout must be exactly one env line, got {result.stdout!r}"
+    n = int(match.group(1))
+    measured = _measured(Store(db_url), profiled.run_id)
+    for c, plain in measured["plain"].items():
+        spec = measured["spec"][c]
+        if c <= n or n == 0:
+            assert spec > plain, f"N={n} drafts at {c} streams but spec measured {spec} < {plain}"
+        else:
+            assert spec < plain, f"N={n} stops drafting at {c} but spec measured {spec} > {plain}"
+    assert "streams" in result.stderr  # the explanation table went to stderr
+
+
+def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
+    bench_profile: ProfiledBench, tmp_path: Path
+) -> None:
+    db_url = copy_db(bench_profile, tmp_path)
+    env = tuner_env(db_url, tmp_path / "cache")
+    model = MODELS["bench_profile"]
+    subprocess.run(tuner_cmd("recommend", "--model", model, "-q"), env=env, check=True,
+                   capture_output=True)
+    result = subprocess.run(
+        tuner_cmd("validate", "--model", model, "--format", "json",
+                  "--set", "workload.max_repeats=1", "--set", "workload.min_repeats=1",
+                  "--set", "workload.max_tokens=64"),
+        env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    n = report["recommended"]
+    expected = {"plain", "N=0"} | {f"N={k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
+    assert set(report["measured"]) == expected
+    assert {n, n + 1} & set(range(1, 9)) <= set(report["levels"])  # where neighbours differ
+    assert report["best"] in expected and report["regret_pct"] >= 0
+    assert 0 <= report["mean_abs_error_pct"] <= report["worst_abs_error_pct"]
+
+    store = Store(db_url)
+    with store.session() as session:
+        run = session.get(Run, report["run_id"])
+        assert (run.kind, run.status) == ("validate", "completed")
+        # Threshold N really applied: streams at or under N draft, above N they do not.
+        for level in session.scalars(select(Level).filter_by(run_id=run.id)):
+            drafted = sum(s.draft_n for s in session.scalars(
+                select(Sample).filter_by(level_id=level.id)))
+            if level.max_slots is None:
+                assert drafted == 0
+            elif level.max_slots == 0 or level.concurrency <= level.max_slots:
+                assert drafted > 10 * level.concurrency, (level.config, level.concurrency)
+            else:
+                # at most the drafts in flight when the last stream joined
+                assert drafted <= 6 * 2 * level.concurrency, (level.config, level.concurrency)
+
+    # The validation's points feed the next fit.
+    fitted = subprocess.run(tuner_cmd("fit", "--model", model, "--format", "json"), env=env,
+                            capture_output=True, text=True)
+    assert fitted.returncode == 0, fitted.stderr
+    assert report["run_id"] in json.loads(fitted.stdout)["inputs"]["runs"]
