@@ -35,7 +35,6 @@ import datetime as dt
 import hashlib
 import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 
 from tuner.errors import ConfigError
+from tuner.spec import read_toml, validation_message
 from tuner.store import Host, Level, Model, Run, Store, get_or_create
 
 FORMAT_VERSION = 1
@@ -161,25 +161,11 @@ class ImportDoc(_Strict):
 
 def load_import(path: Path) -> ImportDoc:
     """Read and validate an import file; every problem is one ConfigError line naming the field."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"import file not found: {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    data = read_toml(path, "import file")
     try:
         return ImportDoc.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown key (typo?)"
-            lines.append(f"{path}: {where}: {message}")
-        raise ConfigError("\n".join(lines)) from exc
+        raise ConfigError(validation_message(str(path), exc)) from exc
 
 
 @dataclass(frozen=True)

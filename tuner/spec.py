@@ -171,6 +171,23 @@ def default_levels(n_parallel: int) -> list[int]:
     return levels
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict; a missing, unreadable or malformed file is one ConfigError line."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what} not found: {path}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def validation_message(source: str, exc: ValidationError) -> str:
+    """One line per problem, each naming the field: `source: a.b: message`."""
+    return "\n".join(_format_error(source, error) for error in exc.errors())
+
+
 def _format_error(source: str, error: dict[str, Any]) -> str:
     where = ".".join(str(part) for part in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
@@ -231,14 +248,7 @@ def load_spec(
     check_files: bool = True,
 ) -> ProfileSpec:
     """Read, resolve and validate a spec; every problem is one ConfigError line naming the field."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"spec file not found: {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read spec {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    data = read_toml(path, "spec file")
     for key, value in overrides or []:
         set_dotted(data, key, value)
     if _uses_bench(data):
@@ -257,8 +267,7 @@ def load_spec(
     try:
         spec = ProfileSpec.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(str(path), err) for err in exc.errors()]
-        raise ConfigError("\n".join(lines)) from exc
+        raise ConfigError(validation_message(str(path), exc)) from exc
     if check_files:
         check_spec_files(spec, str(path))
     return spec

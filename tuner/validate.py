@@ -28,7 +28,7 @@ from tuner.profiler import (
     find_resumable_run,
 )
 from tuner.results import run_points
-from tuner.spec import ProfileSpec, check_spec_files, set_dotted
+from tuner.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
 from tuner.store import Fit, Host, Model, Recommendation, Run, Store
 
 
@@ -149,7 +149,7 @@ def _validation_spec(spec: ProfileSpec, levels: list[int], n_max: int | None,
     try:
         return ProfileSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"validation spec: {exc.errors()[0]['msg']}") from exc
+        raise ConfigError(validation_message("validation spec (--set)", exc)) from exc
 
 
 def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
