@@ -206,18 +206,20 @@ def sqlite_path(db_url: str) -> Path:
 
 
 def peek(db_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows of one query, on a short-lived connection (SQLite: read-only; PostgreSQL: any)."""
+    """Rows of one query (SQLite: a short-lived connection; PostgreSQL: one cached engine)."""
     if db_url.startswith("sqlite"):
         path = sqlite_path(db_url)
         if not path.exists():
             return []
         try:
-            with contextlib.closing(
-                sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-            ) as con:
+            # Read-write mode, though it only reads: a read-only connection cannot open a WAL
+            # database whose -shm file is gone (after the last writer closed it).
+            with contextlib.closing(sqlite3.connect(path, timeout=10)) as con:
                 return con.execute(sql, params).fetchall()
-        except sqlite3.OperationalError:
-            return []  # not created yet (no such table) or a moment's lock
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []  # not created yet
+            raise
     engine = _ENGINES.get(db_url)
     if engine is None:  # one per database: polling must not cost a new backend every time
         engine = _ENGINES[db_url] = create_engine(db_url, pool_size=1, max_overflow=0)

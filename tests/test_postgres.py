@@ -40,7 +40,7 @@ REFERENCE = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.t
 REFERENCE_MODEL = "Qwen3.8-Flash-Next"
 
 # Every command that opens the database, with an invocation against the imported reference
-# data; `profile` runs live below and in test_fleet.py.
+# data; `profile` and `validate` run live below (and profile in test_fleet.py).
 COMMANDS: dict[str, list[str]] = {
     "import": ["import", str(REFERENCE)],
     "runs": ["runs"],
@@ -49,8 +49,9 @@ COMMANDS: dict[str, list[str]] = {
     "fit": ["fit", "--model", REFERENCE_MODEL],
     "predict": ["predict", "--model", REFERENCE_MODEL, "--max-slots", "2"],
     "recommend": ["recommend", "--model", REFERENCE_MODEL, "-q"],
+    "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
-LIVE = {"profile"}  # needs the bench: test_profile_and_resume_on_postgres
+LIVE = {"profile", "validate"}  # need the bench: test_live_commands_on_postgres
 NO_DATABASE = {"bench"}
 
 
@@ -62,9 +63,10 @@ def test_every_command_is_covered_here() -> None:
 
 
 @pytest.mark.parametrize("how", ["--db", "TUNER_DB"])
-def test_every_command_works_on_postgres(pg_url: str, how: str) -> None:
+def test_every_command_works_on_postgres(pg_url: str, how: str, tmp_path: Path) -> None:
     runner = CliRunner()
-    for name, args in COMMANDS.items():
+    for name, template in COMMANDS.items():
+        args = [arg.replace("{tmp}", str(tmp_path)) for arg in template]
         if how == "--db":
             result = runner.invoke(app, ["--db", pg_url, *args], env={"COLUMNS": "200"})
         else:
@@ -75,6 +77,7 @@ def test_every_command_works_on_postgres(pg_url: str, how: str) -> None:
     assert peek(pg_url, "SELECT COUNT(*) FROM tuner_recommendations") == [(1,)]
     recommended = runner.invoke(app, ["--db", pg_url, *COMMANDS["recommend"]])
     assert recommended.stdout.strip() == "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2"
+    assert (tmp_path / "report" / "summary.md").exists()
 
 
 def test_migrations_and_optuna_share_the_database(pg_url: str) -> None:
@@ -93,8 +96,9 @@ def test_migrations_and_optuna_share_the_database(pg_url: str) -> None:
 
 
 @pytest.mark.bench
-def test_profile_and_resume_on_postgres(pg_url: str, tmp_path: Path) -> None:
-    """A live profile on PostgreSQL, interrupted during a level, then resumed to completion."""
+def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    """A live profile on PostgreSQL, interrupted during a level and resumed to completion; then
+    recommend and validate (live) on the same database."""
     cache = tmp_path / "cache"
     env = env_for(pg_url, cache)
     args = profile_args("1,2", 96)
@@ -115,3 +119,15 @@ def test_profile_and_resume_on_postgres(pg_url: str, tmp_path: Path) -> None:
     assert "resuming run 1" in resumed.stderr
     assert_kept(pg_url, before)
     assert_run_complete(pg_url, 1, 2, 2)
+
+    model = "smollm2-135m-f32"
+    recommended = run_tuner(["recommend", "--model", model, "-q"], env)
+    assert recommended.returncode == 0, recommended.stderr[-3000:]
+    assert recommended.stdout.startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    quick = ["--set", "workload.max_tokens=16", "--set", "workload.warmup=0"]
+    quick += ["--set", "workload.min_repeats=1", "--set", "workload.max_repeats=1"]
+    validated = run_tuner(["validate", "--model", model, *quick], env)
+    assert validated.returncode == 0, validated.stderr[-3000:]
+    kinds = peek(pg_url, "SELECT kind, status FROM tuner_runs ORDER BY id")
+    assert kinds == [("profile", "completed"), ("validate", "completed")]
+    assert_no_servers(f"TUNER_CACHE_DIR={cache}")

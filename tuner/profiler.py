@@ -361,7 +361,10 @@ class Profiler:
             try:
                 before = metrics.scrape(None, server_url, headers)
                 samples = generator.run(concurrency)
-                after = metrics.scrape(None, server_url, headers)
+                # When requests failed the server may be gone or hung: their errors say more
+                # than a failed /metrics scrape would.
+                failed = any(not s.ok for s in samples)
+                after = before if failed else metrics.scrape(None, server_url, headers)
             except (ServerError, LoadError) as exc:
                 error = self._explain_failure(alive, config, concurrency, str(exc))
                 self._fail_level(level.id, error)

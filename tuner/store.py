@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -240,12 +241,30 @@ def _sqlite_pragmas(busy_timeout_ms: int) -> Callable[[Any, Any], None]:
         # WAL lets readers and one writer work at once; the busy timeout makes a second tuner
         # process wait for a lock instead of failing at once.
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        _enter_wal(cursor, busy_timeout_ms / 1000)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
     return on_connect
+
+
+def _enter_wal(cursor: Any, timeout_s: float) -> None:
+    """Switch a SQLite database to WAL. On a new file that several processes open at once the
+    switch fails with "database is locked" at once, whatever the busy timeout: retry it."""
+    import sqlite3
+
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 def default_busy_timeout_s() -> float:
