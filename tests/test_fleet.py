@@ -8,7 +8,6 @@ recommendations share one fit and one Optuna study.
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -267,28 +266,6 @@ def test_optuna_tables_created_by_many_processes_at_once(db_url: str) -> None:
     assert peek(db_url, "SELECT COUNT(*) FROM studies") == [(0,)]
 
 
-def _pending(db_url: str, postgres_only: bool, function, needle: str, reason: str) -> None:
-    """xfail while a known gap in another module is open (it runs in full once fixed)."""
-    if postgres_only and not db_url.startswith("postgresql"):
-        return
-    if needle not in inspect.getsource(function):
-        pytest.xfail(reason)
-
-
-def _optuna_race_pending(db_url: str) -> None:
-    from tuner import search
-
-    _pending(
-        db_url,
-        False,
-        search._storage,
-        "optuna_storage",
-        "search._storage builds RDBStorage directly: two processes creating Optuna's tables "
-        "at once collide (PostgreSQL: CREATE TYPE; SQLite: alembic_version); use "
-        "tuner.store.optuna_storage(url)",
-    )
-
-
 def _concurrent_recommends(db_url: str, count: int = 2) -> list[dict]:
     env = {**env_for(db_url, Path("/nonexistent")), "TUNER_HOST_NAME": "host-a"}
     processes = [
@@ -305,7 +282,6 @@ def _concurrent_recommends(db_url: str, count: int = 2) -> list[dict]:
 
 
 def test_concurrent_recommendations_share_one_study(db_url: str) -> None:
-    _optuna_race_pending(db_url)
     store = Store(db_url)
     store_profile(store, host="host-a")
     store.dispose()
@@ -329,18 +305,6 @@ def test_concurrent_recommendations_share_one_study(db_url: str) -> None:
 
 
 def test_concurrent_first_recommendations_make_one_fit(db_url: str) -> None:
-    from tuner import recommend as recommend_module
-
-    _optuna_race_pending(db_url)
-    _pending(
-        db_url,
-        False,
-        recommend_module._save_fit,
-        "exclusive",
-        "recommend.current_fit checks for an equal fit, fits, then inserts without a lock: two "
-        "processes starting together store two fits (so two studies). Re-check and insert inside "
-        "`store.exclusive(...)` in recommend._save_fit",
-    )
     store = Store(db_url)
     store_profile(store, host="host-a")
     store.dispose()

@@ -330,12 +330,38 @@ def fit_model(
     return _save_fit(store, data, selection, seed, replicates)
 
 
+def _equal_fit(session, selection: Selection, seed: int, replicates: int) -> Fit | None:
+    """The newest stored fit of exactly this data, seed and bootstrap size, if any."""
+    for row in session.scalars(
+        select(Fit)
+        .where(Fit.model_id == selection.model_id, Fit.version == costmodel.VERSION)
+        .order_by(Fit.id.desc())
+    ):
+        inputs = row.inputs or {}
+        if (
+            inputs.get("data_hash") == selection.data_hash
+            and inputs.get("seed") == seed
+            and inputs.get("replicates") == replicates
+        ):
+            return row
+    return None
+
+
 def _save_fit(
-    store: Store, data: FitData, selection: Selection, seed: int, replicates: int
+    store: Store,
+    data: FitData,
+    selection: Selection,
+    seed: int,
+    replicates: int,
+    reuse_equal: bool = False,
 ) -> StoredFit:
+    """Fit and store; with reuse_equal, a fit of the same data stored meanwhile (by another
+    process of a fleet) is returned instead, so the data gets one fit and one study."""
     result = _fit_data(data, selection, seed, replicates)
     inputs = selection.inputs() | {"seed": seed, "replicates": replicates}
-    with store.session() as session:
+    with store.exclusive(f"fit:{selection.model_id}:{selection.host_id}") as session:
+        if reuse_equal and (existing := _equal_fit(session, selection, seed, replicates)):
+            return _stored(existing, True, selection.host_note)
         row = Fit(
             model_id=selection.model_id,
             host_id=selection.host_id,
@@ -374,19 +400,9 @@ def current_fit(
             return _stored(row, True, None)
     data, selection = select_data(store, model, host, host_explicit)
     with store.session() as session:
-        for row in session.scalars(
-            select(Fit)
-            .where(Fit.model_id == selection.model_id, Fit.version == costmodel.VERSION)
-            .order_by(Fit.id.desc())
-        ):
-            inputs = row.inputs or {}
-            if (
-                inputs.get("data_hash") == selection.data_hash
-                and inputs.get("seed") == seed
-                and inputs.get("replicates") == replicates
-            ):
-                return _stored(row, True, selection.host_note)
-    return _save_fit(store, data, selection, seed, replicates)
+        if existing := _equal_fit(session, selection, seed, replicates):
+            return _stored(existing, True, selection.host_note)
+    return _save_fit(store, data, selection, seed, replicates, reuse_equal=True)
 
 
 # --- predict --------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tuner.costmodel import CostModel
+from tuner.store import optuna_storage
 
 MAX_SLOTS_PARAM = "spec_draft_max_slots"
 N_MAX_PARAM = "spec_draft_n_max"
@@ -164,15 +165,6 @@ def study_name(
     return f"tuner:{where}:{build_part}:{fit_part}:{digest}"
 
 
-def _storage(url: str):
-    import optuna
-
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs["connect_args"] = {"timeout": 30}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-
-
 def run_study(
     storage_url: str | None,
     name: str,
@@ -214,7 +206,7 @@ def run_study(
         sampler_name, budget = "TPESampler", tpe_trials
     study = optuna.create_study(
         study_name=name,
-        storage=_storage(storage_url) if storage_url else None,
+        storage=optuna_storage(storage_url) if storage_url else None,
         sampler=sampler,
         direction="maximize",
         load_if_exists=True,

@@ -98,8 +98,9 @@ def latest_recommendation(store: Store, model: str, host: str | None = None) -> 
         return Recommended(rec.id, rec.max_slots, rec.n_max, rec.fit_id, host_name)
 
 
-def latest_profile_spec(store: Store, model: str) -> ProfileSpec:
-    """The spec of the model's newest managed profile run (validation reuses its server set-up)."""
+def latest_profile_spec(store: Store, model: str, host: str | None = None) -> ProfileSpec:
+    """The spec of the model's newest managed profile run (validation reuses its server set-up),
+    preferring the given host's runs."""
     with store.session() as session:
         runs = session.scalars(
             select(Run).join(Model)
@@ -107,7 +108,8 @@ def latest_profile_spec(store: Store, model: str) -> ProfileSpec:
                    Run.label.is_(None))
             .order_by(Run.id.desc())
         ).all()
-        specs = [run.spec for run in runs]
+        own = [run.spec for run in runs if run.host is not None and run.host.name == host]
+        specs = own or [run.spec for run in runs]
     if not specs:
         raise NothingToDoError(
             f"model {model!r} has no managed profile run to take the server set-up from; "
@@ -157,10 +159,16 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
             overrides: list[tuple[str, Any]] | None = None,
             ) -> tuple[int, Recommended, ProfileSpec]:
     """Run the validation measurements; returns (run id, the recommendation, the spec used)."""
-    rec = latest_recommendation(store, model)
+    from tuner.recommend import this_host
+
+    host = this_host(host_name)
+    try:
+        rec = latest_recommendation(store, model, host)
+    except NothingToDoError:
+        rec = latest_recommendation(store, model)  # made from another box's data
     if max_slots is not None:
         rec = Recommended(rec.id, max_slots, rec.n_max, rec.fit_id, rec.host)
-    profile_spec = latest_profile_spec(store, model)
+    profile_spec = latest_profile_spec(store, model, host)
     check_spec_files(profile_spec, f"profile spec of {model}")
     build = probe_build(profile_spec.server.binary)
     if not build.has_max_slots:
@@ -171,13 +179,13 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
     levels = validation_levels(profile_spec, rec.max_slots)
     spec = _validation_spec(profile_spec, levels, rec.n_max, overrides)
     profiler = Profiler(store, spec, log_dir, observer)
-    run_id = find_resumable_run(store, spec, kind="validate") if resume else None
+    run_id = find_resumable_run(store, spec, kind="validate", host_name=host) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)
         observer(ProgressEvent("message", text=f"resuming validation run {run_id}"))
     else:
         context = Context(model_name=model, model=probe_model(spec.server.model), build=build,
-                          host=probe_host(spec.server.binary, host_name))
+                          host=probe_host(spec.server.binary, host))
         profiler.create_run(context, kind="validate")
     configs = [_config(n) for n in candidates(rec.max_slots, spec.server.n_parallel)]
     run_id = profiler.execute(configs, kernel_level=False)
