@@ -447,6 +447,11 @@ class Profiler:
 
     def run_config(self, config: ServerConfig, levels: list[int]) -> None:
         log = self.log_dir / f"run-{self.run_id}" / f"{config.name}.log"
+        # A new log per launch: earlier launches of the same config (resume) stay readable.
+        n = 1
+        while log.exists():
+            n += 1
+            log = log.with_name(f"{config.name}.{n}.log")
         self.observer(
             ProgressEvent(
                 "server",
@@ -454,22 +459,17 @@ class Profiler:
                 text=f"starting llama-server ({config.name}), log {log}",
             )
         )
-        # A new log per launch: earlier launches of the same config (resume) stay readable.
-        n = 1
-        while log.exists():
-            n += 1
-            log = log.with_name(f"{config.name}.{n}.log")
         server = ManagedServer(
             launch_config(self.spec, config), log, start_timeout_s=self.spec.server.start_timeout_s
         )
         with server:
             props = server.props()
-            self._check_props(props, config)
+            self._check_props(props)
             self.warm_up(server.url)
             for concurrency in levels:
                 self.run_level(server.url, server.alive, config, concurrency)
 
-    def _check_props(self, props: dict[str, Any], config: ServerConfig) -> None:
+    def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
         if slots is not None and slots < max(self.spec.levels):
             raise ConfigError(f"server has {slots} slots, fewer than level {max(self.spec.levels)}")
