@@ -172,6 +172,13 @@ def finish(process: subprocess.Popen[str], timeout_s: float = 300.0) -> Finished
     return Finished(process.returncode, stdout, stderr)
 
 
+def _interactive_signals() -> None:
+    # A test runner started in the background by a non-interactive shell ignores SIGINT, and its
+    # children inherit that; a user's terminal does not: give the tuner the default disposition
+    # so that SIGINT means Ctrl-C, as it does for a user.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_tuner(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         tuner_cmd(*args),
@@ -179,6 +186,7 @@ def start_tuner(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interactive_signals,
     )
 
 

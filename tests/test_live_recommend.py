@@ -16,6 +16,9 @@ from tuner.store import Level, Run, Sample, Store
 pytestmark = pytest.mark.bench
 
 MODELS = {"bench_profile": "smollm2-135m-f32", "bench_profile_nmax3": "smollm2-135m-f32-nmax3"}
+# One level's live tok/s swings about this much between launches on a shared machine (random
+# acceptance included): a closer spec-vs-plain margin is a tie that noise may flip either way.
+TIE = 0.10
 
 
 def _measured(store: Store, run_id: int) -> dict[str, dict[int, float]]:
@@ -39,12 +42,17 @@ def test_recommended_n_matches_the_measured_crossover(
     assert match, f"stdout must be exactly one env line, got {result.stdout!r}"
     n = int(match.group(1))
     measured = _measured(Store(db_url), profiled.run_id)
-    for c, plain in measured["plain"].items():
-        spec = measured["spec"][c]
-        if c <= n or n == 0:
-            assert spec > plain, f"N={n} drafts at {c} streams but spec measured {spec} < {plain}"
-        else:
-            assert spec < plain, f"N={n} stops drafting at {c} but spec measured {spec} > {plain}"
+    gains = {c: measured["spec"][c] / plain - 1 for c, plain in measured["plain"].items()}
+    assert gains[8] < -TIE, f"the bench's contrast is gone: {gains}"  # so N < 8 is required
+    for c, gain in gains.items():
+        drafts_at_c = n == 0 or c <= n
+        if gain > TIE:
+            assert drafts_at_c, f"spec clearly ahead at {c} streams ({gain:+.0%}) but N={n}"
+        elif gain < -TIE and drafts_at_c:
+            # A threshold cannot switch drafting off at 1 stream: N=1 is the least, and the
+            # reasons must say that running without drafting is the better choice.
+            assert (n, c) == (1, 1), f"spec clearly behind at {c} streams ({gain:+.0%}), N={n}"
+            assert "consider running without drafting" in result.stderr
     assert "streams" in result.stderr  # the explanation table went to stderr
 
 
