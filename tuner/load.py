@@ -206,17 +206,19 @@ class LoadGenerator:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 raise _RequestFailed(f"HTTP {response.status_code}: {body[:200]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
+            lines = SSELines()
+            async for block in response.aiter_bytes():
                 now = time.perf_counter()
-                chunk = json.loads(line[len("data: ") :])
-                if "error" in chunk:
-                    raise _RequestFailed(str(chunk["error"])[:300])
-                if chunk.get("content") or chunk.get("tokens"):
-                    sample.token_times.append(now)
-                if chunk.get("stop"):
-                    final = chunk
+                for data in lines.feed(block):
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise _RequestFailed(str(chunk["error"])[:300])
+                    # One time per generated token; the count, not the text, says how many
+                    # (a piece of a multi-byte character arrives with empty content).
+                    seen = int(chunk.get("tokens_predicted") or 0)
+                    sample.token_times.extend([now] * (seen - len(sample.token_times)))
+                    if chunk.get("stop"):
+                        final = chunk
         if not final:
             raise _RequestFailed("stream ended without a final chunk")
         return final
@@ -245,6 +247,26 @@ class LoadGenerator:
 
     def run(self, concurrency: int) -> list[RequestSample]:
         return asyncio.run(self.run_level(concurrency))
+
+
+class SSELines:
+    """Splits a server-sent-event byte stream into the payloads of its `data:` lines.
+
+    Only "\n" ends a line here: generated text can hold U+2028, U+0085 and other characters
+    that str.splitlines (and so httpx's aiter_lines) would also break lines at.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, block: bytes) -> list[str]:
+        *complete, self._pending = (self._pending + block).split(b"\n")
+        payloads = []
+        for raw in complete:
+            line = raw.rstrip(b"\r").decode("utf-8")
+            if line.startswith("data: "):
+                payloads.append(line[len("data: ") :])
+        return payloads
 
 
 class _RequestFailed(Exception):
