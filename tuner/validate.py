@@ -169,15 +169,18 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
     if max_slots is not None:
         rec = Recommended(rec.id, max_slots, rec.n_max, rec.fit_id, rec.host)
     profile_spec = latest_profile_spec(store, model, host)
-    check_spec_files(profile_spec, f"profile spec of {model}")
-    build = probe_build(profile_spec.server.binary)
+    levels = validation_levels(profile_spec, rec.max_slots)
+    # Overrides come first: a profile made with a stock server can be validated with
+    # --set server.binary=/path/to/patched/llama-server.
+    spec = _validation_spec(profile_spec, levels, rec.n_max, overrides)
+    check_spec_files(spec, f"profile spec of {model}")
+    build = probe_build(spec.server.binary)
     if not build.has_max_slots:
         raise ConfigError(
-            f"{profile_spec.server.binary} does not know --spec-draft-max-slots (not in its "
-            f"--help); validation needs the patched server (scripts/setup.sh builds one)"
+            f"{spec.server.binary} does not know --spec-draft-max-slots (not in its --help); "
+            f"validation needs the patched server: scripts/setup.sh builds one, "
+            f"--set server.binary=PATH selects it"
         )
-    levels = validation_levels(profile_spec, rec.max_slots)
-    spec = _validation_spec(profile_spec, levels, rec.n_max, overrides)
     profiler = Profiler(store, spec, log_dir, observer)
     run_id = find_resumable_run(store, spec, kind="validate", host_name=host) if resume else None
     if run_id is not None:

@@ -1,0 +1,134 @@
+"""`tuner validate` without a live server: which candidates and levels it measures, how it grades
+them (regret and model error against figures worked out by hand), and its refusal of a
+llama-server that lacks --spec-draft-max-slots. The live run is in test_live_recommend.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from benchdata import Rep, store_profile
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from tuner.bench import Bench
+from tuner.cli import app
+from tuner.recommend import current_fit, recommend
+from tuner.spec import ProfileSpec, load_spec
+from tuner.store import Run, Store
+from tuner.validate import Recommended, analyse, candidates, validation_levels
+
+MODEL = "smollm2-bench"
+HOST = "bench-host"
+PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+# Measured tok/s per candidate at 1, 2, 4, 8 streams (uniform weights: 0.25 each).
+MEASURED: dict[str, list[float]] = {
+    "plain": [100.0, 150.0, 200.0, 250.0],  # weighted 175.0
+    "N=0": [150.0, 160.0, 150.0, 180.0],  # 160.0
+    "N=1": [150.0, 150.0, 200.0, 250.0],  # 187.5
+    "N=2": [150.0, 160.0, 200.0, 250.0],  # 190.0 (best)
+    "N=3": [150.0, 160.0, 150.0, 250.0],  # 177.5
+}
+LEVELS = [1, 2, 4, 8]
+
+
+def test_candidates_are_n_its_neighbours_always_draft_and_plain() -> None:
+    assert candidates(2, 8) == [None, 0, 1, 2, 3]
+    assert candidates(1, 8) == [None, 0, 1, 2]  # N-1 = 0 is "always draft", listed once
+    assert candidates(8, 8) == [None, 0, 7, 8]  # no N+1 beyond -np
+
+
+def test_levels_add_n_and_n_plus_1_where_neighbours_differ() -> None:
+    spec = ProfileSpec.model_validate({
+        "name": "s", "model_name": "m",
+        "server": {"binary": "/x/llama-server", "model": "/x/m.gguf", "n_parallel": 8},
+        "speculative": {"args": []},
+    })
+    assert spec.levels == [1, 2, 4, 8]
+    assert validation_levels(spec, 2) == [1, 2, 3, 4, 8]
+    assert validation_levels(spec, 5) == [1, 2, 4, 5, 6, 8]
+    assert validation_levels(spec, 8) == [1, 2, 4, 8]
+
+
+def _store_validation(store: Store) -> int:
+    levels: list[tuple[str, int, list[Rep]]] = []
+    for name, row in MEASURED.items():
+        config = {"plain": "plain", "N=0": "spec"}.get(name, f"max-slots-{name[2:]}")
+        for c, tps in zip(LEVELS, row, strict=True):
+            levels.append((config, c, [(tps, 1.0, 1000.0 * c / tps, 0, [])]))
+    run_id = store_profile(store, levels=levels, kernel=[])
+    with store.session() as session:
+        session.get(Run, run_id).kind = "validate"
+    return run_id
+
+
+@pytest.mark.parametrize(("checked", "regret"), [(2, 0.0), (3, 100 * (190 - 177.5) / 190),
+                                                  (1, 100 * (190 - 187.5) / 190)])
+def test_regret_and_model_error_match_the_hand_computed_figures(
+    db: str, checked: int, regret: float
+) -> None:
+    store = Store(db)
+    store_profile(store)
+    rec = recommend(store, MODEL, host=HOST, host_explicit=True)
+    run_id = _store_validation(store)
+
+    report = analyse(store, run_id, MODEL, Recommended(rec.id, checked, None, rec.fit_id, HOST))
+
+    assert report.levels == LEVELS
+    assert report.weights == pytest.approx({c: 0.25 for c in LEVELS})
+    assert report.weighted == pytest.approx(
+        {"plain": 175.0, "N=0": 160.0, "N=1": 187.5, "N=2": 190.0, "N=3": 177.5})
+    assert report.best == "N=2"
+    assert report.regret_pct == pytest.approx(regret)
+
+    # Model error: (predicted - measured) / measured for every point, against the fit it used.
+    fit = current_fit(store, MODEL, fit_id=rec.fit_id).model
+    errors = []
+    for name, row in MEASURED.items():
+        max_slots = None if name == "plain" else int(name[2:])
+        predicted = fit.policy_tps(LEVELS, max_slots)
+        for c, tps, pred in zip(LEVELS, row, predicted, strict=True):
+            expected = 100 * (pred - tps) / tps
+            assert report.errors_pct[name][c] == pytest.approx(expected), (name, c)
+            errors.append(abs(expected))
+    assert report.mean_abs_error_pct == pytest.approx(sum(errors) / len(errors))
+    assert report.worst_abs_error_pct == pytest.approx(max(errors))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'validate.db'}"
+
+
+def test_a_server_without_the_flag_is_refused_before_anything_runs(
+    db: str, tmp_path: Path, bench: Bench
+) -> None:
+    """A stock llama-server (its --help lacks the flag) cannot validate; the message says how to
+    point validation at the patched one, and no run is started."""
+    store = Store(db)
+    run_id = store_profile(store)
+    spec = load_spec(PROFILES / "bench-smollm2-cpu.toml", [("model_name", MODEL)],
+                     bench_refs=bench.as_refs)
+    with store.session() as session:
+        session.get(Run, run_id).spec = spec.model_dump(mode="json")
+    recommend(store, MODEL, host=HOST, host_explicit=True)
+
+    stock = tmp_path / "llama-server"
+    stock.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "version: 1 (stock)"; exit 0; fi\n'
+        'echo "--spec-draft-n-max N   number of tokens to draft (default: 3)"\n'
+    )
+    stock.chmod(0o755)
+
+    result = CliRunner().invoke(
+        app, ["--db", db, "validate", "--model", MODEL, "--set", f"server.binary={stock}"])
+
+    assert result.exit_code != 0
+    assert f"{stock} does not know --spec-draft-max-slots" in result.output
+    assert "--set server.binary=PATH" in result.output
+    with store.session() as session:
+        assert session.scalar(
+            select(func.count()).select_from(Run).where(Run.kind == "validate")) == 0
