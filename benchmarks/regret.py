@@ -118,8 +118,10 @@ def regime(name: str, passes: int, workdir: Path) -> tuple:
         marks = ("  <- best" if n == best else "") + ("  <- recommended" if n == rec else "")
         print(f"{n:>3}  " + " ".join(f"{cells[n][c]:>7.1f}" for c in LEVELS)
               + f"  {weighted[n]:>8.1f}{marks}")
+    own = report["regret_pct"]
     print(f"[{name}] validation (N={rec}): best measured {report['best']}, regret "
-          f"{report['regret_pct']:.1f} %, model error mean {report['mean_abs_error_pct']:.1f} % "
+          f"{'-' if own is None else f'{own:.1f}'} %, "
+          f"model error mean {report['mean_abs_error_pct']:.1f} % "
           f"worst {report['worst_abs_error_pct']:.1f} %")
     print(f"[{name}] regret vs sweep {regret:.2f} %, cost ratio {tuner_s / sweep_s:.2f} "
           f"({tuner_s:.0f} s / {sweep_s:.0f} s)\n", flush=True)

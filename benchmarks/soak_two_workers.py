@@ -7,11 +7,16 @@ storage path (`Profiler.create_run`, `Profiler.record_level`, `Profiler.guarded`
 per repeat, exactly as a live `tuner profile` commits). No llama-server is involved: the point is
 the database under concurrent writers, not the measurements.
 
+With --live each worker instead runs real `tuner profile profiles/bench-smollm2-cpu.toml`
+commands against the bench (short generations, a fixed repeat count, no kernel level), one
+after another until the time is up; a worker's expected samples are, per profile that exited 0,
+configs x sum of levels x repeats. Slower (two llama-servers share the cores), but end to end.
+
 At the end it counts what the database holds and prints samples written, samples expected (from
 the workers' own tallies) and duplicates, which must be 0. Exit status 1 when anything is lost or
 duplicated.
 
-    .venv/bin/python benchmarks/soak_two_workers.py [--seconds 30] [--db URL] [--json]
+    .venv/bin/python benchmarks/soak_two_workers.py [--seconds 30] [--db URL] [--live] [--json]
 
 Without --db it uses SQLite (WAL) in a temporary folder; pass a postgresql+psycopg:// URL (e.g.
 from `scripts/postgres.sh start`) to soak PostgreSQL.
@@ -22,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +47,9 @@ from tuner.spec import ProfileSpec
 from tuner.store import Host, Level, Model, Run, Sample, Store
 
 MODEL = "soak-model"
+REPO = Path(__file__).resolve().parent.parent
+LIVE_SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
+LIVE_CONFIGS = 2  # plain and spec
 
 
 @dataclass
@@ -226,13 +236,44 @@ def count(db_url: str, tallies: list[dict[str, Any]], seconds: float) -> SoakRes
     )
 
 
-def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: int) -> SoakResult:
+def live_worker(index: int, db_url: str, seconds: float, levels: list[int], repeats: int,
+                out) -> None:
+    """Run real `tuner profile` commands on the bench until the time is up; report the tally."""
+    tally = WorkerTally(host=f"soak-host-{index}")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"tuner-soak-{index}-") as cache:
+        env = {**os.environ, "TUNER_DB": db_url, "TUNER_HOST_NAME": tally.host,
+               "TUNER_CACHE_DIR": cache}
+        command = [
+            sys.executable, "-m", "tuner", "profile", str(LIVE_SPEC),
+            "--levels", ",".join(map(str, levels)),
+            "--model-name", MODEL, "--set", "kernel.enabled=false",
+            "--set", "workload.max_tokens=32", "--set", "workload.warmup=0",
+            "--set", f"workload.min_repeats={repeats}", "--set", f"workload.max_repeats={repeats}",
+        ]
+        while time.monotonic() - started < seconds:
+            result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                tally.error = (result.stderr.strip().splitlines() or ["no output"])[-1]
+                break
+            tally.runs += 1
+            tally.levels += LIVE_CONFIGS * len(levels)
+            tally.samples += LIVE_CONFIGS * sum(levels) * repeats
+    tally.seconds = time.monotonic() - started
+    out.send(asdict(tally))
+    out.close()
+
+
+def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: int,
+         live: bool = False) -> SoakResult:
     context = multiprocessing.get_context("spawn")
     pipes, processes = [], []
     for index in range(workers):
         receive, send = context.Pipe(duplex=False)
         process = context.Process(
-            target=worker, args=(index, db_url, seconds, levels, repeats, send), daemon=True
+            target=live_worker if live else worker,
+            args=(index, db_url, seconds, levels, repeats, send),
+            daemon=True,
         )
         pipes.append(receive)
         processes.append(process)
@@ -241,7 +282,7 @@ def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: 
         process.start()
     tallies = []
     for index, (receive, process) in enumerate(zip(pipes, processes, strict=True)):
-        if receive.poll(seconds + 120):
+        if receive.poll(seconds + (600 if live else 120)):
             tallies.append(receive.recv())
         else:
             tallies.append(asdict(WorkerTally(f"soak-host-{index}", error="no report (hung?)")))
@@ -254,14 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="SQLAlchemy URL (default: SQLite WAL in a temporary folder)")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the workers write")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--levels", default="1,2,4,8", help="concurrency levels per run")
-    parser.add_argument("--repeats", type=int, default=2, help="repeats per level")
+    parser.add_argument("--levels", help="concurrency levels per run (default 1,2,4,8)")
+    parser.add_argument("--repeats", type=int, help="repeats per level (default 2)")
+    parser.add_argument("--live", action="store_true",
+                        help="workers run real `tuner profile` on the bench (default levels 1,2; "
+                        "repeats 1)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    levels = [int(c) for c in args.levels.split(",")]
+    levels = [int(c) for c in (args.levels or ("1,2" if args.live else "1,2,4,8")).split(",")]
+    repeats = args.repeats or (1 if args.live else 2)
     with tempfile.TemporaryDirectory(prefix="tuner-soak-") as tmp:
         db_url = args.db or f"sqlite:///{Path(tmp) / 'soak.db'}"
-        result = soak(db_url, args.seconds, args.workers, levels, args.repeats)
+        result = soak(db_url, args.seconds, args.workers, levels, repeats, args.live)
     if args.json:
         print(json.dumps({**asdict(result), "ok": result.ok}, indent=2))
     else:

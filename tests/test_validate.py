@@ -16,7 +16,7 @@ from tuner.bench import Bench
 from tuner.cli import app
 from tuner.recommend import current_fit, recommend
 from tuner.spec import ProfileSpec, load_spec
-from tuner.store import Run, Store
+from tuner.store import Level, Run, Store
 from tuner.validate import Recommended, analyse, candidates, validation_levels
 
 MODEL = "smollm2-bench"
@@ -132,3 +132,21 @@ def test_a_server_without_the_flag_is_refused_before_anything_runs(
     with store.session() as session:
         assert session.scalar(
             select(func.count()).select_from(Run).where(Run.kind == "validate")) == 0
+
+
+def test_a_recommended_n_with_a_failed_level_gets_no_regret_figure(db: str) -> None:
+    """Its weighted figure would leave a level out, so it cannot be compared: no number at all
+    rather than a flattering 0 %."""
+    store = Store(db)
+    store_profile(store)
+    rec = recommend(store, MODEL, host=HOST, host_explicit=True)
+    run_id = _store_validation(store)
+    with store.session() as session:
+        level = session.scalars(select(Level).where(
+            Level.run_id == run_id, Level.max_slots == 3, Level.concurrency == 8)).one()
+        level.status = "failed"
+
+    report = analyse(store, run_id, MODEL, Recommended(rec.id, 3, None, rec.fit_id, HOST))
+
+    assert "N=3" not in report.weighted and report.best == "N=2"
+    assert report.regret_pct is None

@@ -56,7 +56,7 @@ class ValidationReport:
     predicted: dict[str, dict[int, float]] = field(default_factory=dict)
     weighted: dict[str, float] = field(default_factory=dict)
     best: str = ""
-    regret_pct: float = 0.0
+    regret_pct: float | None = None  # None when the recommended N lacks a level
     errors_pct: dict[str, dict[int, float]] = field(default_factory=dict)  # signed % error
     mean_abs_error_pct: float | None = None
     worst_abs_error_pct: float | None = None
@@ -238,7 +238,8 @@ def analyse(store: Store, run_id: int, model: str,
 
     Weighted figures use the workload weights restricted to the validated levels (uniform when
     the profile set none); regret is how far the recommended N's weighted tok/s falls below the
-    best measured candidate's; model error is (predicted - measured) / measured on every point.
+    best measured candidate's (None when a level of the recommended N failed, so it has no
+    weighted figure); model error is (predicted - measured) / measured on every point.
     """
     from tuner import recommend, search
 
@@ -267,7 +268,7 @@ def analyse(store: Store, run_id: int, model: str,
     weighted = {name: sum(weights[c] * row[c] for c in levels) for name, row in complete.items()}
     rec_label = label(rec.max_slots)
     best = max(weighted, key=lambda name: weighted[name]) if weighted else ""
-    regret = 0.0
+    regret = None
     if best and rec_label in weighted:
         regret = 100 * (weighted[best] - weighted[rec_label]) / weighted[best]
     flat = [abs(e) for row in errors.values() for e in row.values()]
