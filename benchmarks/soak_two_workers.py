@@ -247,7 +247,9 @@ def live_worker(index: int, db_url: str, seconds: float, levels: list[int], repe
         command = [
             sys.executable, "-m", "tuner", "profile", str(LIVE_SPEC),
             "--levels", ",".join(map(str, levels)),
-            "--model-name", MODEL, "--set", "kernel.enabled=false",
+            # One thread per server: two servers of two threads on 2 cores spin-wait on
+            # each other for minutes.
+            "--model-name", MODEL, "--set", "kernel.enabled=false", "--set", "server.threads=1",
             "--set", "workload.max_tokens=32", "--set", "workload.warmup=0",
             "--set", f"workload.min_repeats={repeats}", "--set", f"workload.max_repeats={repeats}",
         ]
