@@ -43,10 +43,13 @@ from tuner.fingerprint import HostInfo
 from tuner.load import RequestSample
 from tuner.metrics import drafting_summary
 from tuner.profiler import Context, Profiler, ServerConfig
+from tuner.settings import Settings
 from tuner.spec import ProfileSpec
-from tuner.store import Host, Level, Model, Run, Sample, Store
+from tuner.store import Level, Model, Run, Sample, Store
 
-MODEL = "soak-model"
+# Each soak stores under its own model name, so old soak data in the same database (a
+# fleet's real one, or an earlier soak) does not enter its counts.
+MODEL_PREFIX = "soak-model"
 REPO = Path(__file__).resolve().parent.parent
 LIVE_SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
 LIVE_CONFIGS = 2  # plain and spec
@@ -64,11 +67,11 @@ class WorkerTally:
     error: str | None = None
 
 
-def soak_spec(levels: list[int], repeats: int) -> ProfileSpec:
+def soak_spec(model: str, levels: list[int], repeats: int) -> ProfileSpec:
     return ProfileSpec.model_validate(
         {
             "name": "soak",
-            "model_name": MODEL,
+            "model_name": model,
             "server": {
                 "binary": "/soak/llama-server",
                 "model": "/soak/model.gguf",
@@ -119,16 +122,17 @@ def fake_repeat(
     return samples, drafting_summary(counters)
 
 
-def worker(index: int, db_url: str, seconds: float, levels: list[int], repeats: int, out) -> None:
+def worker(index: int, db_url: str, model: str, seconds: float, levels: list[int], repeats: int,
+           out) -> None:
     """Record complete runs until the time is up; report the tally through the pipe."""
     tally = WorkerTally(host=f"soak-host-{index}")
     started = time.monotonic()
     try:
         store = Store(db_url)  # the two workers migrate a fresh database at the same moment
-        spec = soak_spec(levels, repeats)
+        spec = soak_spec(model, levels, repeats)
         rng = random.Random(index)
         context = Context(
-            model_name=MODEL,
+            model_name=model,
             model=None,
             build=None,
             host=HostInfo(name=tally.host, cpu_model="soak", cpu_cores=2, memory_bytes=None),
@@ -192,10 +196,10 @@ class SoakResult:
         )
 
 
-def count(db_url: str, tallies: list[dict[str, Any]], seconds: float) -> SoakResult:
+def count(db_url: str, model: str, tallies: list[dict[str, Any]], seconds: float) -> SoakResult:
     store = Store(db_url)
     with store.session() as session:
-        soak_runs = select(Run.id).join(Model).where(Model.name == MODEL)
+        soak_runs = select(Run.id).join(Model).where(Model.name == model)
         runs = session.scalar(
             select(func.count())
             .select_from(Run)
@@ -215,9 +219,9 @@ def count(db_url: str, tallies: list[dict[str, Any]], seconds: float) -> SoakRes
             .having(func.count() > 1)
         ).subquery()
         duplicates = session.scalar(select(func.count()).select_from(duplicate_groups))
-        models = session.scalar(select(func.count()).select_from(Model).where(Model.name == MODEL))
+        models = session.scalar(select(func.count()).select_from(Model).where(Model.name == model))
         hosts = session.scalar(
-            select(func.count()).select_from(Host).where(Host.name.like("soak-host-%"))
+            select(func.count(func.distinct(Run.host_id))).where(Run.id.in_(soak_runs))
         )
     store.dispose()
     return SoakResult(
@@ -236,20 +240,21 @@ def count(db_url: str, tallies: list[dict[str, Any]], seconds: float) -> SoakRes
     )
 
 
-def live_worker(index: int, db_url: str, seconds: float, levels: list[int], repeats: int,
-                out) -> None:
+def live_worker(index: int, db_url: str, model: str, seconds: float, levels: list[int],
+                repeats: int, out) -> None:
     """Run real `tuner profile` commands on the bench until the time is up; report the tally."""
     tally = WorkerTally(host=f"soak-host-{index}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"tuner-soak-{index}-") as cache:
         env = {**os.environ, "TUNER_DB": db_url, "TUNER_HOST_NAME": tally.host,
-               "TUNER_CACHE_DIR": cache}
+               "TUNER_CACHE_DIR": cache,  # logs per worker; the bench stays where it is
+               "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path)}
         command = [
             sys.executable, "-m", "tuner", "profile", str(LIVE_SPEC),
             "--levels", ",".join(map(str, levels)),
             # One thread per server: two servers of two threads on 2 cores spin-wait on
             # each other for minutes.
-            "--model-name", MODEL, "--set", "kernel.enabled=false", "--set", "server.threads=1",
+            "--model-name", model, "--set", "kernel.enabled=false", "--set", "server.threads=1",
             "--set", "workload.max_tokens=32", "--set", "workload.warmup=0",
             "--set", f"workload.min_repeats={repeats}", "--set", f"workload.max_repeats={repeats}",
         ]
@@ -268,13 +273,14 @@ def live_worker(index: int, db_url: str, seconds: float, levels: list[int], repe
 
 def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: int,
          live: bool = False) -> SoakResult:
+    model = f"{MODEL_PREFIX}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     context = multiprocessing.get_context("spawn")
     pipes, processes = [], []
     for index in range(workers):
         receive, send = context.Pipe(duplex=False)
         process = context.Process(
             target=live_worker if live else worker,
-            args=(index, db_url, seconds, levels, repeats, send),
+            args=(index, db_url, model, seconds, levels, repeats, send),
             daemon=True,
         )
         pipes.append(receive)
@@ -289,7 +295,7 @@ def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: 
         else:
             tallies.append(asdict(WorkerTally(f"soak-host-{index}", error="no report (hung?)")))
         process.join(timeout=30)
-    return count(db_url, tallies, time.monotonic() - started)
+    return count(db_url, model, tallies, time.monotonic() - started)
 
 
 def main(argv: list[str] | None = None) -> int:
