@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -414,6 +415,11 @@ class Profiler:
         self, alive: Callable[[], bool], config: ServerConfig, concurrency: int, detail: str
     ) -> str:
         where = f"{config.name} at concurrency {concurrency}"
+        # A killed server resets its connections while the kernel is still tearing it down;
+        # give it a moment to be seen exited before calling it hung.
+        deadline = time.monotonic() + 2.0
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if not alive():
             return f"llama-server died during {where}: {detail}"
         return f"llama-server stopped answering during {where}: {detail}"
