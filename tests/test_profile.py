@@ -74,9 +74,9 @@ def test_bench_profile_stores_everything_and_sees_the_crossover(
     assert _shows_crossover(contrasts[-1]), f"(spec / plain at 1 and 8 streams) {contrasts}"
 
 
-# The bench spec runs llama-server with --poll 0, which keeps this shared VM out of a state
-# (minutes long, seen with spinning worker threads) where a single stream runs faster and the
-# draft's many small steps slower, erasing the one-stream gain (spec 91.7 vs plain 94.1 tok/s).
+# This shared VM flips, minutes at a time, into a state where a single stream runs faster and
+# the draft's many small steps slower, erasing the one-stream gain (spec 91.7 vs plain 94.1
+# tok/s); the bench spec's --poll 0 makes that rarer, not impossible.
 # Should a profile still land in a bad spell, it is measured again, at most twice, with levels
 # 1 and 8 only; the test fails when none shows the contrast.
 EXTRA_PROFILES = 2
