@@ -122,6 +122,13 @@ def fake_repeat(
     return samples, drafting_summary(counters)
 
 
+def _report(tally: WorkerTally, started: float, out) -> None:
+    """Send a worker's tally to the parent through its pipe."""
+    tally.seconds = time.monotonic() - started
+    out.send(asdict(tally))
+    out.close()
+
+
 def worker(index: int, db_url: str, model: str, seconds: float, levels: list[int], repeats: int,
            out) -> None:
     """Record complete runs until the time is up; report the tally through the pipe."""
@@ -161,9 +168,7 @@ def worker(index: int, db_url: str, model: str, seconds: float, levels: list[int
         store.dispose()
     except Exception as exc:  # reported, and counted as a failure by the parent
         tally.error = f"{exc.__class__.__name__}: {exc}"
-    tally.seconds = time.monotonic() - started
-    out.send(asdict(tally))
-    out.close()
+    _report(tally, started, out)
 
 
 @dataclass
@@ -266,9 +271,7 @@ def live_worker(index: int, db_url: str, model: str, seconds: float, levels: lis
             tally.runs += 1
             tally.levels += LIVE_CONFIGS * len(levels)
             tally.samples += LIVE_CONFIGS * sum(levels) * repeats
-    tally.seconds = time.monotonic() - started
-    out.send(asdict(tally))
-    out.close()
+    _report(tally, started, out)
 
 
 def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: int,

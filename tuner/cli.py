@@ -769,10 +769,8 @@ def render_validation(report) -> None:
     table.add_row("weighted", "", *(f"{report.weighted[n]:.1f}" if n in report.weighted else ""
                                     for n in names), style="bold")
     out.print(table)
-    regret = ("none (a level of it failed)" if report.regret_pct is None
-              else f"{report.regret_pct:.1f} %")
-    out.print(f"best measured: {report.best}; regret of N={report.recommended}: {regret}",
-              highlight=False)
+    out.print(f"best measured: {report.best}; regret of N={report.recommended}: "
+              f"{report.regret_text()}", highlight=False)
     if report.mean_abs_error_pct is not None:
         out.print(f"model error on these points: mean {report.mean_abs_error_pct:.1f} %, "
                   f"worst {report.worst_abs_error_pct:.1f} %", highlight=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from tuner.spec import ProfileSpec, WorkloadSpec
 from tuner.store import Build, Host, KernelRow, Level, Model, Run, Sample, Store, get_or_create
 
 RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
+EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 
 
 # --- plan ------------------------------------------------------------------------------------
@@ -348,7 +348,11 @@ class Profiler:
             level.status, level.error = FAILED, error
 
     def run_level(
-        self, server_url: str, alive: Callable[[], bool], config: ServerConfig, concurrency: int
+        self,
+        server_url: str,
+        exited: Callable[[float], bool],
+        config: ServerConfig,
+        concurrency: int,
     ) -> LevelOutcome:
         """Repeat a level until its step time is stable or the repeat limit; store every repeat."""
         workload = self.spec.workload
@@ -367,7 +371,7 @@ class Profiler:
                 failed = any(not s.ok for s in samples)
                 after = before if failed else metrics.scrape(None, server_url, headers)
             except (ServerError, LoadError) as exc:
-                error = self._explain_failure(alive, config, concurrency, str(exc))
+                error = self._explain_failure(exited, config, concurrency, str(exc))
                 self._fail_level(level.id, error)
                 raise ServerError(error) from exc
             figures = summarize(samples, concurrency)
@@ -376,7 +380,7 @@ class Profiler:
             if figures.failed:
                 first = next(s.error for s in samples if not s.ok)
                 error = self._explain_failure(
-                    alive,
+                    exited,
                     config,
                     concurrency,
                     f"{figures.failed} of {concurrency} requests failed ({first})",
@@ -412,15 +416,10 @@ class Profiler:
         return LevelOutcome(level.id, completed=True)
 
     def _explain_failure(
-        self, alive: Callable[[], bool], config: ServerConfig, concurrency: int, detail: str
+        self, exited: Callable[[float], bool], config: ServerConfig, concurrency: int, detail: str
     ) -> str:
         where = f"{config.name} at concurrency {concurrency}"
-        # A killed server resets its connections while the kernel is still tearing it down;
-        # give it a moment to be seen exited before calling it hung.
-        deadline = time.monotonic() + 2.0
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not alive():
+        if exited(EXIT_GRACE_S):
             return f"llama-server died during {where}: {detail}"
         return f"llama-server stopped answering during {where}: {detail}"
 
@@ -473,7 +472,7 @@ class Profiler:
             self._check_props(props)
             self.warm_up(server.url)
             for concurrency in levels:
-                self.run_level(server.url, server.alive, config, concurrency)
+                self.run_level(server.url, server.exited_within, config, concurrency)
 
     def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
@@ -729,6 +728,7 @@ def attach(
     def body() -> None:
         profiler.warm_up(url)
         for concurrency in levels:
-            profiler.run_level(url, lambda: True, config, concurrency)
+            # Not our process: its exit cannot be seen, so a failure reads as a hang.
+            profiler.run_level(url, lambda _timeout_s: False, config, concurrency)
 
     return profiler.guarded(body)

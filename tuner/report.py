@@ -687,8 +687,7 @@ def _validation_lines(validation: Any, model: str, problem: str | None) -> list[
     worst = v.worst_abs_error_pct
     lines += [
         "",
-        f"- best measured: {v.best or '-'}; regret of the recommendation: "
-        f"{f'{v.regret_pct:.1f}%' if v.regret_pct is not None else '- (a level of it failed)'}",
+        f"- best measured: {v.best or '-'}; regret of the recommendation: {v.regret_text()}",
         f"- model error: mean |error| {f'{mean:.1f}%' if mean is not None else '-'}, "
         f"worst |error| {f'{worst:.1f}%' if worst is not None else '-'}",
     ]

@@ -212,6 +212,17 @@ class ManagedServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def exited_within(self, timeout_s: float) -> bool:
+        """Whether the server has exited, waiting up to timeout_s for it: a killed server resets
+        its connections while the kernel is still tearing it down."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def props(self) -> dict[str, Any]:
         try:
             response = httpx.get(f"{self.url}/props", timeout=10)

@@ -61,6 +61,12 @@ class ValidationReport:
     mean_abs_error_pct: float | None = None
     worst_abs_error_pct: float | None = None
 
+    def regret_text(self) -> str:
+        """The regret as shown in tables and summaries."""
+        if self.regret_pct is None:
+            return "- (a level of it failed)"
+        return f"{self.regret_pct:.1f}%"
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "model": self.model, "recommended": self.recommended,
