@@ -101,7 +101,8 @@ def test_llama_server_killed_mid_level(tmp_path: Path) -> None:
 
     assert result.returncode == 2, result.stderr[-3000:]
     line = one_error_line(result)
-    assert "llama-server died during plain at concurrency 2" in line, line
+    assert "llama-server (plain) was killed by SIGKILL during plain at concurrency 2" in line, line
+    assert "out-of-memory killer" in line  # SIGKILL from outside: the likely cause named
     assert_no_servers(case.marker)
     assert runs(case.db)[0][1] == "failed"
     assert levels(case.db)[("plain", 2)].status == "failed"
@@ -127,7 +128,7 @@ def test_llama_server_stops_answering_mid_level(tmp_path: Path) -> None:
 
     assert result.returncode == 2, result.stderr[-3000:]
     line = one_error_line(result)
-    assert "llama-server stopped answering during plain at concurrency 2" in line, line
+    assert "llama-server (plain) stopped answering during plain at concurrency 2" in line, line
     assert time.monotonic() - started < 60  # noticed by the timeout, then stopped for good
     assert_no_servers(case.marker)
     assert runs(case.db)[0][1] == "failed"
@@ -146,11 +147,22 @@ def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
         f'"--spec-synth-len", "3.5"]'
     )
     args = profile_args("1,2", 32, "--set", speculative)
-    result = run_tuner(args, case.env)
 
+    # The preflight launches spec before anything is measured: seconds, and no run stored.
+    started = time.monotonic()
+    result = run_tuner(args, case.env)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.error_lines and "llama-server exited at start-up" in result.error_lines[0]
-    assert "spec.log" in result.stderr  # names the log to read
+    assert time.monotonic() - started < 60
+    line = one_error_line(result)
+    assert "llama-server (spec) exited with status 1 at start-up" in line, line
+    assert "preflight" in result.stderr and "spec.log" in result.stderr  # the log to read
+    assert_no_servers(case.marker)
+    assert runs(case.db) == []
+
+    # Without it, plain is measured first and kept when spec fails to start.
+    result = run_tuner([*args, "--skip-preflight"], case.env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "llama-server (spec) exited with status 1 at start-up" in one_error_line(result)
     assert_no_servers(case.marker)
     assert runs(case.db)[0][1] == "failed"
     before = snapshot(case.db)

@@ -14,7 +14,7 @@ import pytest
 
 from tuner import metrics
 from tuner.bench import Bench
-from tuner.errors import ServerStartError
+from tuner.errors import ServerDiedError
 from tuner.load import LoadGenerator, Workload
 from tuner.server import LaunchConfig, ManagedServer
 
@@ -165,7 +165,7 @@ def test_bad_values_fail_at_start_up(
     bench: Bench, tmp_path: Path, max_slots: int | None, env: dict[str, str]
 ) -> None:
     server = launch(bench, tmp_path, max_slots, env=env)
-    with pytest.raises(ServerStartError) as failure:
+    with pytest.raises(ServerDiedError) as failure:
         server.start()
     assert "--spec-draft-max-slots expects a non-negative integer" in str(failure.value)
     assert not server.alive()

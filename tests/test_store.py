@@ -63,3 +63,27 @@ def test_run_spec_round_trips_as_json(tmp_path: Path) -> None:
 def test_bad_database_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError, match="database URL"):
         Store(url)
+
+
+def test_the_orm_models_and_the_migrations_agree(tmp_path: Path) -> None:
+    """What `alembic check` does: the schema the migrations build has nothing the ORM lacks or
+    differs in, so a model change without its migration fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from tuner.store import Base
+
+    store = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    with store.engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={
+                "version_table": VERSION_TABLE,
+                "compare_type": True,
+                "include_object": lambda obj, name, type_, reflected, compare_to: (
+                    type_ != "table" or name.startswith("tuner_")
+                ),
+            },
+        )
+        differences = compare_metadata(context, Base.metadata)
+    assert differences == []

@@ -311,8 +311,20 @@ def profile(
             help="attach mode: bearer token (never stored)",
         ),
     ] = None,
+    skip_preflight: Annotated[
+        bool,
+        typer.Option(
+            "--skip-preflight",
+            help="do not first launch each configuration for one short request (the preflight "
+            "makes a server that crashes on this machine fail in seconds, not minutes in)",
+        ),
+    ] = False,
 ) -> None:
-    """Measure plain and speculative decode at each concurrency level, and store every sample."""
+    """Measure plain and speculative decode at each concurrency level, and store every sample.
+
+    Each configuration is first launched once to answer one short request (drafting on), so a
+    build that cannot run here fails within about a minute with the reason; then every level is
+    measured and stored as it finishes (Ctrl-C keeps finished repeats; --resume continues)."""
     from tuner import profiler
 
     settings = State.settings()
@@ -352,7 +364,13 @@ def profile(
         store = open_store()
         with terminate_as_interrupt(), ProgressDisplay() as display:
             run_id = profiler.profile(
-                store, spec, settings.log_dir, display, resume=resume, host_name=settings.host_name
+                store,
+                spec,
+                settings.log_dir,
+                display,
+                resume=resume,
+                host_name=settings.host_name,
+                skip_preflight=skip_preflight,
             )
     _show(store, run_id)
 
@@ -774,6 +792,8 @@ def render_validation(report) -> None:
     if report.mean_abs_error_pct is not None:
         out.print(f"model error on these points: mean {report.mean_abs_error_pct:.1f} %, "
                   f"worst {report.worst_abs_error_pct:.1f} %", highlight=False)
+    if report.standing is not None:
+        out.print(report.standing_text(), highlight=False, markup=False)
 
 
 @app.command()
@@ -788,6 +808,9 @@ def validate(
                          help="override a value of the profile's spec, e.g. "
                          "--set workload.max_repeats=2")] = None,
     output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    skip_preflight: Annotated[bool, typer.Option(
+        "--skip-preflight", help="do not first launch each configuration for one short request"
+    )] = False,
 ) -> None:
     """Measure the recommended N, N-1, N+1, 0 (always draft) and plain live; report regret.
 
@@ -803,7 +826,8 @@ def validate(
         report = validation.validate(open_store(), model, settings.log_dir, display,
                                      resume=resume, host_name=settings.host_name,
                                      max_slots=max_slots,
-                                     overrides=_parsed_overrides(overrides or []))
+                                     overrides=_parsed_overrides(overrides or []),
+                                     skip_preflight=skip_preflight)
     if output == "json":
         typer.echo(json.dumps(report.as_dict(), default=str))
     else:

@@ -23,6 +23,14 @@ class ServerStartError(ServerError):
     """llama-server exited or never became healthy at start-up."""
 
 
+class ServerDiedError(ServerError):
+    """llama-server exited (by a signal or with a status) while the tuner needed it."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 class PortInUseError(ServerError):
     """The requested port is already taken by another process."""
 

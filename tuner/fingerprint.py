@@ -2,22 +2,35 @@
 
 A build is identified by its binary's sha256 plus its `--version` text (tarball builds all print
 `build 0, commit unknown`); a model by its GGUF file's size, sha256 and metadata.
+
+A model file is 5-60 GB, so its full sha256 is computed once per file and kept by a FileHashCache
+(tuner.store.StoredHashes: a table keyed by host and path), reused while the file's size and mtime
+stand. What identifies it on every run is `content_id`: a hash of the size, the GGUF header and
+metadata, and a fixed number of evenly spaced samples, a few tens of MiB of reads at any size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from tuner.bench import sha256_file
 from tuner.errors import ConfigError, ServerError
 
 MAX_SLOTS_FLAG = "--spec-draft-max-slots"
 GGUF_MAGIC = b"GGUF"
+SAMPLE_COUNT = 16
+SAMPLE_BYTES = 1 << 20
+# Real models' metadata (the tokenizer's vocabulary mostly) is a few MiB; a header beyond this
+# is hashed in part, the samples still cover the rest.
+HEADER_CAP_BYTES = 64 << 20
+# Changing how content_id is computed changes every id: the tag keeps old and new apart.
+CONTENT_ID_TAG = b"tuner-content-id-v1\0"
 
 
 @dataclass(frozen=True)
@@ -38,10 +51,77 @@ class HostInfo:
 
 @dataclass(frozen=True)
 class ModelInfo:
+    # Field names are tuner_models' column names: Context.rows stores asdict(ModelInfo) there.
     file_size: int
     file_sha256: str
+    content_id: str
     architecture: str | None
     quantization: str | None
+
+
+class FileHashCache(Protocol):
+    """Full sha256s computed before, valid for a file while its size and mtime_ns stand."""
+
+    def get(self, path: Path, size: int, mtime_ns: int, content_id: str) -> str | None:
+        """The stored sha256 of path if it was hashed at this size, mtime_ns and content_id."""
+        ...
+
+    def put(self, path: Path, size: int, mtime_ns: int, content_id: str, sha256: str) -> None:
+        """Remember path's sha256 as of this size, mtime_ns and content_id."""
+        ...
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The sha256 of a whole file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sample_ranges(
+    size: int, count: int = SAMPLE_COUNT, sample_bytes: int = SAMPLE_BYTES
+) -> list[tuple[int, int]]:
+    """(offset, length) of the content samples: count evenly spaced blocks, the first at 0 and
+    the last ending at the end of the file; one block of the whole file when that is smaller."""
+    if size <= count * sample_bytes:
+        return [(0, size)]
+    span = size - sample_bytes
+    return [(i * span // (count - 1), sample_bytes) for i in range(count)]
+
+
+def content_id(path: Path, size: int, header_bytes: int) -> str:
+    """sha256 of the file size, its first header_bytes (GGUF header and metadata, capped) and
+    the sample blocks: it changes with the metadata and with any sampled byte."""
+    digest = hashlib.sha256(CONTENT_ID_TAG)
+    digest.update(size.to_bytes(8, "little"))
+    with path.open("rb") as fh:
+        header = fh.read(max(0, min(header_bytes, HEADER_CAP_BYTES)))
+        digest.update(len(header).to_bytes(8, "little"))
+        digest.update(header)
+        for offset, length in sample_ranges(size):
+            fh.seek(offset)
+            digest.update(fh.read(length))
+    return digest.hexdigest()
+
+
+def _full_sha256(path: Path, stat: os.stat_result, cid: str, hashes: FileHashCache | None) -> str:
+    """The file's full sha256, from hashes when it was computed at this size and mtime."""
+    if hashes is None:
+        return sha256_file(path)
+    # Resolved, so every spelling of a path (and a symlink, as Hugging Face's cache makes) shares
+    # one entry.
+    key = path.resolve()
+    cached = hashes.get(key, stat.st_size, stat.st_mtime_ns, cid)
+    if cached is not None:
+        return cached
+    digest = sha256_file(path)
+    after = path.stat()
+    # A file written to while it was read has no one hash to keep: store only a stable read.
+    if (after.st_size, after.st_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        hashes.put(key, stat.st_size, stat.st_mtime_ns, cid, digest)
+    return digest
 
 
 def _run_binary(binary: Path, *args: str) -> str:
@@ -122,8 +202,10 @@ def require_gguf(path: Path, what: str = "model file") -> None:
             raise ConfigError(f"{what}: {path} is not a GGUF file")
 
 
-def probe_model(path: Path) -> ModelInfo:
-    """GGUF file size, sha256, architecture and quantization; rejects a file that is not GGUF."""
+def probe_model(path: Path, hashes: FileHashCache | None = None) -> ModelInfo:
+    """GGUF file size, sha256, content_id, architecture and quantization; rejects a file that is
+    not GGUF. The full sha256 comes from hashes when it holds one for the file as it is now, else
+    it is computed (and stored there); with no hashes it is always computed."""
     import gguf
 
     require_gguf(path)
@@ -141,9 +223,13 @@ def probe_model(path: Path) -> ModelInfo:
             )
         except ValueError:
             quantization = str(type_field.contents())
+    # Stat before reading anything: a change after it shows in the stat _full_sha256 takes after.
+    stat = path.stat()
+    cid = content_id(path, stat.st_size, reader.data_offset)
     return ModelInfo(
-        file_size=path.stat().st_size,
-        file_sha256=sha256_file(path),
+        file_size=stat.st_size,
+        file_sha256=_full_sha256(path, stat, cid, hashes),
+        content_id=cid,
         architecture=arch_field.contents() if arch_field is not None else None,
         quantization=quantization,
     )

@@ -91,8 +91,13 @@ def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) ->
         raise ServerError(f"cannot run llama-batched-bench: {exc}") from exc
     log_path.write_text("$ " + " ".join(cmd) + "\n" + result.stdout + "\n" + result.stderr)
     if result.returncode != 0:
+        from tuner.server import describe_exit
+
+        what, cause = describe_exit(result.returncode)
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-10:])
-        raise ServerError(f"llama-batched-bench failed (exit {result.returncode}):\n{tail}")
+        raise ServerError(
+            f"llama-batched-bench {what}" + (f" ({cause})" if cause else "") + f":\n{tail}"
+        )
     points = parse_jsonl(result.stdout + "\n" + result.stderr)
     if not points:
         raise ServerError(f"llama-batched-bench printed no jsonl rows; see {log_path}")

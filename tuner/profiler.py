@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -172,10 +174,10 @@ class Context:
         return model, build, host
 
 
-def gather_context(spec: ProfileSpec, host_name: str | None) -> Context:
+def gather_context(spec: ProfileSpec, host_name: str | None, store: Store | None = None) -> Context:
     return Context(
         model_name=spec.model_name,
-        model=probe_model(spec.server.model),
+        model=probe_model(spec.server.model, store.file_hashes(host_name) if store else None),
         build=probe_build(spec.server.binary),
         host=probe_host(spec.server.binary, host_name),
     )
@@ -350,9 +352,9 @@ class Profiler:
     def run_level(
         self,
         server_url: str,
-        exited: Callable[[float], bool],
         config: ServerConfig,
         concurrency: int,
+        server: ManagedServer | None = None,
     ) -> LevelOutcome:
         """Repeat a level until its step time is stable or the repeat limit; store every repeat."""
         workload = self.spec.workload
@@ -371,7 +373,7 @@ class Profiler:
                 failed = any(not s.ok for s in samples)
                 after = before if failed else metrics.scrape(None, server_url, headers)
             except (ServerError, LoadError) as exc:
-                error = self._explain_failure(exited, config, concurrency, str(exc))
+                error = self._explain_failure(server, config, concurrency, str(exc))
                 self._fail_level(level.id, error)
                 raise ServerError(error) from exc
             figures = summarize(samples, concurrency)
@@ -380,7 +382,7 @@ class Profiler:
             if figures.failed:
                 first = next(s.error for s in samples if not s.ok)
                 error = self._explain_failure(
-                    exited,
+                    server,
                     config,
                     concurrency,
                     f"{figures.failed} of {concurrency} requests failed ({first})",
@@ -416,12 +418,16 @@ class Profiler:
         return LevelOutcome(level.id, completed=True)
 
     def _explain_failure(
-        self, exited: Callable[[float], bool], config: ServerConfig, concurrency: int, detail: str
+        self, server: ManagedServer | None, config: ServerConfig, concurrency: int, detail: str
     ) -> str:
-        where = f"{config.name} at concurrency {concurrency}"
-        if exited(EXIT_GRACE_S):
-            return f"llama-server died during {where}: {detail}"
-        return f"llama-server stopped answering during {where}: {detail}"
+        """Why a level failed: the server's exit named (signal, likely cause) when it died, a
+        hang when it is still there. An attached server is not ours: its exit cannot be seen."""
+        where = f"during {config.name} at concurrency {concurrency}"
+        if server is None:
+            return f"the server stopped answering {where}: {detail}"
+        if server.exited_within(EXIT_GRACE_S):
+            return str(server.died(where, detail))
+        return f"{server.name} stopped answering {where}: {detail}"
 
     def _workload(self) -> Workload:
         w = self.spec.workload
@@ -432,7 +438,7 @@ class Profiler:
             request_timeout_s=w.request_timeout_s,
         )
 
-    def warm_up(self, server_url: str) -> None:
+    def warm_up(self, server_url: str, server: ManagedServer | None = None) -> None:
         if not self.spec.workload.warmup:
             return
         w = self.spec.workload
@@ -444,9 +450,17 @@ class Profiler:
         )
         generator = LoadGenerator(server_url, warm, api_key=self.api_key)
         for _ in range(w.warmup):
-            samples = generator.run(max(self.spec.levels))
-            if not any(s.ok for s in samples):
-                raise ServerError(f"warm-up requests failed: {samples[0].error}")
+            try:
+                samples = generator.run(max(self.spec.levels))
+                failure = None if any(s.ok for s in samples) else samples[0].error
+            except (LoadError, ServerError) as exc:
+                failure = str(exc)
+            if failure is None:
+                continue
+            detail = f"warm-up requests failed: {failure}"
+            if server is not None and server.exited_within(EXIT_GRACE_S):
+                raise server.died("during warm-up", detail)
+            raise ServerError(detail)
 
     # -- managed mode --
 
@@ -465,14 +479,17 @@ class Profiler:
             )
         )
         server = ManagedServer(
-            launch_config(self.spec, config), log, start_timeout_s=self.spec.server.start_timeout_s
+            launch_config(self.spec, config),
+            log,
+            start_timeout_s=self.spec.server.start_timeout_s,
+            name=f"llama-server ({config.name})",
         )
         with server:
             props = server.props()
             self._check_props(props)
-            self.warm_up(server.url)
+            self.warm_up(server.url, server)
             for concurrency in levels:
-                self.run_level(server.url, server.exited_within, config, concurrency)
+                self.run_level(server.url, config, concurrency, server)
 
     def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
@@ -611,6 +628,52 @@ def _pool_drafting(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# --- preflight -------------------------------------------------------------------------------
+
+
+def preflight(
+    spec: ProfileSpec, configs: list[ServerConfig], log_dir: Path, observer: Observer = _quiet
+) -> None:
+    """Launch each configuration once and have it answer one short request, drafting on where it
+    drafts, before a run spends minutes on it.
+
+    A build that crashes on this machine (an illegal instruction in the first draft step, say)
+    fails here within seconds, with its signal named, and no run is created.
+    """
+    folder = log_dir / "preflight" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+    timeout_s = min(60.0, spec.workload.request_timeout_s)
+    for config in configs:
+        started = time.monotonic()
+        server = ManagedServer(
+            launch_config(spec, config),
+            folder / f"{config.name}.log",
+            start_timeout_s=spec.server.start_timeout_s,
+            name=f"llama-server ({config.name})",
+        )
+        with server:
+            timings = server.answer_one(
+                "at its preflight request (one short completion, before anything is measured)",
+                timeout_s=timeout_s,
+            )
+        drafted = int(timings.get("draft_n") or 0)
+        note = f", {drafted} draft tokens" if config.drafting else ""
+        observer(
+            ProgressEvent(
+                "message",
+                text=f"preflight: {config.name} answered in {time.monotonic() - started:.1f} s"
+                + note,
+            )
+        )
+        if config.drafting and drafted == 0:
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"note: {config.name} drafted nothing in its preflight request; "
+                    "check speculative.args if drafting was expected",
+                )
+            )
+
+
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -640,14 +703,18 @@ def profile(
     observer: Observer = _quiet,
     resume: bool = False,
     host_name: str | None = None,
+    skip_preflight: bool = False,
 ) -> int:
     """`tuner profile`: measure plain, spec (and a threshold) at every level; returns the run id."""
-    context = gather_context(spec, host_name)
+    context = gather_context(spec, host_name, store)
     if spec.speculative.threshold and not (context.build and context.build.has_max_slots):
         raise ConfigError(
             f"speculative.threshold needs a llama-server with --spec-draft-max-slots; "
             f"{spec.server.binary} does not list it in --help"
         )
+    configs = profile_configs(spec)
+    if not skip_preflight:
+        preflight(spec, configs, log_dir, observer)
     profiler = Profiler(store, spec, log_dir, observer)
     run_id = find_resumable_run(store, spec, host_name=context.host.name) if resume else None
     if run_id is not None:
@@ -657,7 +724,7 @@ def profile(
         if resume:
             observer(ProgressEvent("message", text="no unfinished run of this spec: starting anew"))
         profiler.create_run(context)
-    return profiler.execute(profile_configs(spec))
+    return profiler.execute(configs)
 
 
 def attach(
@@ -728,7 +795,6 @@ def attach(
     def body() -> None:
         profiler.warm_up(url)
         for concurrency in levels:
-            # Not our process: its exit cannot be seen, so a failure reads as a hang.
-            profiler.run_level(url, lambda _timeout_s: False, config, concurrency)
+            profiler.run_level(url, config, concurrency)
 
     return profiler.guarded(body)

@@ -862,17 +862,18 @@ def _validation(store: Store, model: str, host: str | None) -> tuple[int | None,
     """The latest validation run of the model on the fit's host, its analysis, or why not."""
     from tuner import validate
 
-    run_id = validate.latest_validation(store, model)
+    run_id = validate.latest_validation(store, model, host)
     if run_id is None:
-        return None, None, None
-    summary, _ = run_points(store, run_id)
-    if host is not None and summary.host != host:
+        elsewhere = validate.latest_validation(store, model) if host is not None else None
+        if elsewhere is None:
+            return None, None, None
+        other = run_points(store, elsewhere)[0].host or "an unnamed host"
         return (
             None,
             None,
             (
-                f"no validation on {host} yet (the latest, run {run_id}, is from "
-                f"{summary.host or 'an unnamed host'}); run `tuner validate --model {model}`"
+                f"no validation on {host} yet (the newest, run {elsewhere}, is from {other}); "
+                f"run `tuner validate --model {model}` there"
             ),
         )
     try:

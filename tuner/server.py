@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tuner.errors import PortInUseError, ServerError, ServerStartError
+from tuner.errors import PortInUseError, ServerDiedError, ServerError, ServerStartError
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 10.0
@@ -55,6 +55,42 @@ def _parent_death_signal() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+# Why a server dies by a signal, in words a user can act on. SIGKILL is listed as "from outside":
+# the tuner only sends it while stopping a server, and never reports that as a failure.
+_SIGNAL_CAUSES: dict[int, str] = {
+    signal.SIGILL: (
+        "illegal instruction: this llama-server build uses CPU instructions this machine cannot "
+        "run (a build made with native flags on another CPU, or AVX-512/AMX kernels that this "
+        "machine or VM advertises but cannot execute). Remedies: rebuild without native flags "
+        "(cmake -DGGML_NATIVE=OFF; `tuner bench setup` does this for the bench), or add "
+        '"--no-repack" to server.args to keep ggml\'s AMX and repacked kernels off'
+    ),
+    signal.SIGKILL: (
+        "killed from outside the tuner, most likely by the kernel's out-of-memory killer "
+        "(see `dmesg` or `journalctl -k`); a smaller model, ctx_size or n_parallel needs "
+        "less memory"
+    ),
+    signal.SIGSEGV: "segmentation fault: llama-server crashed; the log below may say where",
+    signal.SIGABRT: "aborted: llama-server stopped itself on a failed check; see the log below",
+    signal.SIGBUS: "bus error: a crash, often a model file changed or truncated while mapped",
+    signal.SIGFPE: "arithmetic fault: llama-server crashed; see the log below",
+    signal.SIGTERM: "terminated from outside the tuner",
+    signal.SIGINT: "interrupted from outside the tuner",
+}
+
+
+def describe_exit(returncode: int) -> tuple[str, str | None]:
+    """What an exit status means, as (what happened, likely cause): ("was killed by SIGILL",
+    "illegal instruction: ...") or ("exited with status 1", None)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}", None
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name}", _SIGNAL_CAUSES.get(-returncode)
 
 
 def free_port() -> int:
@@ -115,11 +151,16 @@ class ManagedServer:
     """A llama-server this process started; use as a context manager."""
 
     def __init__(
-        self, config: LaunchConfig, log_path: Path, start_timeout_s: float = 180.0
+        self,
+        config: LaunchConfig,
+        log_path: Path,
+        start_timeout_s: float = 180.0,
+        name: str = "llama-server",
     ) -> None:
         self.config = config
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
+        self.name = name  # how messages name this launch, e.g. "llama-server (spec)"
         self.process: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
 
@@ -194,10 +235,7 @@ class ManagedServer:
                             f"llama-server could not bind port {self.port} on {LOOPBACK}: "
                             f"another process holds it; last lines of {self.log_path}:\n{tail}"
                         )
-                    raise ServerStartError(
-                        f"llama-server exited at start-up (exit {self.process.returncode}); "
-                        f"last lines of {self.log_path}:\n{tail}"
-                    )
+                    raise self.died("at start-up, before it answered /health")
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
                         return
@@ -205,8 +243,25 @@ class ManagedServer:
                     pass
                 time.sleep(0.2)
         raise ServerStartError(
-            f"llama-server did not become healthy within {self.start_timeout_s:.0f} s; "
+            f"{self.name} did not become healthy within {self.start_timeout_s:.0f} s; "
             f"last lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the server has exited (negative: killed by that signal)."""
+        return self.process.poll() if self.process is not None else None
+
+    def died(self, when: str, detail: str = "") -> ServerDiedError:
+        """The error for a server that has exited: which signal or status, when, the likely
+        cause, and the end of its log."""
+        code = self.returncode
+        what, cause = describe_exit(code) if code is not None else ("has exited", None)
+        parts = [f"{self.name} {what} {when}", cause, detail]
+        return ServerDiedError(
+            "; ".join(part for part in parts if part)
+            + f"; last lines of {self.log_path}:\n{self.log_tail()}",
+            returncode=code,
         )
 
     def alive(self) -> bool:
@@ -223,6 +278,31 @@ class ManagedServer:
             return False
         return True
 
+    def answer_one(
+        self, when: str, n_predict: int = 8, timeout_s: float = 60.0
+    ) -> dict[str, Any]:
+        """Send one short completion and return the server's `timings` for it (draft_n and
+        draft_n_accepted say whether it drafted). A server that dies on it is named (signal,
+        likely cause, `when`); one that errs or stays silent for timeout_s is a ServerError."""
+        body = {
+            "prompt": "Write one sentence about the sea.",
+            "n_predict": n_predict,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+        try:
+            response = httpx.post(f"{self.url}/completion", json=body, timeout=timeout_s)
+            response.raise_for_status()
+            return dict(response.json().get("timings") or {})
+        except (httpx.HTTPError, ValueError) as exc:
+            detail = f"{exc.__class__.__name__}: {exc}"
+            if self.exited_within(2.0):
+                raise self.died(when, detail) from exc
+            raise ServerError(
+                f"{self.name} did not answer a short request {when}: {detail}; "
+                f"last lines of {self.log_path}:\n{self.log_tail()}"
+            ) from exc
+
     def props(self) -> dict[str, Any]:
         try:
             response = httpx.get(f"{self.url}/props", timeout=10)
@@ -232,20 +312,27 @@ class ManagedServer:
         return response.json()
 
     def stop(self) -> None:
-        """TERM the process group, KILL it after a grace period, and wait until it has exited."""
+        """TERM the process group, KILL it after a grace period, and wait until it has exited.
+
+        The whole group, even when the main process has already exited: a wrapper script or a
+        server that forked may leave members behind, and they may hold the port or the device.
+        """
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-            # A stopped (SIGSTOP) server cannot act on TERM until it is continued.
-            os.killpg(process.pid, signal.SIGCONT)
-        try:
-            process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        group = process.pid  # start_new_session: the group id is the leader's pid
+        if process.poll() is None:
+            _signal_group(group, signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(group, signal.SIGKILL)
+                process.wait()
+        if _group_alive(group):
+            _signal_group(group, signal.SIGTERM)
+            if not _wait_group_gone(group, STOP_GRACE_S):
+                _signal_group(group, signal.SIGKILL)
+                _wait_group_gone(group, STOP_GRACE_S)
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -253,3 +340,31 @@ class ManagedServer:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, sig)
+        if sig == signal.SIGTERM:
+            # A stopped (SIGSTOP) member cannot act on TERM until it is continued.
+            os.killpg(group, signal.SIGCONT)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left (zombies included: they go once reaped)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_group_gone(group: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(group):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True

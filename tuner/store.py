@@ -11,8 +11,10 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -45,7 +47,8 @@ from sqlalchemy.orm import (
 
 from tuner.errors import ConfigError, StorageError
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "db"
+# db/ of the source tree, shipped in the package as tuner/migrations (see pyproject.toml).
+MIGRATIONS_DIR = Path(str(resources.files("tuner").joinpath("migrations")))
 VERSION_TABLE = "tuner_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # the default; TUNER_DB_BUSY_TIMEOUT_S overrides it
 
@@ -93,6 +96,7 @@ class Model(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)
     file_size: Mapped[int | None] = mapped_column(BigInteger)
     file_sha256: Mapped[str | None] = mapped_column(String(64))
+    content_id: Mapped[str | None] = mapped_column(String(64))  # fingerprint.content_id
     architecture: Mapped[str | None] = mapped_column(String(64))
     quantization: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -119,6 +123,11 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    # A validation run: the recommendation it checked and the N it measured as that one.
+    recommendation_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tuner_recommendations.id", name="fk_tuner_runs_recommendation_id")
+    )
+    validated_max_slots: Mapped[int | None]
 
     model: Mapped[Model] = relationship()
     host: Mapped[Host | None] = relationship()
@@ -231,6 +240,25 @@ class Recommendation(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     fit: Mapped[Fit] = relationship()
+
+
+class FileHash(Base):
+    """A file's full sha256 as computed on a host, valid while its size and mtime_ns stand.
+
+    Keyed by host too: machines sharing one database may hold different files at one path.
+    """
+
+    __tablename__ = "tuner_file_hashes"
+    __table_args__ = (UniqueConstraint("host", "path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(String(4096))  # absolute, symlinks resolved
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    content_id: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str] = mapped_column(String(64))
+    hashed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 # --- engine, migrations, sessions ------------------------------------------------------------
@@ -440,6 +468,10 @@ class Store:
                 session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": lock_id})
             yield session
 
+    def file_hashes(self, host: str | None = None) -> StoredHashes:
+        """This database's cache of full file hashes for host (default: this machine's name)."""
+        return StoredHashes(self, host)
+
     def dispose(self) -> None:
         self.engine.dispose()
 
@@ -525,3 +557,27 @@ def get_or_create(
         # Another process inserted the same row between our select and insert.
         row = session.scalars(select(model).filter_by(**lookup)).one()
     return row
+
+
+class StoredHashes:
+    """Full file hashes kept in tuner_file_hashes for one host: a fingerprint.FileHashCache."""
+
+    def __init__(self, store: Store, host: str | None = None) -> None:
+        self.store = store
+        self.host = host or socket.gethostname()
+
+    def get(self, path: Path, size: int, mtime_ns: int, content_id: str) -> str | None:
+        query = select(FileHash).filter_by(host=self.host, path=str(path))
+        with self.store.session() as session:
+            row = session.scalars(query).first()
+        if row is None or (row.size, row.mtime_ns, row.content_id) != (size, mtime_ns, content_id):
+            return None
+        return row.sha256
+
+    def put(self, path: Path, size: int, mtime_ns: int, content_id: str, sha256: str) -> None:
+        facts = {"size": size, "mtime_ns": mtime_ns, "content_id": content_id, "sha256": sha256}
+        with self.store.session() as session:
+            row = get_or_create(session, FileHash, {"host": self.host, "path": str(path)}, facts)
+            # get_or_create only fills empty columns; an existing row is stale: overwrite it.
+            for key, value in {**facts, "hashed_at": utcnow()}.items():
+                setattr(row, key, value)

@@ -8,7 +8,7 @@ the same repeat and noise rules as `profile`. The measurements are stored as a r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tuner.profiler import (
     ServerConfig,
     _quiet,
     find_resumable_run,
+    preflight,
 )
 from tuner.results import run_points
 from tuner.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
@@ -34,13 +35,21 @@ from tuner.store import Fit, Host, Model, Recommendation, Run, Store
 
 @dataclass(frozen=True)
 class Recommended:
-    """The stored recommendation validation starts from."""
+    """A stored recommendation: the one validation checks, or the one that stands after it."""
 
     id: int
     max_slots: int
     n_max: int | None
     fit_id: int
     host: str | None
+    tune_n_max: bool = False
+    min_single_stream: float | None = None
+
+    @classmethod
+    def of(cls, row: Recommendation, host: str | None) -> Recommended:
+        details = row.details or {}
+        return cls(row.id, row.max_slots, row.n_max, row.fit_id, host,
+                   bool(details.get("tune_n_max")), details.get("min_single_stream"))
 
 
 @dataclass
@@ -60,6 +69,22 @@ class ValidationReport:
     errors_pct: dict[str, dict[int, float]] = field(default_factory=dict)  # signed % error
     mean_abs_error_pct: float | None = None
     worst_abs_error_pct: float | None = None
+    standing: Recommended | None = None  # what stands once the validation's points are fitted
+
+    @property
+    def changed(self) -> bool:
+        """Whether the validation's points changed the answer."""
+        return self.standing is not None and self.standing.max_slots != self.recommended
+
+    def standing_text(self) -> str:
+        """One line: the recommendation that stands now, and whether validation changed it."""
+        if self.standing is None:
+            return ""
+        line = f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={self.standing.max_slots}"
+        if self.changed:
+            return (f"{line} now stands: validation changed the recommendation from "
+                    f"N={self.recommended} (the refit includes the points just measured)")
+        return f"{line} stands after validation (unchanged)"
 
     def regret_text(self) -> str:
         """The regret as shown in tables and summaries."""
@@ -75,6 +100,8 @@ class ValidationReport:
             "regret_pct": self.regret_pct, "errors_pct": self.errors_pct,
             "mean_abs_error_pct": self.mean_abs_error_pct,
             "worst_abs_error_pct": self.worst_abs_error_pct,
+            "standing": self.standing.max_slots if self.standing else None,
+            "changed": self.changed,
         }
 
 
@@ -83,25 +110,30 @@ def label(max_slots: int | None) -> str:
     return "plain" if max_slots is None else f"N={max_slots}"
 
 
-def latest_recommendation(store: Store, model: str, host: str | None = None) -> Recommended:
+def standing_recommendation(store: Store, model: str, host: str,
+                            like: Recommended | None = None) -> Recommended:
+    """The recommendation that stands for host now: the newest one stored for the fit of the
+    current data (what `tuner report` shows), else a new one made with like's options.
+
+    The data are host's own, or, when host has none, the newest host's (recommend says so in
+    its reasons); never a recommendation merely because it is the newest in the database.
+    """
+    from tuner import recommend
+
+    fit = recommend.current_fit(store, model, host)
     with store.session() as session:
-        query = (
-            select(Recommendation, Host.name)
-            .join(Fit, Recommendation.fit_id == Fit.id)
-            .join(Model, Fit.model_id == Model.id)
-            .outerjoin(Host, Fit.host_id == Host.id)
-            .where(Model.name == model)
+        row = session.scalars(
+            select(Recommendation).where(Recommendation.fit_id == fit.id)
             .order_by(Recommendation.id.desc())
-        )
-        if host is not None:
-            query = query.where(Host.name == host)
-        row = session.execute(query).first()
-        if row is None:
-            raise NothingToDoError(
-                f"no recommendation for model {model!r} yet; run `tuner recommend --model {model}`"
-            )
-        rec, host_name = row
-        return Recommended(rec.id, rec.max_slots, rec.n_max, rec.fit_id, host_name)
+        ).first()
+        if row is not None:
+            return Recommended.of(row, fit.inputs.get("host"))
+    made = recommend.recommend(
+        store, model, host=host, tune_n_max=like.tune_n_max if like else False,
+        min_single_stream=like.min_single_stream if like else None,
+    )
+    return Recommended(made.id, made.max_slots, made.n_max, made.fit_id, made.host,
+                       made.tune_n_max, made.min_single_stream)
 
 
 def latest_profile_spec(store: Store, model: str, host: str | None = None) -> ProfileSpec:
@@ -162,18 +194,15 @@ def _validation_spec(spec: ProfileSpec, levels: list[int], n_max: int | None,
 
 def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
             resume: bool = False, host_name: str | None = None, max_slots: int | None = None,
-            overrides: list[tuple[str, Any]] | None = None,
+            overrides: list[tuple[str, Any]] | None = None, skip_preflight: bool = False,
             ) -> tuple[int, Recommended, ProfileSpec]:
     """Run the validation measurements; returns (run id, the recommendation, the spec used)."""
     from tuner.recommend import this_host
 
     host = this_host(host_name)
-    try:
-        rec = latest_recommendation(store, model, host)
-    except NothingToDoError:
-        rec = latest_recommendation(store, model)  # made from another box's data
+    rec = standing_recommendation(store, model, host)
     if max_slots is not None:
-        rec = Recommended(rec.id, max_slots, rec.n_max, rec.fit_id, rec.host)
+        rec = replace(rec, max_slots=max_slots)
     profile_spec = latest_profile_spec(store, model, host)
     levels = validation_levels(profile_spec, rec.max_slots)
     # Overrides come first: a profile made with a stock server can be validated with
@@ -187,16 +216,22 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
             f"validation needs the patched server: scripts/setup.sh builds one, "
             f"--set server.binary=PATH selects it"
         )
+    configs = [_config(n) for n in candidates(rec.max_slots, spec.server.n_parallel)]
+    if not skip_preflight:
+        preflight(spec, configs, log_dir, observer)
     profiler = Profiler(store, spec, log_dir, observer)
     run_id = find_resumable_run(store, spec, kind="validate", host_name=host) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)
         observer(ProgressEvent("message", text=f"resuming validation run {run_id}"))
     else:
-        context = Context(model_name=model, model=probe_model(spec.server.model), build=build,
+        context = Context(model_name=model, build=build,
+                          model=probe_model(spec.server.model, store.file_hashes(host)),
                           host=probe_host(spec.server.binary, host))
         profiler.create_run(context, kind="validate")
-    configs = [_config(n) for n in candidates(rec.max_slots, spec.server.n_parallel)]
+        with store.session() as session:
+            run = session.get(Run, profiler.run_id)
+            run.recommendation_id, run.validated_max_slots = rec.id, rec.max_slots
     run_id = profiler.execute(configs, kernel_level=False)
     return run_id, rec, spec
 
@@ -210,32 +245,46 @@ def measured_table(store: Store, run_id: int) -> dict[str, dict[int, float]]:
     return table
 
 
-def latest_validation(store: Store, model: str) -> int | None:
-    """The newest completed validation run of a model."""
+def latest_validation(store: Store, model: str, host: str | None = None) -> int | None:
+    """The newest completed validation run of a model, on host when one is named."""
     with store.session() as session:
-        return session.scalars(
+        query = (
             select(Run.id).join(Model)
             .where(Model.name == model, Run.kind == "validate", Run.status == COMPLETED)
             .order_by(Run.id.desc())
-        ).first()
+        )
+        if host is not None:
+            query = query.join(Host, Run.host_id == Host.id).where(Host.name == host)
+        return session.scalars(query).first()
 
 
 def _validated_recommendation(store: Store, run_id: int, model: str) -> Recommended:
-    """The recommendation a validation run checked: the newest one made before it started."""
+    """The recommendation a validation run checked, as the run recorded it; for runs from
+    before that was recorded, the newest one made from its host's data before it started."""
     with store.session() as session:
         run = session.get(Run, run_id)
+        host = run.host.name if run.host else None
+        if run.recommendation_id is not None:
+            row = session.get(Recommendation, run.recommendation_id)
+            rec = Recommended.of(row, row.fit.host.name if row.fit.host else None)
+            if run.validated_max_slots is not None:
+                rec = replace(rec, max_slots=run.validated_max_slots)
+            return rec
         row = session.execute(
             select(Recommendation, Host.name)
             .join(Fit, Recommendation.fit_id == Fit.id)
             .join(Model, Fit.model_id == Model.id)
             .outerjoin(Host, Fit.host_id == Host.id)
-            .where(Model.name == model, Recommendation.created_at <= run.started_at)
+            .where(Model.name == model, Recommendation.created_at <= run.started_at,
+                   Host.name == host)
             .order_by(Recommendation.id.desc())
         ).first()
     if row is None:
-        return latest_recommendation(store, model)
-    rec, host = row
-    return Recommended(rec.id, rec.max_slots, rec.n_max, rec.fit_id, host)
+        raise NothingToDoError(
+            f"validation run {run_id} has no recommendation of {model} from its host "
+            f"({host}) to compare with; run `tuner validate --model {model}` again"
+        )
+    return Recommended.of(row[0], row[1])
 
 
 def analyse(store: Store, run_id: int, model: str,
@@ -296,8 +345,13 @@ def _spec_weights(store: Store, run_id: int) -> dict[str, float] | None:
 
 def validate(store: Store, model: str, log_dir: Path, observer: Observer = _quiet,
              resume: bool = False, host_name: str | None = None, max_slots: int | None = None,
-             overrides: list[tuple[str, Any]] | None = None) -> ValidationReport:
+             overrides: list[tuple[str, Any]] | None = None,
+             skip_preflight: bool = False) -> ValidationReport:
     """`tuner validate`: measure the recommendation and its neighbours, then grade them."""
+    from tuner.recommend import this_host
+
     run_id, rec, _spec = measure(store, model, log_dir, observer, resume, host_name, max_slots,
-                                 overrides)
-    return analyse(store, run_id, model, rec)
+                                 overrides, skip_preflight)
+    report = analyse(store, run_id, model, rec)
+    report.standing = standing_recommendation(store, model, this_host(host_name), like=rec)
+    return report
