@@ -28,11 +28,11 @@ def main() -> int:
     args = parser.parse_args()
 
     from tuner.bench import load_bench, proven_build
-    from tuner.load import LoadGenerator, Workload, summarize
-    from tuner.profiler import ServerConfig, launch_config
-    from tuner.server import ManagedServer
+    from tuner.measure.load import LoadGenerator, Workload, summarize
+    from tuner.measure.profiler import ServerConfig, launch_config
+    from tuner.measure.server import ManagedServer
+    from tuner.measure.spec import load_spec
     from tuner.settings import get_settings
-    from tuner.spec import load_spec
 
     settings = get_settings()
     bench = load_bench(settings.bench_manifest_path)

@@ -68,8 +68,8 @@ def main() -> int:
     parser.add_argument("--warm", action="store_true", help="leave the file in the page cache")
     args = parser.parse_args()
 
-    from tuner.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model
-    from tuner.store import Store
+    from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model
+    from tuner.storage.engine import Store
 
     size = int(args.size_gib * (1 << 30))
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

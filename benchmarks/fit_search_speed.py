@@ -30,8 +30,8 @@ def main() -> int:
     parser.add_argument("--host", default="bench-host")
     args = parser.parse_args()
 
-    from tuner import recommend as rec
-    from tuner.store import Store
+    from tuner.decide import recommend as rec
+    from tuner.storage.engine import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.db:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from tuner.profiler import relative_mad
+from tuner.measure.profiler import relative_mad
 from tuner.settings import Settings
-from tuner.store import Level, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Level
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 600

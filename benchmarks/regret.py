@@ -33,11 +33,11 @@ import tomllib
 from pathlib import Path
 
 from tuner.bench import load_bench
-from tuner.profiler import Profiler, ServerConfig, gather_context
-from tuner.results import run_points
+from tuner.measure.profiler import Profiler, ServerConfig, gather_context
+from tuner.measure.spec import load_spec
 from tuner.settings import Settings
-from tuner.spec import load_spec
-from tuner.store import Store
+from tuner.storage.engine import Store
+from tuner.storage.queries import run_points
 
 REPO = Path(__file__).resolve().parent.parent
 REGIMES = ("bench-smollm2-cpu", "bench-smollm2-cpu-nmax3")

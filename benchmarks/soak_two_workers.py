@@ -39,13 +39,14 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from tuner.fingerprint import HostInfo
-from tuner.load import RequestSample
-from tuner.metrics import drafting_summary
-from tuner.profiler import Context, Profiler, ServerConfig
+from tuner.measure.fingerprint import HostInfo
+from tuner.measure.load import RequestSample
+from tuner.measure.metrics import drafting_summary
+from tuner.measure.profiler import Context, Profiler, ServerConfig
+from tuner.measure.spec import ProfileSpec
 from tuner.settings import Settings
-from tuner.spec import ProfileSpec
-from tuner.store import Level, Model, Run, Sample, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Level, Model, Run, Sample
 
 # Each soak stores under its own model name, so old soak data in the same database (a
 # fleet's real one, or an earlier soak) does not enter its counts.

@@ -2,7 +2,8 @@
 
 from alembic import context
 
-from tuner.store import VERSION_TABLE, Base
+from tuner.storage.engine import VERSION_TABLE
+from tuner.storage.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from tuner.store import Build, Host, KernelRow, Level, Model, Run, Store, get_or_create
+from tuner.storage.engine import Store
+from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, get_or_create
 
 BENCH_N_PARALLEL = 8
 BENCH_N_MAX = 6

@@ -84,7 +84,8 @@ def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> Profil
     )
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
-    from tuner.store import Run, Store
+    from tuner.storage.engine import Store
+    from tuner.storage.orm import Run
 
     store = Store(db_url)
     with store.session() as session:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 SPEC = """
 name = "bad-input"

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner import costmodel
-from tuner.costmodel import (
+from tuner.model import costmodel
+from tuner.model.costmodel import (
     Acceptance,
     CostModel,
     Curve,

@@ -222,7 +222,7 @@ def test_a_free_port_taken_before_the_server_binds_it_is_retried(
     tmp_path: Path, bench: Bench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The race behind free ports: another process takes ours between the pick and the bind."""
-    from tuner import server as server_module
+    from tuner.measure import server as server_module
 
     with port_held_by_another_process() as taken:
         real_free_port = server_module.free_port

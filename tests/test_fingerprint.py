@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from tuner import fingerprint
-from tuner.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model, sample_ranges
-from tuner.store import FileHash, Model, Store, get_or_create
+from tuner.measure import fingerprint
+from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model, sample_ranges
+from tuner.storage.engine import Store
+from tuner.storage.hashes import StoredHashes
+from tuner.storage.orm import FileHash, Model, get_or_create
 
 SIZE = 40 << 20  # above SAMPLE_COUNT x SAMPLE_BYTES: content_id samples instead of reading it all
 
@@ -138,7 +140,7 @@ def test_full_hash_is_reused_while_size_and_mtime_stand(
     tmp_path: Path, store: Store, hash_calls: list[Path]
 ) -> None:
     path = write_gguf(tmp_path / "m.gguf")
-    hashes = store.file_hashes("host-a")
+    hashes = StoredHashes(store, "host-a")
     first = probe_model(path, hashes)
     assert first.file_sha256 == real_sha256(path)
     assert len(hash_calls) == 1
@@ -158,7 +160,7 @@ def test_full_hash_is_recomputed_after_the_mtime_changes(
     tmp_path: Path, store: Store, hash_calls: list[Path]
 ) -> None:
     path = write_gguf(tmp_path / "m.gguf")
-    hashes = store.file_hashes("host-a")
+    hashes = StoredHashes(store, "host-a")
     first = probe_model(path, hashes)
     first_sample, second_sample = sample_ranges(SIZE)[3:5]
     poke(path, (first_sample[0] + first_sample[1] + second_sample[0]) // 2)
@@ -179,7 +181,7 @@ def test_full_hash_is_recomputed_after_the_size_changes(
     tmp_path: Path, store: Store, hash_calls: list[Path]
 ) -> None:
     path = write_gguf(tmp_path / "m.gguf")
-    hashes = store.file_hashes("host-a")
+    hashes = StoredHashes(store, "host-a")
     probe_model(path, hashes)
     stat = path.stat()
     os.truncate(path, SIZE + 4096)
@@ -193,7 +195,7 @@ def test_full_hash_is_recomputed_when_the_content_id_differs(
     tmp_path: Path, store: Store, hash_calls: list[Path]
 ) -> None:
     path = write_gguf(tmp_path / "m.gguf")
-    hashes = store.file_hashes("host-a")
+    hashes = StoredHashes(store, "host-a")
     probe_model(path, hashes)
     offset, _ = sample_ranges(SIZE)[5]
     poke(path, offset + 7, keep_mtime=True)  # same size and mtime, but a sampled byte changed
@@ -204,10 +206,10 @@ def test_full_hash_is_recomputed_when_the_content_id_differs(
 
 def test_stored_hashes_are_per_host(tmp_path: Path, store: Store, hash_calls: list[Path]) -> None:
     path = write_gguf(tmp_path / "m.gguf")
-    probe_model(path, store.file_hashes("host-a"))
-    probe_model(path, store.file_hashes("host-b"))
+    probe_model(path, StoredHashes(store, "host-a"))
+    probe_model(path, StoredHashes(store, "host-b"))
     assert len(hash_calls) == 2
-    probe_model(path, store.file_hashes("host-a"))
+    probe_model(path, StoredHashes(store, "host-a"))
     assert len(hash_calls) == 2
 
 
@@ -223,7 +225,7 @@ def test_a_file_changing_while_hashed_is_not_stored(
         return digest
 
     monkeypatch.setattr(fingerprint, "sha256_file", hash_while_written)
-    probe_model(path, store.file_hashes("host-a"))
+    probe_model(path, StoredHashes(store, "host-a"))
     with store.session() as session:
         assert session.scalars(select(FileHash)).all() == []
 

@@ -8,10 +8,11 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.errors import ConfigError
-from tuner.importer import import_table, load_import
-from tuner.store import Level, Run, Store
+from tuner.storage.engine import Store
+from tuner.storage.importer import import_table, load_import
+from tuner.storage.orm import Level, Run
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

@@ -11,7 +11,8 @@ import pytest
 from conftest import ProfiledBench, copy_db, tuner_cmd, tuner_env
 from sqlalchemy import select
 
-from tuner.store import Level, Run, Sample, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Level, Run, Sample
 
 pytestmark = pytest.mark.bench
 

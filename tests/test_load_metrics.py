@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import kernel, metrics
-from tuner.load import RequestSample, summarize
-from tuner.profiler import relative_mad
-from tuner.spec import default_levels
+from tuner.measure import kernel, metrics
+from tuner.measure.load import RequestSample, summarize
+from tuner.measure.profiler import relative_mad
+from tuner.measure.spec import default_levels
 
 METRICS_BEFORE = """\
 # HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
@@ -129,7 +129,7 @@ def test_default_levels() -> None:
 
 
 def test_sse_lines_split_only_at_newlines() -> None:
-    from tuner.load import SSELines
+    from tuner.measure.load import SSELines
 
     text = 'data: {"content": "a\u2028b\x85c\x1cd", "tokens_predicted": 1}\n\n'
     encoded = text.encode()

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tuner import metrics
 from tuner.bench import Bench
 from tuner.errors import ServerDiedError
-from tuner.load import LoadGenerator, Workload
-from tuner.server import LaunchConfig, ManagedServer
+from tuner.measure import metrics
+from tuner.measure.load import LoadGenerator, Workload
+from tuner.measure.server import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
 

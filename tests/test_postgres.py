@@ -31,8 +31,8 @@ from fleetkit import (
 from sqlalchemy import create_engine, inspect
 from typer.testing import CliRunner
 
-from tuner.cli import app
-from tuner.store import VERSION_TABLE, Store, optuna_storage
+from tuner.cli.app import app
+from tuner.storage.engine import VERSION_TABLE, Store, optuna_storage
 
 pytestmark = pytest.mark.postgres
 

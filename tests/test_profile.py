@@ -13,7 +13,8 @@ from conftest import PROFILES, ProfiledBench, tuner_cmd, tuner_env
 from sqlalchemy import func, select
 
 from tuner.errors import StorageError
-from tuner.store import Build, Host, KernelRow, Level, Model, Run, Sample, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample
 
 pytestmark = pytest.mark.bench
 

@@ -16,12 +16,13 @@ from benchdata import BENCH_LEVELS, Rep, store_profile
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from tuner import search
-from tuner.cli import app
-from tuner.costmodel import Acceptance, CostModel, Curve
+from tuner.cli.app import app
+from tuner.decide import search
+from tuner.decide.recommend import choose, current_fit, fit_model, recommend, render
 from tuner.errors import NothingToDoError
-from tuner.recommend import choose, current_fit, fit_model, recommend, render
-from tuner.store import Fit, Recommendation, Store
+from tuner.model.costmodel import Acceptance, CostModel, Curve
+from tuner.storage.engine import Store
+from tuner.storage.orm import Fit, Recommendation
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

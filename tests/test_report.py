@@ -17,10 +17,10 @@ from benchdata import BENCH_LEVELS, Rep, store_profile
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.app import app
+from tuner.decide.recommend import current_fit, recommend
 from tuner.errors import NothingToDoError
-from tuner.recommend import current_fit, recommend
-from tuner.report import (
+from tuner.report.report import (
     PNG_NAME,
     SUMMARY_NAME,
     SVG_NAME,
@@ -30,8 +30,9 @@ from tuner.report import (
     report_data,
     write_report,
 )
-from tuner.results import LevelPoint, model_points
-from tuner.store import Run, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Run
+from tuner.storage.queries import LevelPoint, model_points
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
@@ -226,7 +227,7 @@ def test_bench_report_files_from_the_cli(
     fit = current_fit(Store(db), BENCH_MODEL, BENCH_HOST, host_explicit=True)
     cm = fit.model
     with Store(db).session() as session:
-        from tuner.store import Recommendation
+        from tuner.storage.orm import Recommendation
 
         rec = session.scalars(select(Recommendation)).one()  # made by the report, stored
         assert rec.fit_id == fit.id
@@ -351,7 +352,7 @@ def _store_validation(store: Store, fit_id: int, recommended: int) -> int:
 def test_report_shows_the_validation(
     bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner import validate
+    from tuner.decide import validate
 
     rec = recommend(bench_store, BENCH_MODEL, host=BENCH_HOST, host_explicit=True)
     run_id = _store_validation(bench_store, rec.fit_id, rec.max_slots)

@@ -10,10 +10,10 @@ import pytest
 from benchdata import store_profile
 from sqlalchemy import inspect
 
-from tuner import search
-from tuner.costmodel import Acceptance, CostModel, Curve
-from tuner.recommend import current_fit
-from tuner.store import Store
+from tuner.decide import search
+from tuner.decide.recommend import current_fit
+from tuner.model.costmodel import Acceptance, CostModel, Curve
+from tuner.storage.engine import Store
 
 
 def crossing_model(n_parallel: int = 8, n_max: int = 4, draft: float = 30.0) -> CostModel:

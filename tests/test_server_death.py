@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from fleetkit import env_for, run_tuner
 
-from tuner.server import LaunchConfig, ManagedServer, describe_exit
-from tuner.store import Run, Store
+from tuner.measure.server import LaunchConfig, ManagedServer, describe_exit
+from tuner.storage.engine import Store
+from tuner.storage.orm import Run
 
 STAND_IN = Path(__file__).resolve().parent / "crashing_server.py"
 

@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from tuner.errors import ConfigError, StorageError
-from tuner.store import VERSION_TABLE, Model, Run, Store, get_or_create
+from tuner.storage.engine import VERSION_TABLE, Store
+from tuner.storage.orm import Model, Run, get_or_create
 
 
 def test_migrations_create_prefixed_tables_and_own_version_table(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_the_orm_models_and_the_migrations_agree(tmp_path: Path) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from tuner.store import Base
+    from tuner.storage.orm import Base
 
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
     with store.engine.connect() as connection:

@@ -13,11 +13,12 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from tuner.bench import Bench
-from tuner.cli import app
-from tuner.recommend import current_fit, recommend
-from tuner.spec import ProfileSpec, load_spec
-from tuner.store import Level, Run, Store
-from tuner.validate import Recommended, analyse, candidates, validation_levels
+from tuner.cli.app import app
+from tuner.decide.recommend import current_fit, recommend
+from tuner.decide.validate import Recommended, analyse, candidates, validation_levels
+from tuner.measure.spec import ProfileSpec, load_spec
+from tuner.storage.engine import Store
+from tuner.storage.orm import Level, Run
 
 MODEL = "smollm2-bench"
 HOST = "bench-host"

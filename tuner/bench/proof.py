@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import BenchError, ServerDiedError, ServerError
-from tuner.server import LaunchConfig, ManagedServer, describe_exit
+from tuner.measure.server import LaunchConfig, ManagedServer, describe_exit
 
 # llama-server's system_info names (compile-time features of the CPU backend) -> /proc/cpuinfo.
 FEATURE_FLAGS = {

@@ -33,10 +33,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.costmodel import CostModel, Crossover
 from tuner.errors import ConfigError, NothingToDoError, TunerError
-from tuner.results import LevelPoint, model_points, run_points
-from tuner.store import Fit, Recommendation, Run, Store
+from tuner.model.costmodel import CostModel, Crossover
+from tuner.storage.engine import Store
+from tuner.storage.orm import Fit, Recommendation, Run
+from tuner.storage.queries import LevelPoint, model_points, run_points
 
 PNG_NAME = "report.png"
 SVG_NAME = "report.svg"
@@ -127,7 +128,7 @@ class RecommendationInfo:
 
     @property
     def env_line(self) -> str:
-        from tuner.recommend import ENV_MAX_SLOTS, ENV_N_MAX
+        from tuner.decide.recommend import ENV_MAX_SLOTS, ENV_N_MAX
 
         line = f"{ENV_MAX_SLOTS}={self.max_slots}"
         if self.tune_n_max:
@@ -776,7 +777,7 @@ def _stored_recommendation(store: Store, fit_id: int) -> RecommendationInfo | No
 
 
 def _recommendation(store: Store, model: str, fit: Any, seed: int) -> RecommendationInfo:
-    from tuner import recommend
+    from tuner.decide import recommend
 
     stored = _stored_recommendation(store, fit.id)
     if stored is not None:
@@ -860,7 +861,7 @@ def _facts(store: Store, fit_id: int, run_ids: Sequence[int]) -> Facts:
 
 def _validation(store: Store, model: str, host: str | None) -> tuple[int | None, Any, str | None]:
     """The latest validation run of the model on the fit's host, its analysis, or why not."""
-    from tuner import validate
+    from tuner.decide import validate
 
     run_id = validate.latest_validation(store, model, host)
     if run_id is None:
@@ -891,7 +892,7 @@ def load_inputs(
     seed: int = 0,
 ) -> ReportInputs:
     """Read (and where missing, make) everything the report shows, from the database."""
-    from tuner import recommend
+    from tuner.decide import recommend
 
     fit = recommend.current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
     fit_host = fit.inputs.get("host")

@@ -345,7 +345,7 @@ class KernelObs:
 
 @dataclass(frozen=True)
 class FitData:
-    """Everything a fit consumes (built from the database by tuner.recommend)."""
+    """Everything a fit consumes (built from the database by tuner.decide.recommend)."""
 
     n_parallel: int
     n_max: int

@@ -133,7 +133,7 @@ def bench_show() -> None:
 
 def open_store():
     """The database named by --db / TUNER_DB / the default, migrated to the newest schema."""
-    from tuner.store import Store
+    from tuner.storage.engine import Store
 
     return Store(State.settings().db)
 
@@ -145,7 +145,7 @@ def _bench_refs() -> dict[str, Path]:
 
 
 def load_spec_file(path: Path, overrides: list[str] | None = None, check_files: bool = True):
-    from tuner.spec import load_spec, parse_override
+    from tuner.measure.spec import load_spec, parse_override
 
     return load_spec(
         path, [parse_override(o) for o in overrides or []], _bench_refs, check_files=check_files
@@ -153,7 +153,7 @@ def load_spec_file(path: Path, overrides: list[str] | None = None, check_files: 
 
 
 def _parsed_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    from tuner.spec import parse_override
+    from tuner.measure.spec import parse_override
 
     return [parse_override(o) for o in overrides]
 
@@ -325,7 +325,7 @@ def profile(
     Each configuration is first launched once to answer one short request (drafting on), so a
     build that cannot run here fails within about a minute with the reason; then every level is
     measured and stored as it finishes (Ctrl-C keeps finished repeats; --resume continues)."""
-    from tuner import profiler
+    from tuner.measure import profiler
 
     settings = State.settings()
     extra = list(overrides or [])
@@ -376,7 +376,7 @@ def profile(
 
 
 def _show(store, run_id: int) -> None:
-    from tuner.results import run_points
+    from tuner.storage.queries import run_points
 
     summary, points = run_points(store, run_id)
     render_points(f"run {run_id}: {summary.model} ({summary.kind}, {summary.status})", points)
@@ -391,7 +391,7 @@ def runs(
     """List runs, newest first."""
     from rich.table import Table
 
-    from tuner.results import list_runs
+    from tuner.storage.queries import list_runs
 
     table = Table()
     for column in (
@@ -443,7 +443,7 @@ def hosts(
 
     from rich.table import Table
 
-    from tuner.results import list_hosts
+    from tuner.storage.queries import list_hosts
 
     settings = State.settings()
     here = settings.host_name or socket.gethostname()
@@ -474,7 +474,7 @@ def hosts(
 
 def _model_host(host: str | None) -> tuple[str, bool]:
     """The host to read results of (default: this machine) and whether the user named it."""
-    from tuner.recommend import this_host
+    from tuner.decide.recommend import this_host
 
     return (host, True) if host else (this_host(State.settings().host_name), False)
 
@@ -493,7 +493,7 @@ def import_cmd(
 
     The format is documented in profiles/reference/README.md.
     """
-    from tuner.importer import import_table
+    from tuner.storage.importer import import_table
 
     store = open_store()
     result = import_table(store, path)
@@ -604,8 +604,8 @@ def fit(
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
 ) -> None:
     """Fit the cost model (step time + acceptance) to a model's results and store it."""
+    from tuner.decide.recommend import fit_model, fit_summary
     from tuner.errors import ConfigError
-    from tuner.recommend import fit_model, fit_summary
 
     if output not in ("table", "json"):
         raise ConfigError(f"--format {output!r}: expected table or json")
@@ -640,8 +640,8 @@ def predict(
     """Print predicted aggregate tok/s per concurrency under --spec-draft-max-slots N."""
     from rich.table import Table
 
+    from tuner.decide.recommend import predict as predict_policy
     from tuner.errors import ConfigError
-    from tuner.recommend import predict as predict_policy
 
     if output not in ("table", "json"):
         raise ConfigError(f"--format {output!r}: expected table or json")
@@ -734,9 +734,9 @@ def recommend(
     `eval "export $(tuner recommend --model M)"` sets it in a shell. The table and the reasons go
     to stderr (with --explain, to stdout after the line).
     """
+    from tuner.decide.recommend import FORMATS, explain_lines, render
+    from tuner.decide.recommend import recommend as make_recommendation
     from tuner.errors import ConfigError
-    from tuner.recommend import FORMATS, explain_lines, render
-    from tuner.recommend import recommend as make_recommendation
 
     if output not in FORMATS:
         raise ConfigError(f"--format {output!r}: expected one of {', '.join(FORMATS)}")
@@ -819,7 +819,7 @@ def validate(
     """
     import json
 
-    from tuner import validate as validation
+    from tuner.decide import validate as validation
 
     settings = State.settings()
     with terminate_as_interrupt(), ProgressDisplay() as display:
@@ -858,7 +858,7 @@ def report(
 
     Uses the stored recommendation of the current fit; without one it makes (and stores) one.
     """
-    from tuner.report import write_report
+    from tuner.report.report import write_report
 
     name, explicit = _model_host(host)
     files = write_report(open_store(), model, out_dir, name, host_explicit=explicit)

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
-from tuner.fingerprint import require_gguf
+from tuner.measure.fingerprint import require_gguf
 
 BENCH_PREFIX = "bench:"
 

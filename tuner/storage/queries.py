@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuner.errors import NotFoundError
-from tuner.store import Host, Level, Model, Run, Sample, Store
+from tuner.storage.engine import Store
+from tuner.storage.orm import Host, Level, Model, Run, Sample
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from tuner.errors import ConfigError, NothingToDoError
-from tuner.fingerprint import probe_build, probe_host, probe_model
-from tuner.profiler import (
+from tuner.measure.fingerprint import probe_build, probe_host, probe_model
+from tuner.measure.profiler import (
     COMPLETED,
     Context,
     Observer,
@@ -28,9 +28,11 @@ from tuner.profiler import (
     find_resumable_run,
     preflight,
 )
-from tuner.results import run_points
-from tuner.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
-from tuner.store import Fit, Host, Model, Recommendation, Run, Store
+from tuner.measure.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
+from tuner.storage.engine import Store
+from tuner.storage.hashes import StoredHashes
+from tuner.storage.orm import Fit, Host, Model, Recommendation, Run
+from tuner.storage.queries import run_points
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def standing_recommendation(store: Store, model: str, host: str,
     The data are host's own, or, when host has none, the newest host's (recommend says so in
     its reasons); never a recommendation merely because it is the newest in the database.
     """
-    from tuner import recommend
+    from tuner.decide import recommend
 
     fit = recommend.current_fit(store, model, host)
     with store.session() as session:
@@ -197,7 +199,7 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
             overrides: list[tuple[str, Any]] | None = None, skip_preflight: bool = False,
             ) -> tuple[int, Recommended, ProfileSpec]:
     """Run the validation measurements; returns (run id, the recommendation, the spec used)."""
-    from tuner.recommend import this_host
+    from tuner.decide.recommend import this_host
 
     host = this_host(host_name)
     rec = standing_recommendation(store, model, host)
@@ -226,7 +228,7 @@ def measure(store: Store, model: str, log_dir: Path, observer: Observer = _quiet
         observer(ProgressEvent("message", text=f"resuming validation run {run_id}"))
     else:
         context = Context(model_name=model, build=build,
-                          model=probe_model(spec.server.model, store.file_hashes(host)),
+                          model=probe_model(spec.server.model, StoredHashes(store, host)),
                           host=probe_host(spec.server.binary, host))
         profiler.create_run(context, kind="validate")
         with store.session() as session:
@@ -296,7 +298,7 @@ def analyse(store: Store, run_id: int, model: str,
     best measured candidate's (None when a level of the recommended N failed, so it has no
     weighted figure); model error is (predicted - measured) / measured on every point.
     """
-    from tuner import recommend, search
+    from tuner.decide import recommend, search
 
     rec = recommended or _validated_recommendation(store, run_id, model)
     measured = measured_table(store, run_id)
@@ -348,7 +350,7 @@ def validate(store: Store, model: str, log_dir: Path, observer: Observer = _quie
              overrides: list[tuple[str, Any]] | None = None,
              skip_preflight: bool = False) -> ValidationReport:
     """`tuner validate`: measure the recommendation and its neighbours, then grade them."""
-    from tuner.recommend import this_host
+    from tuner.decide.recommend import this_host
 
     run_id, rec, _spec = measure(store, model, log_dir, observer, resume, host_name, max_slots,
                                  overrides, skip_preflight)

@@ -91,7 +91,7 @@ def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) ->
         raise ServerError(f"cannot run llama-batched-bench: {exc}") from exc
     log_path.write_text("$ " + " ".join(cmd) + "\n" + result.stdout + "\n" + result.stderr)
     if result.returncode != 0:
-        from tuner.server import describe_exit
+        from tuner.measure.server import describe_exit
 
         what, cause = describe_exit(result.returncode)
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-10:])

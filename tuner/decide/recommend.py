@@ -1,9 +1,9 @@
 """Fit, predict and recommend over stored data: one entry function per command, plus the choice.
 
 - `fit_model` / `current_fit`: pick a model's data (host, build, n_parallel, n_max), fit the cost
-  model (tuner.costmodel) and store it in `tuner_fits` with its inputs, version and quality.
+  model (tuner.model.costmodel) and store it in `tuner_fits` with its inputs, version and quality.
 - `predict`: a policy's predicted tok/s per concurrency, with intervals, from a stored fit.
-- `recommend`: run the Optuna study (tuner.search) on the fit, then choose N:
+- `recommend`: run the Optuna study (tuner.decide.search) on the fit, then choose N:
   * the model's optimum, kept inside what the measurements show (spec measured ahead at c means
     N >= c; measured behind at c means N < c);
   * among values within the model's uncertainty of it (one bootstrap standard error), the
@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 from sqlalchemy import select
 
-from tuner import costmodel, search
-from tuner.costmodel import CostModel, FitData, KernelObs, LevelObs, Repeat
+from tuner.decide import search
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
-from tuner.store import Build, Fit, KernelRow, Level, Model, Recommendation, Run, Store
+from tuner.model import costmodel
+from tuner.model.costmodel import CostModel, FitData, KernelObs, LevelObs, Repeat
+from tuner.storage.engine import Store
+from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Recommendation, Run
 
 ENV_MAX_SLOTS = "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"
 ENV_N_MAX = "LLAMA_ARG_SPEC_DRAFT_N_MAX"

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.costmodel import CostModel
-from tuner.store import optuna_storage
+from tuner.model.costmodel import CostModel
+from tuner.storage.engine import optuna_storage
 
 MAX_SLOTS_PARAM = "spec_draft_max_slots"
 N_MAX_PARAM = "spec_draft_n_max"

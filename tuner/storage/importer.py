@@ -43,8 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 
 from tuner.errors import ConfigError
-from tuner.spec import read_toml, validation_message
-from tuner.store import Host, Level, Model, Run, Store, get_or_create
+from tuner.measure.spec import read_toml, validation_message
+from tuner.storage.engine import Store
+from tuner.storage.orm import Host, Level, Model, Run, get_or_create
 
 FORMAT_VERSION = 1
 

@@ -21,7 +21,6 @@ from typing import Any
 import httpx
 from sqlalchemy import delete, select
 
-from tuner import kernel, metrics
 from tuner.errors import (
     ConfigError,
     InterruptedRun,
@@ -30,11 +29,21 @@ from tuner.errors import (
     StorageError,
     TunerError,
 )
-from tuner.fingerprint import BuildInfo, HostInfo, ModelInfo, probe_build, probe_host, probe_model
-from tuner.load import LevelFigures, LoadGenerator, RequestSample, Workload, summarize
-from tuner.server import LaunchConfig, ManagedServer
-from tuner.spec import ProfileSpec, WorkloadSpec
-from tuner.store import Build, Host, KernelRow, Level, Model, Run, Sample, Store, get_or_create
+from tuner.measure import kernel, metrics
+from tuner.measure.fingerprint import (
+    BuildInfo,
+    HostInfo,
+    ModelInfo,
+    probe_build,
+    probe_host,
+    probe_model,
+)
+from tuner.measure.load import LevelFigures, LoadGenerator, RequestSample, Workload, summarize
+from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.spec import ProfileSpec, WorkloadSpec
+from tuner.storage.engine import Store
+from tuner.storage.hashes import StoredHashes
+from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample, get_or_create
 
 RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
@@ -175,11 +184,14 @@ class Context:
 
 
 def gather_context(spec: ProfileSpec, host_name: str | None, store: Store | None = None) -> Context:
+    """Host, build and model facts; with a store, the model's full hash is computed once."""
+    host = probe_host(spec.server.binary, host_name)
+    hashes = StoredHashes(store, host.name) if store is not None else None
     return Context(
         model_name=spec.model_name,
-        model=probe_model(spec.server.model, store.file_hashes(host_name) if store else None),
+        model=probe_model(spec.server.model, hashes),
         build=probe_build(spec.server.binary),
-        host=probe_host(spec.server.binary, host_name),
+        host=host,
     )
 
 
@@ -746,7 +758,7 @@ def attach(
     """
     from pydantic import ValidationError
 
-    from tuner.spec import _format_error, set_dotted
+    from tuner.measure.spec import _format_error, set_dotted
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:

@@ -3,10 +3,11 @@
 A build is identified by its binary's sha256 plus its `--version` text (tarball builds all print
 `build 0, commit unknown`); a model by its GGUF file's size, sha256 and metadata.
 
-A model file is 5-60 GB, so its full sha256 is computed once per file and kept by a FileHashCache
-(tuner.store.StoredHashes: a table keyed by host and path), reused while the file's size and mtime
-stand. What identifies it on every run is `content_id`: a hash of the size, the GGUF header and
-metadata, and a fixed number of evenly spaced samples, a few tens of MiB of reads at any size.
+A model file is 5-60 GB, so its full sha256 is computed once per file and kept by a
+FileHashCache (tuner.storage.hashes.StoredHashes: a table keyed by host and path), reused while
+the file's size and mtime stand. What identifies it on every run is `content_id`: a hash of the
+size, the GGUF header and metadata, and a fixed number of evenly spaced samples, a few tens of
+MiB of reads at any size.
 """
 
 from __future__ import annotations
