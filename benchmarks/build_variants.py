@@ -29,9 +29,10 @@ def main() -> int:
 
     from tuner.bench import load_bench, proven_build
     from tuner.measure.load import LoadGenerator, Workload, summarize
-    from tuner.measure.profiler import ServerConfig, launch_config
+    from tuner.measure.plan import launch_config
     from tuner.measure.server import ManagedServer
     from tuner.measure.spec import load_spec
+    from tuner.policy import Policy
     from tuner.settings import get_settings
 
     settings = get_settings()
@@ -42,26 +43,31 @@ def main() -> int:
     print(f"native build here: {proof.system_info}")
     levels = [int(c) for c in args.levels.split(",")]
     spec = load_spec(Path(args.spec), [], lambda: bench.as_refs())
-    workload = Workload(prompt_tokens=spec.workload.prompt_tokens,
-                        max_tokens=spec.workload.max_tokens, stream=True)
+    workload = Workload(
+        prompt_tokens=spec.workload.prompt_tokens, max_tokens=spec.workload.max_tokens, stream=True
+    )
     tps: dict[tuple[str, str, int], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             order = list(builds) if round_ % 2 == 0 else list(reversed(builds))
             for build in order:
-                for config in (ServerConfig.plain(), ServerConfig.spec()):
-                    launch = launch_config(spec, config)
+                for policy in (Policy.plain(), Policy.always()):
+                    launch = launch_config(spec, policy)
                     launch.binary = builds[build]
-                    log = Path(tmp) / f"{build}-{config.name}-{round_}.log"
-                    with ManagedServer(launch, log, name=f"{build} {config.name}") as server:
+                    log = Path(tmp) / f"{build}-{policy.config_name}-{round_}.log"
+                    with ManagedServer(launch, log, name=f"{build} {policy.config_name}") as server:
                         generator = LoadGenerator(server.url, workload)
                         generator.run(max(levels))  # warm-up
                         for c in levels:
                             figures = summarize(generator.run(c), c)
-                            tps.setdefault((build, config.name, c), []).append(
-                                figures.tokens_per_second or 0.0)
-                            print(f"round {round_ + 1} {build:>8} {config.name:>5} c={c}: "
-                                  f"{figures.tokens_per_second:.1f} tok/s", flush=True)
+                            tps.setdefault((build, policy.config_name, c), []).append(
+                                figures.tokens_per_second or 0.0
+                            )
+                            print(
+                                f"round {round_ + 1} {build:>8} {policy.config_name:>5} c={c}: "
+                                f"{figures.tokens_per_second:.1f} tok/s",
+                                flush=True,
+                            )
     portable = bench.variant
     print(f"\nmedian tok/s over {args.rounds} interleaved rounds ({portable} vs native):")
     print(f"{'config':>6} {'c':>3} {portable:>9} {'native':>9} {'ratio':>7}")

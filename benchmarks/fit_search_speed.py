@@ -32,6 +32,7 @@ def main() -> int:
 
     from tuner.decide import recommend as rec
     from tuner.storage.engine import Store
+    from tuner.storage.fits import fit_model
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.db:
@@ -46,12 +47,12 @@ def main() -> int:
         for i in range(args.repeats):
             started = time.perf_counter()
             # A fresh fit each time (a new seed: nothing is reused), then a fresh study on it.
-            stored = rec.fit_model(store, args.model, args.host, host_explicit=True, seed=i)
+            stored = fit_model(store, args.model, args.host, host_explicit=True, seed=i)
             fitted = time.perf_counter()
             report = rec.recommend(
                 store,
                 args.model,
-                host=args.host,
+                args.host,
                 host_explicit=True,
                 tune_n_max=args.tune_n_max,
                 fit_id=stored.id,

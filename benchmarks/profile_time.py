@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from tuner.measure.profiler import relative_mad
+from tuner.measure.stats import relative_mad
 from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level
@@ -33,11 +33,20 @@ TARGET_S = 600
 
 def profile_once(spec: Path, workdir: Path) -> tuple[float, dict[tuple[str, int], Level]]:
     db_url = f"sqlite:///{workdir / 'bench.db'}"
-    env = {**os.environ, "TUNER_DB": db_url, "TUNER_CACHE_DIR": str(workdir / "cache"),
-           "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path)}
+    env = {
+        **os.environ,
+        "TUNER_DB": db_url,
+        "TUNER_CACHE_DIR": str(workdir / "cache"),
+        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
+    }
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "tuner", "profile", str(spec)], env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "profile", str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         sys.exit(f"tuner profile failed:\n{result.stderr[-3000:]}")
     wall = time.monotonic() - started
@@ -62,17 +71,23 @@ def main() -> None:
         runs.append(levels)
         print(f"run {i + 1}: {wall:.0f} s", flush=True)
 
-    print(f"\nprofile wall time: median {statistics.median(walls):.0f} s over {len(walls)} run(s) "
-          f"(target < {TARGET_S} s: {'met' if statistics.median(walls) < TARGET_S else 'MISSED'})")
-    print(f"\n{'config':>8} {'c':>3} {'repeats':>7} {'tok/s':>8} {'tps MAD%':>8} "
-          f"{'ms/step':>8} {'step MAD%':>9} {'across runs tps MAD%':>21}")
+    print(
+        f"\nprofile wall time: median {statistics.median(walls):.0f} s over {len(walls)} run(s) "
+        f"(target < {TARGET_S} s: {'met' if statistics.median(walls) < TARGET_S else 'MISSED'})"
+    )
+    print(
+        f"\n{'config':>8} {'c':>3} {'repeats':>7} {'tok/s':>8} {'tps MAD%':>8} "
+        f"{'ms/step':>8} {'step MAD%':>9} {'across runs tps MAD%':>21}"
+    )
     for key in sorted(runs[0], key=lambda k: (k[0], k[1])):
         level = runs[0][key]
         across = relative_mad([r[key].tokens_per_second for r in runs if key in r])
-        print(f"{key[0]:>8} {key[1]:>3} {level.repeats:>7} {level.tokens_per_second:>8.1f} "
-              f"{100 * (level.tokens_per_second_spread or 0):>8.1f} {level.step_ms:>8.1f} "
-              f"{100 * (level.step_ms_spread or 0):>9.1f} "
-              f"{'' if across is None else f'{100 * across:.1f}':>21}")
+        print(
+            f"{key[0]:>8} {key[1]:>3} {level.repeats:>7} {level.tokens_per_second:>8.1f} "
+            f"{100 * (level.tokens_per_second_spread or 0):>8.1f} {level.step_ms:>8.1f} "
+            f"{100 * (level.step_ms_spread or 0):>9.1f} "
+            f"{'' if across is None else f'{100 * across:.1f}':>21}"
+        )
 
 
 if __name__ == "__main__":

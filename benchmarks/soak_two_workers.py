@@ -42,8 +42,9 @@ from sqlalchemy import func, select
 from tuner.measure.fingerprint import HostInfo
 from tuner.measure.load import RequestSample
 from tuner.measure.metrics import drafting_summary
-from tuner.measure.profiler import Context, Profiler, ServerConfig
+from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec
+from tuner.policy import Policy
 from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Model, Run, Sample
@@ -130,8 +131,9 @@ def _report(tally: WorkerTally, started: float, out) -> None:
     out.close()
 
 
-def worker(index: int, db_url: str, model: str, seconds: float, levels: list[int], repeats: int,
-           out) -> None:
+def worker(
+    index: int, db_url: str, model: str, seconds: float, levels: list[int], repeats: int, out
+) -> None:
     """Record complete runs until the time is up; report the tally through the pipe."""
     tally = WorkerTally(host=f"soak-host-{index}")
     started = time.monotonic()
@@ -145,7 +147,7 @@ def worker(index: int, db_url: str, model: str, seconds: float, levels: list[int
             build=None,
             host=HostInfo(name=tally.host, cpu_model="soak", cpu_cores=2, memory_bytes=None),
         )
-        configs = [ServerConfig.plain(), ServerConfig.spec()]
+        configs = [Policy.plain(), Policy.always()]
         while time.monotonic() - started < seconds:
             profiler = Profiler(store, spec, Path(tempfile.gettempdir()))
             profiler.create_run(context)
@@ -246,23 +248,44 @@ def count(db_url: str, model: str, tallies: list[dict[str, Any]], seconds: float
     )
 
 
-def live_worker(index: int, db_url: str, model: str, seconds: float, levels: list[int],
-                repeats: int, out) -> None:
+def live_worker(
+    index: int, db_url: str, model: str, seconds: float, levels: list[int], repeats: int, out
+) -> None:
     """Run real `tuner profile` commands on the bench until the time is up; report the tally."""
     tally = WorkerTally(host=f"soak-host-{index}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"tuner-soak-{index}-") as cache:
-        env = {**os.environ, "TUNER_DB": db_url, "TUNER_HOST_NAME": tally.host,
-               "TUNER_CACHE_DIR": cache,  # logs per worker; the bench stays where it is
-               "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path)}
+        env = {
+            **os.environ,
+            "TUNER_DB": db_url,
+            "TUNER_HOST_NAME": tally.host,
+            "TUNER_CACHE_DIR": cache,  # logs per worker; the bench stays where it is
+            "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
+        }
         command = [
-            sys.executable, "-m", "tuner", "profile", str(LIVE_SPEC),
-            "--levels", ",".join(map(str, levels)),
+            sys.executable,
+            "-m",
+            "tuner",
+            "profile",
+            str(LIVE_SPEC),
+            "--levels",
+            ",".join(map(str, levels)),
             # One thread per server: two servers of two threads on 2 cores spin-wait on
             # each other for minutes.
-            "--model-name", model, "--set", "kernel.enabled=false", "--set", "server.threads=1",
-            "--set", "workload.max_tokens=32", "--set", "workload.warmup=0",
-            "--set", f"workload.min_repeats={repeats}", "--set", f"workload.max_repeats={repeats}",
+            "--model-name",
+            model,
+            "--set",
+            "kernel.enabled=false",
+            "--set",
+            "server.threads=1",
+            "--set",
+            "workload.max_tokens=32",
+            "--set",
+            "workload.warmup=0",
+            "--set",
+            f"workload.min_repeats={repeats}",
+            "--set",
+            f"workload.max_repeats={repeats}",
         ]
         while time.monotonic() - started < seconds:
             result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -275,8 +298,9 @@ def live_worker(index: int, db_url: str, model: str, seconds: float, levels: lis
     _report(tally, started, out)
 
 
-def soak(db_url: str, seconds: float, workers: int, levels: list[int], repeats: int,
-         live: bool = False) -> SoakResult:
+def soak(
+    db_url: str, seconds: float, workers: int, levels: list[int], repeats: int, live: bool = False
+) -> SoakResult:
     model = f"{MODEL_PREFIX}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     context = multiprocessing.get_context("spawn")
     pipes, processes = [], []
@@ -309,9 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--levels", help="concurrency levels per run (default 1,2,4,8)")
     parser.add_argument("--repeats", type=int, help="repeats per level (default 2)")
-    parser.add_argument("--live", action="store_true",
-                        help="workers run real `tuner profile` on the bench (default levels 1,2; "
-                        "repeats 1)")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="workers run real `tuner profile` on the bench (default levels 1,2; repeats 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     levels = [int(c) for c in (args.levels or ("1,2" if args.live else "1,2,4,8")).split(",")]

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 .venv/bin/ruff check tuner tests benchmarks db scripts
+.venv/bin/ruff format --check tuner tests benchmarks db scripts
 # A throwaway PostgreSQL server (Debian's package, installed if missing) for the tests marked
 # `postgres`; stopped and removed on exit.
 export TUNER_PG_DIR=${TUNER_PG_DIR:-$(mktemp -d -t tuner-pg.XXXXXX)}

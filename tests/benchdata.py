@@ -1,5 +1,6 @@
 """Bench-like data for tests and the benchmark: a real profile of the bundled bench, and a helper
-that stores it (or any table of levels) in a database the way `tuner profile` does.
+that stores it (or any table of levels) through the same code path `tuner profile` stores real
+measurements with (Profiler.record_level: samples in, level figures computed and stored).
 
 The profile: SmolLM2-135M F32 on 2 CPU cores, -np 8, a 1-block draft with n-max 6 and synthetic
 acceptance (mean length 3.5); per level the repeats as (tok/s, tokens per step, ms per step,
@@ -9,11 +10,17 @@ tokens_per_seq, ms).
 
 from __future__ import annotations
 
-import statistics
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from tuner.measure.fingerprint import BuildInfo, HostInfo
+from tuner.measure.kernel import KernelPoint
+from tuner.measure.load import RequestSample
+from tuner.measure.profiler import Context, Profiler
+from tuner.measure.spec import ProfileSpec
+from tuner.policy import Policy
 from tuner.storage.engine import Store
-from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, get_or_create
 
 BENCH_N_PARALLEL = 8
 BENCH_N_MAX = 6
@@ -70,32 +77,40 @@ BENCH_KERNEL: list[tuple[str, int, int, float]] = [
 ] + [("verify", c + 1, k, ms) for k, values in _VERIFY.items() for c, ms in enumerate(values)]
 
 
-def _repeat_dict(i: int, c: int, rep: Rep) -> dict[str, Any]:
-    tps, accept_len, step_ms, drafts, per_position = rep
-    return {
-        "repeat": i,
-        "concurrency": c,
-        "ok": c,
-        "failed": 0,
-        "tokens_per_second": tps,
-        "per_stream_tps": tps / c,
-        "step_ms": step_ms,
-        "accept_len": accept_len,
-        "ttft_ms": None,
-        "metrics": {
-            "drafts": float(drafts),
-            "draft_tokens": float(drafts * BENCH_N_MAX),
-            "accepted_tokens": float(sum(per_position)),
-            "accepted_per_position": [float(v) for v in per_position],
-            "accept_rates": [v / drafts for v in per_position] if drafts else [],
-        },
+def _samples(c: int, rep: Rep) -> tuple[list[RequestSample], dict[str, Any]]:
+    """c identical requests whose summary has this repeat's tok/s and tokens per step, and the
+    /metrics drafting figures of its per-position acceptance counts."""
+    tps, accept_len, _step_ms, drafts, per_position = rep
+    tokens = 10_000  # long enough that tokens / steps matches accept_len to 1e-4
+    steps = round(tokens / accept_len)
+    generation_ms = 1000.0 * c * tokens / tps  # c streams at tps / c each
+    samples = [
+        RequestSample(
+            stream=i,
+            ok=True,
+            tokens=tokens,
+            prompt_tokens=32,
+            generation_ms=generation_ms,
+            latency_ms=generation_ms,
+            draft_accepted=tokens - steps,
+            draft_n=drafts * BENCH_N_MAX // max(c, 1),
+        )
+        for i in range(c)
+    ]
+    drafting = {
+        "drafts": float(drafts),
+        "draft_tokens": float(drafts * BENCH_N_MAX),
+        "accepted_tokens": float(sum(per_position)),
+        "accepted_per_position": [float(v) for v in per_position],
+        "n_decode": 0.0,
     }
+    return samples, drafting
 
 
 def store_profile(
     store: Store,
     model: str = "smollm2-bench",
-    host: str | None = "bench-host",
+    host: str = "bench-host",
     levels: list[tuple[str, int, list[Rep]]] | None = None,
     kernel: list[tuple[str, int, int, float]] | None = None,
     n_parallel: int = BENCH_N_PARALLEL,
@@ -103,69 +118,36 @@ def store_profile(
     weights: dict[str, float] | None = None,
     build_sha: str = "b" * 64,
 ) -> int:
-    """Store a completed profile run (plain/spec/max-slots-N levels, kernel rows); its run id."""
+    """Store a completed profile run (plain/spec/max-slots-N levels, kernel rows) the way `tuner
+    profile` does (Profiler.create_run, record_level, record_kernel); returns its run id."""
     levels = BENCH_LEVELS if levels is None else levels
     kernel = BENCH_KERNEL if kernel is None else kernel
-    with store.session() as session:
-        model_row = get_or_create(session, Model, {"name": model})
-        host_row = get_or_create(session, Host, {"name": host}) if host else None
-        build = get_or_create(session, Build, {"binary_sha256": build_sha}, {"version_text": ""})
-        spec: dict[str, Any] = {"name": "bench", "model_name": model, "workload": {}}
-        if weights:
-            spec["workload"]["weights"] = weights
-        run = Run(
-            kind="profile",
-            source="measured",
-            status="completed",
-            model=model_row,
-            host=host_row,
-            build=build,
-            spec_name="bench",
-            spec_hash="x",
-            spec=spec,
-            n_parallel=n_parallel,
-            n_max=n_max,
-        )
-        session.add(run)
-        session.flush()
+    spec = ProfileSpec.model_validate(
+        {
+            "name": "bench",
+            "model_name": model,
+            "server": {
+                "binary": "/bench/llama-server",
+                "model": "/bench/target.gguf",
+                "n_parallel": n_parallel,
+            },
+            "speculative": {"args": [], "n_max": n_max},
+            "workload": {"concurrency": sorted({c for _, c, _ in levels}), "weights": weights},
+        }
+    )
+    context = Context(
+        model_name=model,
+        model=None,
+        build=BuildInfo(binary_sha256=build_sha, version_text="", has_max_slots=True),
+        host=HostInfo(name=host, cpu_model=None, cpu_cores=None, memory_bytes=None),
+    )
+    with tempfile.TemporaryDirectory() as logs:
+        profiler = Profiler(store, spec, Path(logs))
+        run_id = profiler.create_run(context)
         for config, c, reps in levels:
-            max_slots = {"plain": None, "spec": 0}.get(config)
-            if config.startswith("max-slots-"):
-                max_slots = int(config.removeprefix("max-slots-"))
-            repeats = [_repeat_dict(i, c, rep) for i, rep in enumerate(reps)]
-            drafts = sum(r[3] for r in reps)
-            width = max((len(r[4]) for r in reps), default=0)
-            per_position = [sum(r[4][i] for r in reps if i < len(r[4])) for i in range(width)]
-            session.add(
-                Level(
-                    run_id=run.id,
-                    config=config,
-                    max_slots=max_slots,
-                    n_max=n_max,
-                    concurrency=c,
-                    status="completed",
-                    repeats=len(reps),
-                    tokens_per_second=statistics.median(r[0] for r in reps),
-                    per_stream_tps=statistics.median(r[0] for r in reps) / c,
-                    step_ms=statistics.median(r[2] for r in reps),
-                    accept_len=statistics.median(r[1] for r in reps),
-                    metrics={
-                        "repeats": repeats,
-                        "drafts": float(drafts),
-                        "accepted_per_position": [float(v) for v in per_position],
-                        "accept_rates": [v / drafts for v in per_position] if drafts else [],
-                    },
-                )
-            )
-        for shape, n_seq, tokens, ms in kernel:
-            session.add(
-                KernelRow(
-                    run_id=run.id,
-                    shape=shape,
-                    n_seq=n_seq,
-                    tokens_per_seq=tokens,
-                    rows=n_seq * tokens,
-                    step_ms=ms,
-                )
-            )
-        return run.id
+            profiler.record_level(Policy.parse(config), c, [_samples(c, rep) for rep in reps])
+        profiler.record_kernel(
+            [KernelPoint(shape, n_seq, tokens, ms) for shape, n_seq, tokens, ms in kernel]
+        )
+        profiler.guarded(lambda: None)  # marks the run completed
+    return run_id

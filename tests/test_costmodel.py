@@ -14,20 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.model import costmodel
-from tuner.model.costmodel import (
-    Acceptance,
-    CostModel,
-    Curve,
-    FitData,
-    KernelObs,
-    LevelObs,
-    Repeat,
-    fit,
-    fit_curve,
-    geometric_rates,
-    select_form,
-)
+from tuner.model.acceptance import Acceptance, geometric_rates
+from tuner.model.costmodel import CostModel
+from tuner.model.curves import FORMS, Curve, fit_curve, select_form
+from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
+from tuner.model.fitting import fit
+from tuner.model.quality import FitQuality
+from tuner.policy import Policy
 
 LEVELS = [1, 2, 3, 4, 6, 8]
 
@@ -54,7 +47,10 @@ def synthetic(
     length = 1.0 + sum(rates)
     obs = []
     for c in levels:
-        for config, step, tokens in (("plain", plain_ms, 1.0), ("spec", spec_ms, length)):
+        for policy, step, tokens in (
+            (Policy.plain(), plain_ms, 1.0),
+            (Policy.always(), spec_ms, length),
+        ):
             reps = []
             for _ in range(repeats):
                 t = step(c) * (1 + noise * rng.standard_normal())
@@ -64,11 +60,11 @@ def synthetic(
                         tokens_per_second=1000.0 * c * tokens / t,
                         accept_len=tokens,
                         step_ms=t,
-                        drafts=drafts_per_repeat if config == "spec" else 0.0,
-                        accepted_per_position=per_position if config == "spec" else (),
+                        drafts=drafts_per_repeat if policy.drafting else 0.0,
+                        accepted_per_position=per_position if policy.drafting else (),
                     )
                 )
-            obs.append(LevelObs(config, c, tuple(reps), None if config == "plain" else 0))
+            obs.append(LevelObs(policy, c, tuple(reps)))
     return FitData(n_parallel, n_max, tuple(obs), kernel)
 
 
@@ -86,7 +82,7 @@ def synthetic(
 )
 def test_each_form_recovers_its_own_parameters(form: str, params: tuple[float, ...]) -> None:
     x = np.arange(1, 13, dtype=float)
-    y = costmodel.FORMS[form].evaluate(params, x)
+    y = FORMS[form].evaluate(params, x)
     curve = fit_curve(form, x, y)
     assert curve.params == pytest.approx(params, rel=1e-3, abs=1e-3)
 
@@ -127,7 +123,18 @@ def test_fit_recovers_known_linear_step_costs_and_acceptance() -> None:
     c = np.arange(1, 9)
     assert m.plain_tps(c) == pytest.approx(1000 * c / (12.0 + 3.0 * c))
     assert m.spec_tps(c) == pytest.approx(1000 * c * (1 + sum(rates)) / (20.0 + 9.0 * c))
-    assert abs(result.quality["worst_residual_pct"]) < 1e-6
+    quality = result.quality
+    # every measured level is a fitted point, plain and always draft; none is held out
+    assert sorted((p.policy.label, p.concurrency) for p in quality.points) == sorted(
+        (label, c) for label in ("plain", "N=0") for c in LEVELS
+    )
+    assert quality.held_out == []
+    assert abs(quality.worst_point.residual_pct) < 1e-6
+    assert quality.rms_residual_pct < 1e-6
+    truth_gain = {
+        c: (c * (1 + sum(rates)) / (20.0 + 9.0 * c)) / (c / (12.0 + 3.0 * c)) - 1 for c in LEVELS
+    }
+    assert quality.measured_gains() == pytest.approx(truth_gain)
 
 
 def test_fit_recovers_a_power_law_from_noisy_repeats() -> None:
@@ -146,7 +153,7 @@ def test_fit_recovers_a_power_law_from_noisy_repeats() -> None:
     assert np.max(np.abs(m.spec_step(c) / spec(c) - 1)) < 0.02
     # The intervals come close to the truth (a bootstrap over 3 repeats runs a little narrow).
     truth = 1000 * c * (1 + sum(rates)) / spec(c)
-    pred = m.predict(0)
+    pred = m.predict(Policy.always())
     assert all(
         lo * 0.99 <= t <= hi * 1.01 for lo, t, hi in zip(pred.lower, truth, pred.upper, strict=True)
     )
@@ -194,10 +201,9 @@ def test_acceptance_is_inferred_when_only_tokens_per_step_were_measured() -> Non
     data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 25.0 + 6.0 * c, rates)
     stripped = tuple(
         LevelObs(
-            lv.config,
+            lv.policy,
             lv.concurrency,
             tuple(Repeat(r.tokens_per_second, r.accept_len, r.step_ms) for r in lv.repeats),
-            lv.max_slots,
         )
         for lv in data.levels
     )
@@ -210,10 +216,10 @@ def test_acceptance_is_inferred_when_only_tokens_per_step_were_measured() -> Non
 
 def test_tok_s_only_folds_acceptance_and_fixes_n_max() -> None:
     levels = tuple(
-        LevelObs(cfg, c, (Repeat(tps),), ms)
-        for cfg, ms, row in (
-            ("plain", None, [38.7, 54.0, 67.5, 78.3]),
-            ("spec", 0, [56.5, 57.9, 64.8, 69.9]),
+        LevelObs(policy, c, (Repeat(tps),))
+        for policy, row in (
+            (Policy.plain(), [38.7, 54.0, 67.5, 78.3]),
+            (Policy.always(), [56.5, 57.9, 64.8, 69.9]),
         )
         for c, tps in zip([1, 2, 4, 8], row, strict=True)
     )
@@ -228,24 +234,36 @@ def test_seed_rows_predict_the_measured_threshold_row() -> None:
     """From "MTP always" and "no MTP" alone, threshold 2 within 3 % of "max-slots 2"."""
     c = [1, 2, 4, 8]
     rows = {
-        "plain": [38.7, 54.0, 67.5, 78.3],
-        "spec": [56.5, 57.9, 64.8, 69.9],
+        Policy.plain(): [38.7, 54.0, 67.5, 78.3],
+        Policy.always(): [56.5, 57.9, 64.8, 69.9],
     }
     measured = [56.5, 58.8, 66.5, 76.9]
-    levels = tuple(
-        LevelObs(cfg, ci, (Repeat(tps),), None if cfg == "plain" else 0)
-        for cfg, row in rows.items()
+    seed_rows = tuple(
+        LevelObs(policy, ci, (Repeat(tps),))
+        for policy, row in rows.items()
         for ci, tps in zip(c, row, strict=True)
-    ) + tuple(
-        LevelObs("threshold", ci, (Repeat(tps),), 2) for ci, tps in zip(c, measured, strict=True)
     )
-    result = fit(FitData(8, 3, levels))
-    predicted = result.model.predict(2, concurrency=c).tokens_per_second
+    threshold_row = tuple(
+        LevelObs(Policy.threshold(2, 3), ci, (Repeat(tps),), level_id=100 + ci)
+        for ci, tps in zip(c, measured, strict=True)
+    )
+    result = fit(FitData(8, 3, seed_rows + threshold_row))
+    predicted = result.model.predict(Policy.threshold(2), concurrency=c).tokens_per_second
     for p, m in zip(predicted, measured, strict=True):
         assert abs(p / m - 1) < 0.03
-    checks = result.quality["threshold_check"]
-    assert [ch["concurrency"] for ch in checks] == c
-    assert max(abs(ch["error_pct"]) for ch in checks) < 3.0
+    # held out: predicted, never fitted -- the model is the one the seed rows alone give
+    alone = fit(FitData(8, 3, seed_rows))
+    assert alone.model.to_dict() == result.model.to_dict()
+    assert [p.policy.label for p in result.quality.points].count("N=2") == 0
+    held = result.quality.held_out
+    assert [(h.policy, h.concurrency, h.level_id) for h in held] == [
+        (Policy.threshold(2), ci, 100 + ci) for ci in c
+    ]
+    assert [h.measured_tps for h in held] == measured
+    assert [h.predicted_tps for h in held] == pytest.approx(predicted)
+    assert max(abs(h.residual_pct) for h in held) < 3.0
+    assert result.quality.worst_held_out is not None
+    assert abs(result.quality.worst_held_out.residual_pct) == max(abs(h.residual_pct) for h in held)
 
 
 def test_fit_needs_two_levels_of_each() -> None:
@@ -257,29 +275,65 @@ def test_fit_needs_two_levels_of_each() -> None:
 # --- uncertainty ----------------------------------------------------------------------------
 
 
-def test_bootstrap_is_seeded_and_intervals_hold_the_point() -> None:
-    data = synthetic(
-        lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), repeats=3, noise=0.02
+def _repeated(noise: float) -> FitData:
+    return synthetic(
+        lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), repeats=3, noise=noise
     )
+
+
+def test_bootstrap_is_seeded_and_intervals_follow_the_repeats_noise() -> None:
+    data = _repeated(0.02)
     a, b = fit(data, seed=7, replicates=40), fit(data, seed=7, replicates=40)
+    assert len(a.model.replicates) == 40
     assert a.model.replicates == b.model.replicates
-    assert a.quality["uncertainty"]["method"] == "repeats"
-    pred = a.model.predict(3)
-    assert all(
-        lo <= p <= hi
-        for lo, p, hi in zip(pred.lower, pred.tokens_per_second, pred.upper, strict=True)
-    )
-    assert any(hi > lo for lo, hi in zip(pred.lower, pred.upper, strict=True))
+    assert fit(data, seed=8, replicates=40).model.replicates != a.model.replicates
+    assert a.quality.uncertainty.method == "repeats"
+    assert (a.quality.uncertainty.replicates, a.quality.uncertainty.seed) == (40, 7)
+
+    policy = Policy.threshold(3)
+    pred = a.model.predict(policy)
+    lo, hi = np.array(pred.lower), np.array(pred.upper)
+    assert np.all(hi > lo)  # every level is uncertain: its interval has a width
+    # The truth lies in the interval, up to a quarter of its width either side (a bootstrap
+    # over 3 repeats runs a little narrow).
+    c = a.model.levels.astype(float)
+    length = 1 + sum(truth_rates(3))
+    truth = np.where(c <= 3, 1000 * c * length / (22.0 + 7.0 * c), 1000 * c / (10.0 + 2.0 * c))
+    slack = 0.25 * (hi - lo)
+    assert np.all((lo - slack <= truth) & (truth <= hi + slack))
+    # Quieter repeats, narrower intervals (same draws, a quarter of the noise).
+    quiet = fit(_repeated(0.005), seed=7, replicates=40).model.predict(policy)
+    assert np.all(np.array(quiet.upper) - quiet.lower < 0.5 * (hi - lo))
+
+    # spec(c) = plain(c) where length * (10 + 2c) = 22 + 7c
+    truth_cross = (22.0 - 10.0 * length) / (2.0 * length - 7.0)
     cross = a.model.crossover()
-    assert cross.lower <= (cross.streams or cross.lower) <= cross.upper
+    assert cross.streams is not None
+    assert cross.lower < cross.upper
+    assert cross.lower <= truth_cross <= cross.upper
+    assert cross.spec_wins_upto == math.floor(truth_cross)
 
 
 def test_residual_bootstrap_without_repeats() -> None:
     data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), noise=0.02)
     result = fit(data, replicates=30)
-    assert result.quality["uncertainty"]["method"] == "residuals"
+    assert result.quality.uncertainty.method == "residuals"
     gain = result.model.gain()
-    assert np.all(gain.lower <= gain.point) and np.all(gain.point <= gain.upper)
+    width = gain.upper - gain.lower
+    assert np.all(width > 0) and np.all(gain.sd > 0)
+    c = result.model.levels.astype(float)
+    length = 1 + sum(truth_rates(3))
+    truth = (length * (10.0 + 2.0 * c)) / (22.0 + 7.0 * c) - 1
+    assert np.all((gain.lower <= truth) & (truth <= gain.upper))
+    # The residuals are the only noise there is: none, no width; twice the noise, twice the width.
+    exact = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3))
+    still = fit(exact, replicates=30).model.gain()
+    assert still.upper - still.lower == pytest.approx(np.zeros_like(width), abs=1e-9)
+    louder = synthetic(
+        lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), noise=0.04
+    )
+    wide = fit(louder, replicates=30).model.gain()
+    assert wide.upper - wide.lower == pytest.approx(2 * width, rel=0.1)
 
 
 def test_crossover_of_known_curves() -> None:
@@ -311,9 +365,33 @@ def test_model_round_trips_through_json() -> None:
     )
     model = fit(data, replicates=10).model
     again = CostModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.n_values() == model.n_values() == [1, 2, 3]
     for n in again.n_values():
-        assert again.predict(2, n).to_dict() == model.predict(2, n).to_dict()
+        for policy in (Policy.always(n), Policy.threshold(2, n)):
+            assert again.predict(policy).to_dict() == model.predict(policy).to_dict()
+    assert again.predict(Policy.plain()).to_dict() == model.predict(Policy.plain()).to_dict()
     assert again.crossover().to_dict() == model.crossover().to_dict()
+
+
+def test_fit_quality_round_trips_through_json() -> None:
+    c = [1, 2, 4, 8]
+    data = synthetic(
+        lambda c: 10.0 + 2.0 * c, lambda c: 22.0 + 7.0 * c, truth_rates(3), repeats=2, noise=0.01
+    )
+    held = tuple(
+        LevelObs(Policy.threshold(2, 3), ci, (Repeat(1000 * ci / (10.0 + 2.0 * ci)),)) for ci in c
+    )
+    quality = fit(FitData(8, 3, data.levels + held), replicates=10).quality
+    assert len(quality.held_out) == len(c)
+    stored = json.loads(json.dumps(quality.as_dict()))
+    assert FitQuality.from_dict(stored) == quality
+    assert stored["worst_residual_pct"] == quality.worst_point.residual_pct
+    assert stored["worst_held_out_error_pct"] == quality.worst_held_out.residual_pct
+    # fits stored before the rename kept the held-out levels under "threshold_check"
+    legacy = {k: v for k, v in stored.items() if k != "held_out"} | {
+        "threshold_check": stored["held_out"]
+    }
+    assert FitQuality.from_dict(legacy).held_out == quality.held_out
 
 
 # --- invariants (hypothesis) ----------------------------------------------------------------
@@ -367,11 +445,17 @@ def test_threshold_row_is_spec_up_to_n_and_plain_above(
     model = _model(pa, pb, sa, sb, rates)
     c = model.levels
     for n in model.n_values():
-        row = model.policy_tps(c, max_slots, n)
+        row = model.policy_tps(c, Policy.of_max_slots(max_slots, n))
         spec, plain = model.spec_tps(c, n), model.plain_tps(c)
         limit = model.n_parallel if max_slots == 0 else max_slots
         assert np.array_equal(row[c <= limit], spec[c <= limit])
         assert np.array_equal(row[c > limit], plain[c > limit])
+    assert np.array_equal(model.policy_tps(c, Policy.plain()), model.plain_tps(c))
+    # n_max None is the profiled draft length
+    assert np.array_equal(
+        model.policy_tps(c, Policy.of_max_slots(max_slots)),
+        model.policy_tps(c, Policy.of_max_slots(max_slots, model.n_max)),
+    )
 
 
 @given(st.floats(1.0, 7.0), st.integers(1, 6))

@@ -116,7 +116,7 @@ def test_llama_server_killed_mid_level(tmp_path: Path) -> None:
 def test_llama_server_stops_answering_mid_level(tmp_path: Path) -> None:
     case = Case(tmp_path)
     # request_timeout_s bounds the silence between two streamed tokens.
-    args = profile_args("1,2", 96, "--set", "workload.request_timeout_s=3")
+    args = profile_args("1,2", 96, "--set", "workload.request_timeout_s=6")
     tuner = start_tuner(args, case.env)
     in_level(case, "plain", 2)
     before = snapshot(case.db)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.errors import ConfigError
+from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.importer import import_table, load_import
 from tuner.storage.orm import Level, Run
@@ -54,10 +55,19 @@ def test_seed_table_becomes_an_imported_run(store: Store) -> None:
         assert (run.n_parallel, run.n_max) == (8, 3)
         assert run.host is not None and "gfx1151" in run.host.name
         levels = {(lv.config, lv.concurrency): lv for lv in run.levels}
+        policies = {lv.policy for lv in run.levels}
     assert {cfg for cfg, _ in levels} == {"plain", "spec", "max-slots-2"}
     assert levels["plain", 8].max_slots is None
     assert levels["spec", 1].max_slots == 0
     assert levels["max-slots-2", 2].max_slots == 2
+    # Every row reads back as the policy it was measured under, at the table's n_max.
+    assert policies == {Policy.plain(), Policy.always(3), Policy.threshold(2, 3)}
+    rows = {row.label: row.policy for row in load_import(SEED).rows}
+    assert rows == {
+        "no MTP": Policy.plain(),
+        "MTP always": Policy.always(),
+        "max-slots 2": Policy.threshold(2),
+    }
     assert levels["max-slots-2", 2].tokens_per_second == 58.8
     assert levels["spec", 4].metrics["repeats"][0]["tokens_per_second"] == 64.8
     assert levels["spec", 4].metrics["label"] == "MTP always"

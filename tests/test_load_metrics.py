@@ -6,8 +6,8 @@ import pytest
 
 from tuner.measure import kernel, metrics
 from tuner.measure.load import RequestSample, summarize
-from tuner.measure.profiler import relative_mad
 from tuner.measure.spec import default_levels
+from tuner.measure.stats import relative_mad
 
 METRICS_BEFORE = """\
 # HELP llamacpp:tokens_predicted_total Number of generation tokens processed.

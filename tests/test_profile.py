@@ -66,7 +66,7 @@ def test_bench_profile_stores_everything_and_sees_the_crossover(
     spec_one = levels[("spec", 1)]
     rates = spec_one.metrics["accept_rates"]
     assert len(rates) == 6 and 2.5 < 1 + sum(rates) < 4.5
-    # The bench's contrast (+55 % / -20 % in BENCH.md): spec ahead at 1 stream, behind at 8.
+    # The bench's contrast (about +55 % / -20 %, README): spec ahead at 1 stream, behind at 8.
     contrasts = [_contrast(levels)]
     for attempt in range(EXTRA_PROFILES):
         if _shows_crossover(contrasts[-1]):
@@ -100,9 +100,18 @@ def _profile_1_and_8(base: Path) -> dict[tuple[str, int], Level]:
     base.mkdir()
     db_url = f"sqlite:///{base / 'tuner.db'}"
     subprocess.run(
-        tuner_cmd("profile", str(PROFILES / "bench-smollm2-cpu.toml"), "--levels", "1,8",
-                  "--set", "kernel.enabled=false"),
-        env=tuner_env(db_url, base / "cache"), capture_output=True, text=True, timeout=900,
+        tuner_cmd(
+            "profile",
+            str(PROFILES / "bench-smollm2-cpu.toml"),
+            "--levels",
+            "1,8",
+            "--set",
+            "kernel.enabled=false",
+        ),
+        env=tuner_env(db_url, base / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=900,
         check=True,
     )
     return _levels(Store(db_url), 1)

@@ -18,11 +18,18 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.decide import search
-from tuner.decide.recommend import choose, current_fit, fit_model, recommend, render
+from tuner.decide.choice import Choice, ReasonCode, choose
+from tuner.decide.recommend import recommend
+from tuner.decide.recommendation import ENV_MAX_SLOTS, OutputFormat, Recommendation
 from tuner.errors import NothingToDoError
-from tuner.model.costmodel import Acceptance, CostModel, Curve
+from tuner.model.acceptance import Acceptance
+from tuner.model.costmodel import VERSION, CostModel
+from tuner.model.curves import Curve
+from tuner.policy import Policy
+from tuner.storage import recommendations
 from tuner.storage.engine import Store
-from tuner.storage.orm import Fit, Recommendation
+from tuner.storage.fits import current_fit, fit_model
+from tuner.storage.orm import Fit, RecommendationRow
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
@@ -49,6 +56,11 @@ def seeded(db: str) -> str:
     return db
 
 
+def codes(reasons: list) -> list[ReasonCode]:
+    """The codes of reasons, as Reason values or as the JSON output's {"code", "text"}."""
+    return [ReasonCode(r["code"]) if isinstance(r, dict) else r.code for r in reasons]
+
+
 # --- the seed's must-show ---------------------------------------------------------------------
 
 
@@ -67,11 +79,15 @@ def test_seed_threshold_2_prediction_within_3_percent(seeded: str) -> None:
         lo <= p <= hi
         for lo, p, hi in zip(data["lower"], data["tokens_per_second"], data["upper"], strict=True)
     )
-    # The threshold row was not fitted: the fit reports it as a held-out check.
+    # The threshold row was not fitted: the fit reports it as held out, predicted not fitted.
     fit = json.loads(cli(seeded, "fit", "--model", SEED_MODEL, "--format", "json").stdout)
-    checks = fit["quality"]["threshold_check"]
+    checks = fit["quality"]["held_out"]
     assert [c["concurrency"] for c in checks] == SEED_LEVELS
-    assert max(abs(c["error_pct"]) for c in checks) < 3.0
+    assert {c["policy"] for c in checks} == {"N=2"}
+    assert {p["policy"] for p in fit["quality"]["points"]} == {"plain", "N=0"}
+    for check in checks:  # the residual is that of the prediction checked above
+        assert check["residual_pct"] == pytest.approx(100 * errors[check["concurrency"]])
+    assert max(abs(c["residual_pct"]) for c in checks) < 3.0
     assert fit["inputs"]["sources"] == ["imported"]
 
 
@@ -81,21 +97,31 @@ def test_seed_recommendation_is_2_or_3_with_the_reason(seeded: str) -> None:
     lines = result.stdout.splitlines()
     assert len(lines) == 1
     assert lines[0] in ("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2", "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=3")
-    assert "3 streams not measured" in result.stderr
-    assert "measure 3 streams next" in result.stderr
     data = json.loads(cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "json").stdout)
     assert data["max_slots"] in (2, 3)
+    assert f"{ENV_MAX_SLOTS}={data['max_slots']}" == lines[0]
+    # The reason: 3 streams were not measured and the data cannot decide them.
     assert data["measure_next"] == [3]
-    assert any("3 streams not measured" in r for r in data["reasons"])
-    assert "imported data" in data["host_note"]
+    found = codes(data["reasons"])
+    assert ReasonCode.UNMEASURED_LEVEL in found and ReasonCode.MEASURE_NEXT in found
+    # The imported data are from another host than this machine, and a reason says so.
+    assert ReasonCode.OTHER_HOST in found
+    assert "gfx1151" in data["host"] and "this-box" in data["host_note"]
+    # Without --explain the reasons go to stderr, every one of them.
+    for reason in data["reasons"]:
+        assert reason["text"] in result.stderr
 
 
 def test_seed_recommendation_explained_on_stdout(seeded: str) -> None:
     result = cli(seeded, "recommend", "--model", SEED_MODEL, "--explain")
     assert result.exit_code == 0
     assert result.stdout.splitlines()[0].startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
-    for word in ("plain", "spec", "chosen", "vs plain", "3 streams not measured"):
+    for word in ("plain", "spec", "chosen", "vs plain"):
         assert word in result.stdout
+    data = json.loads(cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "json").stdout)
+    assert ReasonCode.UNMEASURED_LEVEL in codes(data["reasons"])
+    for reason in data["reasons"]:
+        assert reason["text"] in result.stdout
     quiet = cli(seeded, "recommend", "--model", SEED_MODEL, "-q")
     assert quiet.stderr == "" and len(quiet.stdout.splitlines()) == 1
 
@@ -117,7 +143,11 @@ def test_output_formats(seeded: str, fmt: str, expected: str) -> None:
 
 def test_unknown_format_is_an_error(seeded: str) -> None:
     result = cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "yaml")
-    assert result.exit_code == 2 and "expected one of" in result.stderr
+    assert result.exit_code == 2 and "Invalid value for '--format'" in result.stderr
+    assert result.stdout == ""
+    for command in (("fit",), ("predict", "--max-slots", "2")):  # table or json only
+        wrong = cli(seeded, *command, "--model", SEED_MODEL, "--format", "env")
+        assert wrong.exit_code == 2 and "Invalid value for '--format'" in wrong.stderr
 
 
 # --- nothing to recommend from -------------------------------------------------------------
@@ -187,7 +217,7 @@ def test_bench_regimes_recommend_a_threshold_the_measurements_agree_with(
 ) -> None:
     store = Store(db)
     store_profile(store, levels=levels, n_max=n_max, kernel=[] if n_max == 3 else None)
-    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    report = recommend(store, "smollm2-bench", "bench-host", host_explicit=True)
     gains = measured_gain(levels)
     limit = 8 if report.max_slots == 0 else report.max_slots
     for c, g in gains.items():
@@ -200,14 +230,14 @@ def test_bench_regimes_recommend_a_threshold_the_measurements_agree_with(
 def test_recommendation_is_stored_with_its_fit_and_study(db: str) -> None:
     store = Store(db)
     store_profile(store)
-    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    report = recommend(store, "smollm2-bench", "bench-host", host_explicit=True)
     with store.session() as session:
-        row = session.get(Recommendation, report.id)
+        row = session.get(RecommendationRow, report.id)
         assert row.fit_id == report.fit_id and row.study_name == report.study_name
         assert row.max_slots == report.max_slots and row.n_max == 6
-        assert row.details["reasons"] == report.reasons
+        assert [r["code"] for r in row.details["reasons"]] == codes(report.reasons)
         fit = session.get(Fit, report.fit_id)
-        assert fit.version == "costmodel-1" and fit.form.startswith("plain=")
+        assert fit.version == VERSION and fit.form.startswith("plain=")
         assert fit.inputs["runs"] == [1] and len(fit.inputs["levels"]) == 8
         assert fit.inputs["kernel_rows"] == 32
         assert "points" in fit.quality and "worst_residual_pct" in fit.quality
@@ -216,6 +246,11 @@ def test_recommendation_is_stored_with_its_fit_and_study(db: str) -> None:
     study = optuna.load_study(study_name=report.study_name, storage=store.url)
     assert study.user_attrs["fit_id"] == report.fit_id
     assert len(study.trials) == 9  # N = 0..8, enumerated
+    # Read back, it is the same recommendation: policy, reasons (with their codes), table.
+    stored = recommendations.load(store, report.id)
+    assert stored is not None
+    assert stored.policy == report.policy and stored.reasons == report.reasons
+    assert stored.table == report.table and stored.measure_next == report.measure_next
 
 
 def test_fit_is_reused_until_the_data_changes(db: str) -> None:
@@ -236,9 +271,7 @@ def test_same_data_gives_the_same_answer(tmp_path: Path) -> None:
     for i in range(2):
         store = Store(f"sqlite:///{tmp_path / f'{i}.db'}")
         store_profile(store)
-        r = recommend(
-            store, "smollm2-bench", host="bench-host", host_explicit=True, tune_n_max=True
-        )
+        r = recommend(store, "smollm2-bench", "bench-host", host_explicit=True, tune_n_max=True)
         answers.append((r.max_slots, r.n_max, r.objective, r.reasons))
     assert answers[0] == answers[1]
 
@@ -255,7 +288,12 @@ def test_tune_n_max_prints_both_settings(db: str) -> None:
     shell = cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "--format", "shell")
     assert shell.stdout.count("\n") == 1 and "LLAMA_ARG_SPEC_DRAFT_N_MAX=" in shell.stdout
     # this-box has no data: the host falls back to the only one with data, and says so
-    assert "no measurements of smollm2-bench on this machine (this-box)" in shell.stderr
+    data = json.loads(
+        cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "--format", "json").stdout
+    )
+    assert data["host"] == "bench-host" and "this-box" in data["host_note"]
+    assert ReasonCode.OTHER_HOST in codes(data["reasons"])
+    assert data["host_note"] in shell.stderr
 
 
 def test_unreachable_single_stream_floor_is_an_error(db: str) -> None:
@@ -267,7 +305,7 @@ def test_unreachable_single_stream_floor_is_an_error(db: str) -> None:
 def test_weights_from_the_profile_shape_the_objective(db: str) -> None:
     store = Store(db)
     store_profile(store, weights={"1": 1.0})
-    report = recommend(store, "smollm2-bench", host="bench-host", host_explicit=True)
+    report = recommend(store, "smollm2-bench", "bench-host", host_explicit=True)
     # Only single-stream counts: every N drafts at 1 stream, so all tie; the smallest N the
     # measurements allow (spec measured ahead at 2, behind at 4) wins.
     assert report.max_slots == 2
@@ -318,61 +356,76 @@ def hand_model(spec_b: float, spread: float = 0.02, n_parallel: int = 8) -> Cost
     return model
 
 
-def choice_for(model: CostModel, gains: dict[int, float]):
+def choice_for(model: CostModel, gains: dict[int, float]) -> tuple[search.SearchResult, Choice]:
     weights = search.objective_weights(model.n_parallel)
     result = search.run_study(None, "hand", model, weights)
-    return result, choose(model, weights, result, gains)
+    return result, choose(model, result, gains)
 
 
 def test_within_uncertainty_the_smaller_n_wins_and_says_so() -> None:
     model = hand_model(5.3)  # spec 0.3 % ahead at 3 streams, 3 % behind at 4
     result, choice = choice_for(model, {1: 0.4, 2: 0.2, 4: -0.03, 8: -0.2})
-    assert result.best.max_slots == 3
-    assert choice.model_optimum == 3 and choice.max_slots == 2
-    assert any("preferring the smaller N" in r for r in choice.reasons)
+    assert result.best.policy.max_slots == 3
+    assert choice.model_optimum == 3 and choice.policy == Policy.threshold(2, n_max=1)
+    assert ReasonCode.WITHIN_UNCERTAINTY in codes(choice.reasons)
     assert choice.measure_next == [3]
+    assert ReasonCode.MEASURE_NEXT in codes(choice.reasons)
 
 
 def test_a_clear_gain_is_not_a_tie() -> None:
     model = hand_model(4.6, spread=0.001)  # crossover at 6.7 streams, +0.9 % at 6, -1.3 % at 7
     _, choice = choice_for(model, {1: 0.4, 2: 0.3, 4: 0.1, 8: -0.03})
-    assert choice.max_slots == choice.model_optimum == 6
+    assert choice.policy.max_slots == choice.model_optimum == 6
     assert choice.measure_next == []
-    assert not any("preferring the smaller N" in r for r in choice.reasons)
+    assert ReasonCode.WITHIN_UNCERTAINTY not in codes(choice.reasons)
+    assert ReasonCode.MEASURE_NEXT not in codes(choice.reasons)
 
 
 def test_measurements_bound_the_choice() -> None:
     model = hand_model(5.3, spread=0.0001)  # the model alone would say 3
     _, choice = choice_for(model, {1: 0.4, 2: -0.01, 4: -0.1, 8: -0.2})
-    assert choice.max_slots == 1
-    assert any("contradicts the measurements" in r for r in choice.reasons)
+    assert choice.model_optimum == 3 and choice.policy.max_slots == 1
+    assert ReasonCode.MEASUREMENTS_OVERRULE in codes(choice.reasons)
 
 
 def test_spec_ahead_everywhere_recommends_no_limit() -> None:
     _, choice = choice_for(hand_model(1.0, spread=0.0001), {1: 0.6, 8: 0.2})
-    assert choice.max_slots == 0
-    assert "N=0" in choice.reasons[0]
+    assert choice.policy.is_always
+    assert choice.reasons[0].code is ReasonCode.SPEC_EVERYWHERE
 
 
 def test_plain_ahead_everywhere_recommends_the_least_drafting() -> None:
     _, choice = choice_for(hand_model(40.0, spread=0.0001), {1: -0.3, 8: -0.8})
-    assert choice.max_slots == 1
-    assert "without drafting" in choice.reasons[0]
+    assert choice.policy.max_slots == 1
+    assert choice.reasons[0].code is ReasonCode.PLAIN_EVERYWHERE
 
 
-def test_render_rejects_unknown_formats(db: str) -> None:
+def test_every_output_format_renders_the_same_answer(db: str) -> None:
     store_profile(Store(db))
-    report = recommend(Store(db), "smollm2-bench", host="bench-host", host_explicit=True)
-    assert json.loads(render(report, "json"))["max_slots"] == report.max_slots
-    with pytest.raises(Exception, match="expected one of"):
-        render(report, "xml")
+    report = recommend(Store(db), "smollm2-bench", "bench-host", host_explicit=True)
+    n = str(report.max_slots)
+    rendered = {fmt: report.render(fmt) for fmt in OutputFormat}
+    assert len(set(rendered.values())) == len(OutputFormat)  # each format is its own
+    data = json.loads(rendered[OutputFormat.JSON])
+    assert data["max_slots"] == report.max_slots and data["env"] == {ENV_MAX_SLOTS: n}
+    assert codes(data["reasons"]) == codes(report.reasons)
+    assert all(set(r) == {"code", "text"} for r in data["reasons"])
+    assert rendered[OutputFormat.ENV] == report.env_line == f"{ENV_MAX_SLOTS}={n}"
+    assert rendered[OutputFormat.ARGS].split() == ["--spec-draft-max-slots", n]
+    for fmt in (OutputFormat.SHELL, OutputFormat.SYSTEMD):
+        assert rendered[fmt].endswith(f"{ENV_MAX_SLOTS}={n}")
+    # The JSON output reads back as the same recommendation.
+    again = Recommendation.from_stored(report.id, report.fit_id, report.max_slots, None, data)
+    assert again.policy == report.policy and again.reasons == report.reasons
+    with pytest.raises(ValueError, match="xml"):
+        OutputFormat("xml")
 
 
 def test_library_raises_nothing_to_do(db: str) -> None:
     with pytest.raises(NothingToDoError, match="tuner profile"):
-        recommend(Store(db), "absent")
+        recommend(Store(db), "absent", "this-box")
     with Store(db).session() as session:
-        assert session.scalars(select(Recommendation)).first() is None
+        assert session.scalars(select(RecommendationRow)).first() is None
 
 
 def test_fit_and_search_take_under_5_s_on_bench_data(db: str) -> None:
@@ -385,7 +438,7 @@ def test_fit_and_search_take_under_5_s_on_bench_data(db: str) -> None:
     recommend(
         store,
         "smollm2-bench",
-        host="bench-host",
+        "bench-host",
         host_explicit=True,
         tune_n_max=True,
         fit_id=stored.id,

@@ -18,20 +18,19 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
-from tuner.decide.recommend import current_fit, recommend
+from tuner.decide import validate
+from tuner.decide.recommend import recommend
+from tuner.decide.recommendation import Recommendation
 from tuner.errors import NothingToDoError
-from tuner.report.report import (
-    PNG_NAME,
-    SUMMARY_NAME,
-    SVG_NAME,
-    RecommendationInfo,
-    group_points,
-    points_gid,
-    report_data,
-    write_report,
-)
+from tuner.model.quality import PointFit
+from tuner.policy import Policy
+from tuner.report.figure import PNG_NAME, SVG_NAME, points_gid
+from tuner.report.series import group_points, report_data
+from tuner.report.writer import SUMMARY_NAME, write_report
+from tuner.storage import validations
 from tuner.storage.engine import Store
-from tuner.storage.orm import Run
+from tuner.storage.fits import current_fit
+from tuner.storage.orm import RecommendationRow, Run
 from tuner.storage.queries import LevelPoint, model_points
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +60,7 @@ def db(tmp_path: Path) -> str:
 @pytest.fixture
 def bench_store(db: str) -> Store:
     store = Store(db)
-    store_profile(store)
+    store_profile(store, host=BENCH_HOST)
     return store
 
 
@@ -82,13 +81,27 @@ def tree(root: Path, skip: str = "db") -> set[str]:
 def test_report_data_plots_the_cost_model_predictions(bench_store: Store) -> None:
     fit = current_fit(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
     cm = fit.model
-    rec = RecommendationInfo(id=1, max_slots=3, n_max=cm.n_max, fit_id=fit.id)
+    rec = Recommendation(
+        id=1,
+        model=BENCH_MODEL,
+        host=BENCH_HOST,
+        policy=Policy.threshold(3, cm.n_max),
+        fit_id=fit.id,
+    )
     points = model_points(bench_store, BENCH_MODEL)
     data = report_data(BENCH_MODEL, BENCH_HOST, fit.id, cm, rec, points)
+    assert data.recommendation is rec
 
-    for key, max_slots in (("plain", None), ("spec", 0), ("policy", 3)):
-        pred = cm.predict(max_slots, cm.n_max)
+    expected = {
+        "plain": Policy.plain(),
+        "spec": Policy.always(cm.n_max),
+        "policy": Policy.threshold(3, cm.n_max),
+    }
+    assert [c.key for c in data.curves] == list(expected)
+    for key, policy in expected.items():
+        pred = cm.predict(policy)
         curve = data.curve(key)
+        assert curve.policy == policy
         assert curve.concurrency == list(range(1, 9))
         assert curve.tokens_per_second == pytest.approx(pred.tokens_per_second, rel=1e-12)
         assert curve.lower == pytest.approx(pred.lower, rel=1e-12)
@@ -97,11 +110,15 @@ def test_report_data_plots_the_cost_model_predictions(bench_store: Store) -> Non
         assert per_stream.tokens_per_second == pytest.approx(
             [v / c for c, v in zip(pred.concurrency, pred.tokens_per_second, strict=True)]
         )
+        assert per_stream.upper == pytest.approx(
+            [v / c for c, v in zip(pred.concurrency, pred.upper, strict=True)]
+        )
     # the policy follows spec up to N and plain above it
     policy, spec, plain = data.curve("policy"), data.curve("spec"), data.curve("plain")
     assert policy.tokens_per_second[:3] == pytest.approx(spec.tokens_per_second[:3])
     assert policy.tokens_per_second[3:] == pytest.approx(plain.tokens_per_second[3:])
     assert "N=3" in policy.label
+    assert policy.tokens_per_second[2] != pytest.approx(plain.tokens_per_second[2])
 
     cross = cm.crossover()
     assert data.crossover == cross
@@ -113,21 +130,46 @@ def test_report_data_plots_the_cost_model_predictions(bench_store: Store) -> Non
     measured_plain = data.point_series("measured plain")
     measured_spec = data.point_series("measured N=0")
     assert measured_plain is not None and measured_spec is not None
+    assert measured_plain.policy == Policy.plain()
+    assert measured_spec.policy == Policy.always()
+    assert not measured_plain.validation and not measured_spec.validation
     assert measured_plain.concurrency == [1, 2, 4, 8]
     assert measured_plain.tokens_per_second == pytest.approx(
-        [medians[("plain", c)] for c in (1, 2, 4, 8)]
+        [medians[("plain", c)] for c in (1, 2, 4, 8)], rel=1e-3
     )
     assert measured_spec.tokens_per_second == pytest.approx(
-        [medians[("spec", c)] for c in (1, 2, 4, 8)]
+        [medians[("spec", c)] for c in (1, 2, 4, 8)], rel=1e-3
     )
     assert data.point_series("validation N=0") is None
 
 
-def _point(run_id: int, config: str, max_slots: int | None, c: int, tps: float, spread):
+def test_a_recommended_n_max_outside_the_fit_falls_back_to_the_profiled_one(
+    bench_store: Store,
+) -> None:
+    fit = current_fit(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    cm = fit.model
+    unknown = max(cm.n_values()) + 5
+    rec = Recommendation(
+        id=1,
+        model=BENCH_MODEL,
+        host=BENCH_HOST,
+        policy=Policy.threshold(2, unknown),
+        fit_id=fit.id,
+    )
+    data = report_data(BENCH_MODEL, BENCH_HOST, fit.id, cm, rec, [])
+    curve = data.curve("policy")
+    assert curve.policy == Policy.threshold(2, cm.n_max)
+    assert curve.tokens_per_second == pytest.approx(
+        cm.predict(Policy.threshold(2, cm.n_max)).tokens_per_second
+    )
+    assert data.points == []
+
+
+def _point(run_id: int, policy: Policy | None, c: int, tps: float, spread) -> LevelPoint:
     return LevelPoint(
         run_id=run_id,
-        config=config,
-        max_slots=max_slots,
+        config=policy.config_name if policy is not None else "label-from-attach",
+        policy=policy,
         n_max=3,
         concurrency=c,
         status="completed",
@@ -144,13 +186,13 @@ def _point(run_id: int, config: str, max_slots: int | None, c: int, tps: float, 
 
 def test_points_are_grouped_by_candidate_with_spread_error_bars() -> None:
     points = [
-        _point(1, "plain", None, 2, 100.0, 0.05),
-        _point(1, "plain", None, 1, 60.0, None),
-        _point(1, "spec", 0, 1, 90.0, 0.1),
-        _point(1, "max-slots-2", 2, 4, 120.0, 0.02),
-        _point(1, "label-from-attach", None, 1, 50.0, 0.0),  # not a policy: left out
-        _point(7, "max-slots-2", 2, 2, 110.0, 0.01),  # a validation run
-        _point(7, "plain", None, 2, 101.0, 0.0),
+        _point(1, Policy.plain(), 2, 100.0, 0.05),
+        _point(1, Policy.plain(), 1, 60.0, None),
+        _point(1, Policy.always(3), 1, 90.0, 0.1),
+        _point(1, Policy.threshold(2, 3), 4, 120.0, 0.02),
+        _point(1, None, 1, 50.0, 0.0),  # an attached server, not a policy: left out
+        _point(7, Policy.threshold(2, 3), 2, 110.0, 0.01),  # a validation run
+        _point(7, Policy.plain(), 2, 101.0, 0.0),
     ]
     groups = {g.key: g for g in group_points(points, validation_runs=[7])}
     assert list(groups) == [
@@ -161,13 +203,30 @@ def test_points_are_grouped_by_candidate_with_spread_error_bars() -> None:
         "validation N=2",
     ]
     plain = groups["measured plain"]
+    assert plain.policy == Policy.plain()
     assert plain.concurrency == [1, 2]  # sorted by concurrency
+    assert plain.tokens_per_second == pytest.approx([60.0, 100.0])
     assert plain.error == pytest.approx([0.0, 5.0])  # spread x value
     assert plain.per_stream().tokens_per_second == pytest.approx([60.0, 50.0])
     assert plain.per_stream().error == pytest.approx([0.0, 2.5])
     assert groups["measured N=0"].error == pytest.approx([9.0])
-    assert groups["validation N=2"].validation and groups["validation N=2"].run_ids == (7,)
+    assert groups["measured N=0"].policy.is_always
+    assert groups["measured N=2"].policy == Policy.threshold(2)  # n_max is not part of the group
+    validation = groups["validation N=2"]
+    assert validation.validation and validation.run_ids == (7,)
+    assert validation.tokens_per_second == pytest.approx([110.0])
+    assert "run 7" in validation.label
+    assert not groups["measured N=2"].validation
     assert points_gid("validation N=2") == "points-validation-N2"
+
+
+def test_failed_and_empty_levels_are_not_drawn() -> None:
+    failed = _point(1, Policy.plain(), 4, 100.0, 0.0)
+    failed = LevelPoint(**{**failed.__dict__, "status": "failed"})
+    empty = _point(1, Policy.plain(), 8, 0.0, None)
+    kept = _point(1, Policy.plain(), 1, 60.0, None)
+    (group,) = group_points([failed, empty, kept])
+    assert group.concurrency == [1]
 
 
 # --- the files --------------------------------------------------------------------------------
@@ -196,6 +255,40 @@ def _assert_affine(pixels: list[float], values: list[float]) -> None:
     scale = (p1 - p0) / (v1 - v0)
     for p, v in zip(pixels, values, strict=True):
         assert p == pytest.approx(p0 + scale * (v - v0), abs=0.02)
+
+
+def _section(summary: str, title: str) -> str:
+    """The body of the summary's "## title..." section (up to the next "## ")."""
+    match = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## |\Z)", summary, re.M | re.S)
+    assert match is not None, f"no section {title!r} in:\n{summary}"
+    return match.group(1)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The cells of every Markdown table row in text (header and rule rows included)."""
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
+
+
+def _assert_point_rows(section: str, points: list[PointFit], held_out: bool) -> None:
+    """Every point is a row of the fit-quality table: policy, streams, measured and predicted
+    tok/s as the fit stored them."""
+    rows = _table_rows(section)
+    for p in points:
+        name = p.policy.config_name + (" (held out)" if held_out else "")
+        wanted = [name, str(p.concurrency), f"{p.measured_tps:.1f}", f"{p.predicted_tps:.1f}"]
+        assert any(row[:4] == wanted for row in rows), (wanted, rows)
+
+
+def _assert_worst_residual(section: str, worst: PointFit) -> None:
+    """The worst fitted residual is named with its value, policy and level."""
+    (line,) = [ln for ln in section.splitlines() if ln.lower().startswith("worst residual")]
+    assert f"{worst.residual_pct:+.1f}%" in line
+    assert worst.policy.config_name in line
+    assert f"{worst.concurrency} stream" in line
 
 
 def test_bench_report_files_from_the_cli(
@@ -227,22 +320,25 @@ def test_bench_report_files_from_the_cli(
     fit = current_fit(Store(db), BENCH_MODEL, BENCH_HOST, host_explicit=True)
     cm = fit.model
     with Store(db).session() as session:
-        from tuner.storage.orm import Recommendation
-
-        rec = session.scalars(select(Recommendation)).one()  # made by the report, stored
+        rec = session.scalars(select(RecommendationRow)).one()  # made by the report, stored
         assert rec.fit_id == fit.id
-        n = rec.max_slots
+        n, rec_n_max = rec.max_slots, rec.n_max
     assert n == 2  # the bench's recommendation (tests/test_recommend.py)
+    assert rec_n_max in (None, cm.n_max)
 
     groups = _svg_groups(out / SVG_NAME)
     for gid in ("curve-plain", "curve-spec", "curve-policy", "crossover"):
         assert gid in groups and f"{gid}-per-stream" in groups
-    for key, max_slots in (("plain", None), ("spec", 0), ("policy", n)):
+    for key, policy in (
+        ("plain", Policy.plain()),
+        ("spec", Policy.always(cm.n_max)),
+        ("policy", Policy.threshold(n, cm.n_max)),
+    ):
+        values = cm.predict(policy).tokens_per_second
         vertices = _path_points(groups[f"curve-{key}"])
         assert len(vertices) == cm.n_parallel
-        _assert_affine([y for _, y in vertices], cm.predict(max_slots).tokens_per_second)
+        _assert_affine([y for _, y in vertices], values)
         per_stream = _path_points(groups[f"curve-{key}-per-stream"])
-        values = cm.predict(max_slots).tokens_per_second
         _assert_affine([y for _, y in per_stream], [v / (i + 1) for i, v in enumerate(values)])
     assert _marker_count(groups[points_gid("measured plain")]) == 4
     assert _marker_count(groups[points_gid("measured N=0")]) == 4
@@ -254,14 +350,18 @@ def test_bench_report_files_from_the_cli(
     summary = (out / SUMMARY_NAME).read_text()
     assert "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2" in summary
     assert "## Recommendation: N=2" in summary
-    assert "- name: bench-host" in summary
-    assert "- name: smollm2-bench" in summary
-    assert "`bbbbbbbbbbbb...`" in summary  # the build's sha256 prefix
-    assert "kernel rows (llama-batched-bench): 32" in summary
-    worst = fit.quality["worst_residual_pct"]
-    assert f"**Worst residual: {worst:+.1f}%**" in summary
-    for p in fit.quality["points"]:
-        assert f"| {p['config']} | {p['concurrency']} | {p['measured_tps']:.1f} |" in summary
+    assert "made by this report" in _section(summary, "Recommendation")
+    assert "- name: bench-host" in _section(summary, "Host")
+    assert "- name: smollm2-bench" in _section(summary, "Model")
+    assert "`bbbbbbbbbbbb...`" in _section(summary, "Build")  # the build's sha256 prefix
+    assert "kernel rows (llama-batched-bench): 32" in _section(summary, "Data used")
+
+    quality = _section(summary, "Fit quality")
+    _assert_worst_residual(quality, fit.quality.worst_point)
+    assert f"rms {fit.quality.rms_residual_pct:.1f}%" in quality
+    assert len(fit.quality.points) == 8  # plain and spec at 1, 2, 4, 8 streams
+    _assert_point_rows(quality, fit.quality.points, held_out=False)
+    assert fit.quality.held_out == [] and "held out" not in quality  # no threshold levels
     assert "no validation yet (run `tuner validate --model smollm2-bench`)" in summary
 
     # a second report reuses the stored recommendation and writes the same figure
@@ -269,7 +369,11 @@ def test_bench_report_files_from_the_cli(
     again = cli(db, "report", "--model", BENCH_MODEL, "--host", BENCH_HOST, "--out", "out/r")
     assert again.exit_code == 0, again.output
     assert (out / SVG_NAME).read_bytes() == svg_first
-    assert "stored recommendation" in (out / SUMMARY_NAME).read_text()
+    second = (out / SUMMARY_NAME).read_text()
+    assert f"stored recommendation {rec.id}" in second
+    assert "made by this report" not in second
+    with Store(db).session() as session:
+        assert len(session.scalars(select(RecommendationRow)).all()) == 1
     assert tree(tmp_path) - before == new
 
 
@@ -318,8 +422,18 @@ def test_seed_report_from_the_imported_table(
     assert f"- name: {SEED_HOST}" in summary
     assert "Qwen3.8-Flash-Next ROCmFP4-FAST with its MTP head" in summary
     assert "llama.cpp with --spec-draft-max-slots (PR #151)" in summary
-    assert "max-slots-2 (held out)" in summary
-    assert f"**Worst residual: {fit.quality['worst_residual_pct']:+.1f}%**" in summary
+
+    quality = _section(summary, "Fit quality")
+    _assert_worst_residual(quality, fit.quality.worst_point)
+    _assert_point_rows(quality, fit.quality.points, held_out=False)
+    # the table's threshold levels are predicted, not fitted: shown as held-out rows
+    assert fit.quality.held_out and all(p.policy.max_slots == 2 for p in fit.quality.held_out)
+    _assert_point_rows(quality, fit.quality.held_out, held_out=True)
+    worst_held = fit.quality.worst_held_out
+    assert worst_held is not None
+    (held_line,) = [ln for ln in quality.splitlines() if "worst error" in ln]
+    assert f"{worst_held.residual_pct:+.1f}%" in held_line
+
     assert "Measure next: 3 streams" in summary  # the seed did not measure 3 streams
     assert "no validation yet" in summary
 
@@ -327,37 +441,39 @@ def test_seed_report_from_the_imported_table(
 # --- with a validation run --------------------------------------------------------------------
 
 
-def _store_validation(store: Store, fit_id: int, recommended: int) -> int:
-    """A completed validate run: plain, N=0 and N-1..N+1 at 1, 2, 3, 4, 8 streams, each within
-    a few % of the fit's prediction (stored like the profiler stores it)."""
-    cm = current_fit(store, BENCH_MODEL, fit_id=fit_id).model
+def _store_validation(store: Store, rec: Recommendation) -> int:
+    """A completed validate run checking rec: plain, N=0 and N-1..N+1 at 1, 2, 3, 4, 8 streams,
+    each within a few % of the fit's prediction (stored like the profiler stores it, and naming
+    the recommendation it checks, as `tuner validate` does)."""
+    cm = current_fit(store, BENCH_MODEL, fit_id=rec.fit_id).model
     levels: list[tuple[str, int, list[Rep]]] = []
     wobble = iter([1.02, 0.97, 1.01, 0.99, 1.03] * 10)
-    for max_slots in (None, 0, recommended - 1, recommended, recommended + 1):
-        config = {None: "plain", 0: "spec"}.get(max_slots, f"max-slots-{max_slots}")
+    n = rec.max_slots
+    policies = [Policy.plain(), Policy.always(), *(Policy.threshold(k) for k in (n - 1, n, n + 1))]
+    for policy in policies:
         for c in (1, 2, 3, 4, 8):
-            tps = float(cm.policy_tps([c], max_slots)[0]) * next(wobble)
-            drafting = max_slots is not None and (max_slots == 0 or c <= max_slots)
-            length = 3.4 if drafting else 1.0
+            tps = float(cm.policy_tps([c], policy)[0]) * next(wobble)
+            length = 3.4 if policy.drafts_at(c) else 1.0
             rep: Rep = (tps, length, 1000.0 * c * length / tps, 0, [])
-            levels.append((config, c, [rep, rep]))
-    run_id = store_profile(store, levels=levels, kernel=[])
+            levels.append((policy.config_name, c, [rep, rep]))
+    run_id = store_profile(store, host=BENCH_HOST, levels=levels, kernel=[])
     with store.session() as session:
         run = session.get(Run, run_id)
         run.kind = "validate"
         run.spec_name = "bench-validate"
+    validations.record_checked(store, run_id, rec)
     return run_id
 
 
 def test_report_shows_the_validation(
     bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner.decide import validate
-
-    rec = recommend(bench_store, BENCH_MODEL, host=BENCH_HOST, host_explicit=True)
-    run_id = _store_validation(bench_store, rec.fit_id, rec.max_slots)
-    assert validate.latest_validation(bench_store, BENCH_MODEL) == run_id
+    rec = recommend(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    assert rec.max_slots == 2
+    run_id = _store_validation(bench_store, rec)
+    assert validations.latest_validation(bench_store, BENCH_MODEL, BENCH_HOST) == run_id
     expected = validate.analyse(bench_store, run_id, BENCH_MODEL)
+    assert expected.regret_pct is not None and expected.worst_abs_error_pct is not None
 
     monkeypatch.chdir(tmp_path)
     files = write_report(bench_store, BENCH_MODEL, tmp_path / "val", BENCH_HOST, host_explicit=True)
@@ -368,12 +484,56 @@ def test_report_shows_the_validation(
         assert _marker_count(groups[points_gid(f"validation {label}")]) == 5, label
 
     summary = files.summary.read_text()
-    assert f"Validation run {run_id} (it checked N={rec.max_slots})" in summary
-    assert f"regret of the recommendation: {expected.regret_pct:.1f}%" in summary
-    assert f"worst |error| {expected.worst_abs_error_pct:.1f}%" in summary
-    for name, value in expected.weighted.items():
-        assert f"{value:.1f}" in summary, name
+    section = _section(summary, "Validation")
+    assert f"Validation run {run_id} (it checked N={rec.max_slots})" in section
+    assert f"regret of the recommendation: {expected.regret_pct:.1f}%" in section
+    assert f"worst |error| {expected.worst_abs_error_pct:.1f}%" in section
+    # one row per measured policy, with its workload-weighted tok/s; the checked N is marked
+    rows = {row[0].split(" (")[0]: row for row in _table_rows(section)}
+    for policy, value in expected.weighted.items():
+        assert rows[policy.label][1] == f"{value:.1f}", policy
+    assert "recommended" in rows[f"N={rec.max_slots}"][0]
     assert "no validation yet" not in summary
+
+    # the validation's points feed the fit: the report shows the recommendation that stands for
+    # the refit (made and stored now), not the one the validation checked
+    fit = current_fit(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    assert run_id in fit.inputs["runs"] and fit.id != rec.fit_id
+    shown = files.recommendation
+    assert shown.fit_id == fit.id and shown.made_now
+    assert f"## Recommendation: N={shown.max_slots}" in summary
+    assert shown.env_line in _section(summary, "Recommendation")
+    # ...and the Validation section names it as what stands after the validation
+    standing = f"{shown.env_line} " + (
+        f"now stands: validation changed the recommendation from N={rec.max_slots}"
+        if shown.max_slots != rec.max_slots
+        else "stands after validation (unchanged)"
+    )
+    assert standing in section
+
+
+def test_a_validation_on_another_host_is_named_not_shown(
+    bench_store: Store, tmp_path: Path
+) -> None:
+    rec = recommend(bench_store, BENCH_MODEL, BENCH_HOST, host_explicit=True)
+    # the same data measured on a second host, and a validation run there
+    store_profile(bench_store, host="other-host")
+    other_rec = recommend(bench_store, BENCH_MODEL, "other-host", host_explicit=True)
+    levels = [(Policy.plain().config_name, 1, [(70.0, 1.0, 14.0, 0, [])])]
+    run_id = store_profile(bench_store, host="other-host", levels=levels, kernel=[])
+    with bench_store.session() as session:
+        session.get(Run, run_id).kind = "validate"
+    validations.record_checked(bench_store, run_id, other_rec)
+    assert validations.latest_validation(bench_store, BENCH_MODEL, BENCH_HOST) is None
+
+    files = write_report(bench_store, BENCH_MODEL, tmp_path / "r", BENCH_HOST, host_explicit=True)
+    section = _section(files.summary.read_text(), "Validation")
+    assert f"no validation on {BENCH_HOST} yet" in section
+    assert f"run {run_id}" in section and "other-host" in section
+    assert "Validation run" not in section
+    # bench-host's fit and stored recommendation are untouched by the other host's runs
+    assert files.recommendation.id == rec.id and not files.recommendation.made_now
+    assert points_gid("validation plain") not in _svg_groups(files.svg)
 
 
 # --- errors -----------------------------------------------------------------------------------

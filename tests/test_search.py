@@ -12,19 +12,31 @@ from sqlalchemy import inspect
 
 from tuner.decide import search
 from tuner.decide.recommend import current_fit
-from tuner.model.costmodel import Acceptance, CostModel, Curve
+from tuner.model.acceptance import Acceptance
+from tuner.model.costmodel import CostModel
+from tuner.model.curves import Curve
+from tuner.policy import Policy
 from tuner.storage.engine import Store
 
 
-def crossing_model(n_parallel: int = 8, n_max: int = 4, draft: float = 30.0) -> CostModel:
-    """plain steps 10 + 0.9c ms; the profiled spec step 14 + draft*c; acceptance 0.8^i."""
+def crossing_model(
+    n_parallel: int = 8, n_max: int = 4, draft: float = 30.0, replicates: int = 0
+) -> CostModel:
+    """plain steps 10 + 0.9c ms; the profiled spec step 14 + draft*c; acceptance 0.8^i.
+
+    With replicates: bootstrap-like replicates whose slopes spread a few % around those.
+    """
     rates = tuple(0.8**i for i in range(1, n_max + 1))
+    spread = np.linspace(-0.05, 0.05, replicates)
     return CostModel(
         n_parallel,
         n_max,
         Curve("linear", (10.0, 0.9)),
         Curve("linear", (14.0, draft)),
         Acceptance(n_max, 1.0 + sum(rates), rates, "measured"),
+        replicates=[
+            {"plain": [10.0, 0.9 * (1 + d)], "spec": [14.0, draft * (1 - d)]} for d in spread
+        ],
     )
 
 
@@ -52,8 +64,11 @@ def test_brute_force_study_finds_the_enumerated_optimum(store: Store, tune: bool
     result = search.run_study(store.url, f"t-{tune}", model, weights, tune_n_max=tune, seed=3)
     assert result.sampler == "BruteForceSampler"
     assert result.trials == search.space_size(model.n_parallel, n_values)
-    assert (result.best.max_slots, result.best.n_max) == (expected.max_slots, expected.n_max)
+    assert result.best.policy == expected.policy
+    assert result.best.policy.n_max in n_values  # explicit, also when n_max is not tuned
     assert result.best.value == pytest.approx(expected.value)
+    # the enumerated space and the study's trials are the same evaluations
+    assert result.candidates == search.enumerate_space(model, weights, n_values)
 
 
 def test_study_lives_in_the_same_database_and_resumes(store: Store) -> None:
@@ -83,13 +98,16 @@ def test_interrupted_study_finishes_the_rest(store: Store) -> None:
 
     def objective(trial: optuna.Trial) -> float:
         n = trial.suggest_int(search.MAX_SLOTS_PARAM, 0, model.n_parallel)
-        trial.set_user_attr("single_stream_tps", search.single_stream(model, n, None))
-        return search.policy_objective(model, n, None, weights)
+        found = search.evaluate(model, Policy.of_max_slots(n, model.n_max), weights)
+        for key, value in found.attrs().items():
+            trial.set_user_attr(key, value)
+        return found.value
 
     partial.optimize(objective, n_trials=4)
     result = search.run_study(store.url, "half", model, weights)
     assert result.new_trials == model.n_parallel + 1 - 4
     assert result.trials == model.n_parallel + 1
+    assert sorted(result.row(model.n_max)) == list(range(model.n_parallel + 1))
 
 
 def test_same_data_same_answer(tmp_path: Path) -> None:
@@ -117,23 +135,33 @@ def test_tpe_budget_reaches_the_enumerated_optimum_on_a_larger_space(seed: int) 
     )
     result = search.run_study(None, f"tpe-{seed}", model, weights, tune_n_max=True, seed=seed)
     assert result.sampler == "TPESampler"
-    assert result.trials == search.TPE_TRIALS
+    # the TPE budget, then the N it left out at the best n_max
+    assert search.TPE_TRIALS <= result.trials == result.new_trials
+    assert result.trials < search.TPE_TRIALS + model.n_parallel + 1
     assert result.best.value == pytest.approx(expected.value, rel=1e-12)
-    assert (result.best.max_slots, result.best.n_max) == (expected.max_slots, expected.n_max)
+    assert result.best.policy == expected.policy
 
 
 def test_single_stream_floor_constrains_n_max() -> None:
     model = crossing_model(n_max=6, draft=12.0)
     weights = search.objective_weights(model.n_parallel)
     free = search.run_study(None, "free", model, weights, tune_n_max=True)
-    singles = {n: search.single_stream(model, 1, n) for n in model.n_values()}
-    floor = singles[free.best.n_max] + 1e-6  # the unconstrained choice falls just short
+    singles = {
+        n: search.evaluate(model, Policy.threshold(1, n), weights).single_stream
+        for n in model.n_values()
+    }
+    assert singles[free.best.policy.n_max] == free.best.single_stream
+    floor = singles[free.best.policy.n_max] + 1e-6  # the unconstrained choice falls just short
     assert any(v >= floor for v in singles.values())
     bound = search.run_study(
         None, "bound", model, weights, tune_n_max=True, min_single_stream=floor
     )
     assert bound.best.feasible and bound.best.single_stream >= floor
-    assert bound.best.n_max != free.best.n_max
+    assert bound.best.policy.n_max != free.best.policy.n_max
+    assert bound.best.value < free.best.value  # the floor costs throughput
+    # every candidate's feasibility is the floor applied to its own single-stream tok/s
+    assert {c.feasible for c in bound.candidates} == {True, False}
+    assert all(c.feasible == (c.single_stream >= floor) for c in bound.candidates)
     with pytest.raises(ValueError, match="floor"):
         search.run_study(
             None,
@@ -148,12 +176,149 @@ def test_single_stream_floor_constrains_n_max() -> None:
 def test_objective_is_the_weighted_sum_of_the_policy_row() -> None:
     model = crossing_model()
     weights = search.objective_weights(8, {"1": 1.0, "8": 1.0})
-    for n in range(0, 9):
-        row = model.policy_tps(model.levels, n)
-        assert search.policy_objective(model, n, None, weights) == pytest.approx(
-            0.5 * row[0] + 0.5 * row[7]
-        )
-    assert np.isclose(
-        search.policy_objective(model, 0, None, weights),
-        search.policy_objective(model, 8, None, weights),
+    spec, plain = model.spec_tps([1, 8]), model.plain_tps([1, 8])
+    for N in range(0, 9):
+        at_8 = spec[1] if N in (0, 8) else plain[1]  # drafting at 8 streams: N=0 and N=8 only
+        expected = 0.5 * spec[0] + 0.5 * at_8
+        objective = search.policy_objective(model, Policy.of_max_slots(N), weights)
+        assert objective == pytest.approx(expected)
+    plain_objective = search.policy_objective(model, Policy.plain(), weights)
+    assert plain_objective == pytest.approx(0.5 * plain[0] + 0.5 * plain[1])
+    assert search.policy_objective(model, Policy.always(), weights) == search.policy_objective(
+        model, Policy.threshold(8), weights
     )
+
+
+def test_evaluate_spreads_the_objective_over_the_replicates() -> None:
+    model = crossing_model(replicates=5)
+    weights = search.objective_weights(model.n_parallel)
+    policy = Policy.threshold(2, 3)
+    found = search.evaluate(model, policy, weights)
+    assert found.policy == policy
+
+    c = np.arange(1, 9, dtype=float)
+
+    def objective(plain_slope: float, spec_slope: float) -> float:
+        """Uniform objective of N=2 at n_max 3 from the step curves: without kernel rows the
+        step at n = 3 of a profiled 4 is plain + 3/4 of the way to the profiled spec step."""
+        plain_step = 10.0 + plain_slope * c
+        step_3 = plain_step + 0.75 * (14.0 + spec_slope * c - plain_step)
+        tps = np.where(
+            c <= 2, 1000 * c * model.acceptance.length(3) / step_3, 1000 * c / plain_step
+        )
+        return float(tps.mean())
+
+    assert found.value == pytest.approx(objective(0.9, 30.0))
+    spread = np.linspace(-0.05, 0.05, 5)
+    assert found.samples == pytest.approx(
+        [objective(0.9 * (1 + d), 30.0 * (1 - d)) for d in spread]
+    )
+    assert len(set(found.samples)) == 5  # one per replicate, each its own
+    assert min(found.samples) < found.value < max(found.samples)
+    single = 1000 * model.acceptance.length(3) / (10.9 + 0.75 * (44.0 - 10.9))
+    assert found.single_stream == pytest.approx(single)  # N=2 drafts at 1 stream
+    assert search.evaluate(model, policy, weights, floor=found.single_stream).feasible
+    assert not search.evaluate(model, policy, weights, floor=found.single_stream + 1e-6).feasible
+    # without replicates the spread is the point estimate alone
+    bare = search.evaluate(crossing_model(), policy, weights)
+    assert bare.samples == (bare.value,)
+
+
+@pytest.mark.parametrize(
+    "preferred, other",
+    [
+        (Policy.always(4), Policy.threshold(8, 4)),  # the server default over its twin
+        (Policy.threshold(2, 4), Policy.threshold(3, 4)),  # smaller N
+        (Policy.threshold(2, 4), Policy.threshold(2, 3)),  # the profiled n_max
+        (Policy.threshold(2, 3), Policy.threshold(2, 2)),  # then the larger n_max
+    ],
+)
+def test_ties_go_to_the_preferred_policy(preferred: Policy, other: Policy) -> None:
+    tie = [
+        search.Evaluation(other, 100.0, (100.0,), 10.0, True),
+        search.Evaluation(preferred, 100.0, (100.0,), 10.0, True),
+    ]
+    assert search.best_candidate(tie, 8, 4).policy == preferred
+    assert search.best_candidate(tie[::-1], 8, 4).policy == preferred
+    # a strictly higher objective beats any preference
+    ahead = search.Evaluation(other, 100.001, (100.0,), 10.0, True)
+    assert search.best_candidate([tie[1], ahead], 8, 4).policy == other
+
+
+def test_choice_reads_only_the_studys_trials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a TPE search the whole row of N at the best n_max is in the study, and the result's
+    evaluations are its trials: what `evaluate` gives, read back from the trials' attributes."""
+    model = crossing_model(n_parallel=64, n_max=16, replicates=3)
+    weights = search.objective_weights(model.n_parallel)
+    assert search.space_size(64, model.n_values()) > search.BRUTE_FORCE_LIMIT
+    studies: list[optuna.Study] = []
+    create_study = optuna.create_study
+
+    def keep(*args: object, **kwargs: object) -> optuna.Study:
+        studies.append(create_study(*args, **kwargs))
+        return studies[-1]
+
+    monkeypatch.setattr(optuna, "create_study", keep)
+    result = search.run_study(None, "row", model, weights, tune_n_max=True, seed=0)
+    assert result.sampler == "TPESampler"
+    (study,) = studies
+    trials = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
+    assert len(trials) == result.trials
+
+    n_best = result.best.policy.n_max
+    assert n_best is not None
+    row = result.row(n_best)
+    assert sorted(row) == list(range(model.n_parallel + 1))
+    # TPE left some N out there; exactly those were enqueued after it, into the same study
+    sampled = {
+        t.params[search.MAX_SLOTS_PARAM]
+        for t in trials[: search.TPE_TRIALS]
+        if t.params[search.N_MAX_PARAM] == n_best
+    }
+    enqueued = [
+        (t.params[search.MAX_SLOTS_PARAM], t.params[search.N_MAX_PARAM])
+        for t in trials[search.TPE_TRIALS :]
+    ]
+    assert sampled != set(row)
+    assert sorted(enqueued) == [(N, n_best) for N in sorted(set(row) - sampled)]
+
+    # one evaluation per point the study tried, each equal to the evaluator's own
+    tried = {(t.params[search.MAX_SLOTS_PARAM], t.params[search.N_MAX_PARAM]) for t in trials}
+    assert {(c.policy.max_slots, c.policy.n_max) for c in result.candidates} == tried
+    assert len(result.candidates) < search.space_size(64, model.n_values())
+    for c in result.candidates:
+        assert c == search.evaluate(model, c.policy, weights)
+        assert len(c.samples) == 3
+    # and the best is the best of them, row included
+    assert result.best == search.best_candidate(result.candidates, 64, 16)
+
+
+def test_a_resumed_study_answers_from_its_trials(store: Store) -> None:
+    """A rerun reads the stored trials back, it does not evaluate the model again."""
+    model = crossing_model(replicates=4)
+    weights = search.objective_weights(model.n_parallel)
+    first = search.run_study(store.url, "stored", model, weights, tune_n_max=True)
+    assert first.candidates == search.enumerate_space(model, weights, model.n_values())
+    other = crossing_model(draft=3.0, replicates=4)  # a model whose answer differs
+    assert search.enumerate_space(other, weights, model.n_values()) != first.candidates
+    again = search.run_study(store.url, "stored", other, weights, tune_n_max=True)
+    assert again.new_trials == 0
+    assert again.candidates == first.candidates
+    assert again.best == first.best
+
+
+def test_the_best_includes_the_row_filled_after_a_small_tpe_budget(store: Store) -> None:
+    """With a budget small enough that TPE misses the top N at its best n_max, the row it enqueues
+    holds that N: the best (and a resumed run's best) must be it."""
+    model = crossing_model(n_parallel=64, n_max=16)
+    weights = search.objective_weights(model.n_parallel)
+    expected = search.best_candidate(
+        search.enumerate_space(model, weights, model.n_values()), 64, 16
+    )
+    first = search.run_study(store.url, "small", model, weights, tune_n_max=True, tpe_trials=40)
+    assert first.sampler == "TPESampler"
+    assert first.row(expected.policy.n_max)[expected.policy.max_slots] == expected
+    again = search.run_study(store.url, "small", model, weights, tune_n_max=True, tpe_trials=40)
+    assert again.new_trials == 0
+    assert first.best == search.best_candidate(first.candidates, 64, 16)
+    assert again.best == first.best

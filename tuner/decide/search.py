@@ -9,8 +9,13 @@ single-stream tok/s (a constraint: trials below it are infeasible, not optimal).
 
 The space is small ((n_parallel + 1) x n_max points), so it is enumerated with Optuna's
 BruteForceSampler: the study's best feasible trial is the model's true optimum. Spaces above
-BRUTE_FORCE_LIMIT use a seeded multivariate TPE sampler with TPE_TRIALS trials;
+BRUTE_FORCE_LIMIT use a seeded multivariate TPE sampler with TPE_TRIALS trials, after which the
+whole row of N at the best n_max is enqueued, so the choice rule sees every N there;
 tests/test_search.py shows that budget reaching the enumerated optimum on a larger space.
+
+`evaluate` is the one evaluator: each trial stores its Evaluation (objective, the objective under
+every bootstrap replicate, single-stream tok/s, feasibility) and the study's trials are all the
+choice (tuner.decide.choice) reads.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tuner.model.costmodel import CostModel
+from tuner.policy import Policy
 from tuner.storage.engine import optuna_storage
 
 MAX_SLOTS_PARAM = "spec_draft_max_slots"
@@ -53,74 +59,74 @@ def objective_weights(
     return w / w.sum()
 
 
-def policy_objective(
-    model: CostModel, max_slots: int, n_max: int | None, weights: np.ndarray
-) -> float:
-    """sum_c w_c * tok/s at c under the threshold policy (the point estimate)."""
-    return float(weights @ model.policy_tps(model.levels, max_slots, n_max))
-
-
-def objective_samples(
-    model: CostModel, max_slots: int, n_max: int | None, weights: np.ndarray
-) -> np.ndarray:
-    """The objective under every bootstrap replicate of the model."""
-    return model.samples(lambda m: np.array(policy_objective(m, max_slots, n_max, weights)))
-
-
-def single_stream(model: CostModel, max_slots: int, n_max: int | None) -> float:
-    return float(model.policy_tps([1], max_slots, n_max)[0])
+def policy_objective(model: CostModel, policy: Policy, weights: np.ndarray) -> float:
+    """sum_c w_c * tok/s at c under the policy (the point estimate)."""
+    return float(weights @ model.policy_tps(model.levels, policy))
 
 
 def space_size(n_parallel: int, n_values: list[int]) -> int:
     return (n_parallel + 1) * len(n_values)
 
 
-def preference(max_slots: int, n_max: int, n_parallel: int, profiled_n: int) -> tuple:
+def preference(policy: Policy, n_parallel: int, profiled_n: int) -> tuple:
     """Order among equal objectives: N = 0 (the server default) over its twin N = n_parallel,
     then smaller N; the profiled n_max (measured, not extrapolated) first, then larger n."""
-    effective = n_parallel if max_slots == 0 else max_slots
-    return (effective, 0 if max_slots == 0 else 1, n_max != profiled_n, -n_max)
+    n_max = policy.n_max or profiled_n
+    return (policy.effective(n_parallel), 0 if policy.is_always else 1, n_max != profiled_n, -n_max)
 
 
 @dataclass(frozen=True)
-class Candidate:
-    max_slots: int
-    n_max: int
-    value: float
+class Evaluation:
+    """One candidate policy on the cost model: what a trial of the study records."""
+
+    policy: Policy  # a drafting policy at an explicit n_max
+    value: float  # the objective, workload-weighted tok/s
+    samples: tuple[float, ...]  # the objective under every bootstrap replicate
     single_stream: float
-    feasible: bool
+    feasible: bool  # meets the single-stream floor
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "objective_samples": list(self.samples),
+            "single_stream_tps": self.single_stream,
+            "feasible": self.feasible,
+        }
+
+
+def evaluate(
+    model: CostModel, policy: Policy, weights: np.ndarray, floor: float | None = None
+) -> Evaluation:
+    """The objective of a policy, its replicate spread, and whether it meets the floor."""
+    value = policy_objective(model, policy, weights)
+    samples = model.samples(lambda m: np.array(policy_objective(m, policy, weights)))
+    single = float(model.policy_tps([1], policy)[0])
+    return Evaluation(
+        policy,
+        value,
+        tuple(float(v) for v in np.ravel(samples)),
+        single,
+        floor is None or single >= floor,
+    )
 
 
 def enumerate_space(
-    model: CostModel,
-    weights: np.ndarray,
-    n_values: list[int],
-    min_single_stream: float | None = None,
-) -> list[Candidate]:
-    """Every (N, n_max) with its objective, without Optuna (the reference for tests)."""
-    out = []
-    for n in n_values:
-        for max_slots in range(model.n_parallel + 1):
-            single = single_stream(model, max_slots, n)
-            out.append(
-                Candidate(
-                    max_slots,
-                    n,
-                    policy_objective(model, max_slots, n, weights),
-                    single,
-                    min_single_stream is None or single >= min_single_stream,
-                )
-            )
-    return out
+    model: CostModel, weights: np.ndarray, n_values: list[int], floor: float | None = None
+) -> list[Evaluation]:
+    """Every (N, n_max) through the same evaluator, without Optuna (a reference for tests)."""
+    return [
+        evaluate(model, Policy.of_max_slots(max_slots, n), weights, floor)
+        for n in n_values
+        for max_slots in range(model.n_parallel + 1)
+    ]
 
 
-def best_candidate(candidates: list[Candidate], n_parallel: int, profiled_n: int) -> Candidate:
+def best_candidate(candidates: list[Evaluation], n_parallel: int, profiled_n: int) -> Evaluation:
     feasible = [c for c in candidates if c.feasible]
     if not feasible:
         raise ValueError("no candidate meets the single-stream floor")
     top = max(c.value for c in feasible)
     ties = [c for c in feasible if c.value >= top - 1e-9 * max(1.0, abs(top))]
-    return min(ties, key=lambda c: preference(c.max_slots, c.n_max, n_parallel, profiled_n))
+    return min(ties, key=lambda c: preference(c.policy, n_parallel, profiled_n))
 
 
 @dataclass
@@ -132,18 +138,29 @@ class SearchResult:
     space_size: int
     trials: int
     new_trials: int
-    best: Candidate
-    candidates: list[Candidate] = field(default_factory=list)
+    best: Evaluation
+    candidates: list[Evaluation] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
 
+    def row(self, n_max: int) -> dict[int, Evaluation]:
+        """Every evaluated N at one draft length, by N."""
+        return {c.policy.max_slots: c for c in self.candidates if c.policy.n_max == n_max}
+
     def to_dict(self) -> dict[str, Any]:
+        best = self.best
         return {
             "study_name": self.study_name,
             "sampler": self.sampler,
             "space_size": self.space_size,
             "trials": self.trials,
             "new_trials": self.new_trials,
-            "best": self.best.__dict__,
+            "best": {
+                "max_slots": best.policy.max_slots,
+                "n_max": best.policy.n_max,
+                "value": best.value,
+                "single_stream": best.single_stream,
+                "feasible": best.feasible,
+            },
             "weights": self.weights,
         }
 
@@ -218,38 +235,61 @@ def run_study(
     def objective(trial: optuna.trial.Trial) -> float:
         max_slots = trial.suggest_int(MAX_SLOTS_PARAM, 0, model.n_parallel)
         n = trial.suggest_int(N_MAX_PARAM, n_values[0], n_values[-1]) if tune_n_max else n_values[0]
-        single = single_stream(model, max_slots, n)
-        trial.set_user_attr("single_stream_tps", single)
-        violation = (floor - single) if floor is not None else 0.0
+        found = evaluate(model, Policy.of_max_slots(max_slots, n), weights, floor)
+        for key, value in found.attrs().items():
+            trial.set_user_attr(key, value)
+        violation = (floor - found.single_stream) if floor is not None else 0.0
         trial.set_user_attr("floor_violation", violation)
-        trial.set_user_attr("feasible", violation <= 0)
-        return policy_objective(model, max_slots, n, weights)
+        return found.value
 
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    remaining = max(0, budget - len(done))
+    def complete() -> list[optuna.trial.FrozenTrial]:
+        return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+    remaining = max(0, budget - len(complete()))
     if remaining:
         study.optimize(objective, n_trials=remaining)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    seen: dict[tuple[int, int], Candidate] = {}
-    for t in complete:
-        n = int(t.params.get(N_MAX_PARAM, n_values[0]))
-        key = (int(t.params[MAX_SLOTS_PARAM]), n)
-        seen[key] = Candidate(
-            key[0],
-            n,
-            float(t.value),
-            float(t.user_attrs.get("single_stream_tps", 0.0)),
-            bool(t.user_attrs.get("feasible", True)),
-        )
-    candidates = sorted(seen.values(), key=lambda c: (c.n_max, c.max_slots))
+    candidates = _evaluations(complete(), n_values[0])
     best = best_candidate(candidates, model.n_parallel, model.n_max)
+    # A sampled search may have skipped some N at the best n_max; the choice weighs the whole
+    # row, so those are trials of the same study too.
+    missing = [N for N in range(model.n_parallel + 1) if N not in _row(candidates, best)]
+    for N in missing:
+        params = {MAX_SLOTS_PARAM: N}
+        if tune_n_max:
+            params[N_MAX_PARAM] = best.policy.n_max
+        study.enqueue_trial(params)
+    if missing:
+        study.optimize(objective, n_trials=len(missing))
+        remaining += len(missing)
+        candidates = _evaluations(complete(), n_values[0])
+        best = best_candidate(candidates, model.n_parallel, model.n_max)
     return SearchResult(
         name,
         sampler_name,
         size,
-        len(complete),
+        len(complete()),
         remaining,
         best,
         candidates,
         [float(v) for v in weights],
     )
+
+
+def _row(candidates: list[Evaluation], best: Evaluation) -> set[int]:
+    return {c.policy.max_slots for c in candidates if c.policy.n_max == best.policy.n_max}
+
+
+def _evaluations(trials: list[Any], default_n: int) -> list[Evaluation]:
+    """The study's trials as evaluations (a repeated point keeps its newest trial)."""
+    seen: dict[tuple[int, int], Evaluation] = {}
+    for t in trials:
+        n = int(t.params.get(N_MAX_PARAM, default_n))
+        policy = Policy.of_max_slots(int(t.params[MAX_SLOTS_PARAM]), n)
+        seen[(policy.max_slots, n)] = Evaluation(
+            policy,
+            float(t.value),
+            tuple(float(v) for v in t.user_attrs.get("objective_samples", [])),
+            float(t.user_attrs.get("single_stream_tps", 0.0)),
+            bool(t.user_attrs.get("feasible", True)),
+        )
+    return sorted(seen.values(), key=lambda c: (c.policy.n_max, c.policy.max_slots))

@@ -1,24 +1,21 @@
-"""The profile plan (configurations x levels x repeats): run it, store it, resume it.
+"""Where a level is measured: the profile plan (policies x levels x repeats), run and stored.
 
-For each configuration (plain: no drafting; spec: drafting always on; max-slots-N: the patched
-server's threshold) a llama-server is launched, warmed up and driven through every concurrency
-level. Each repeat's samples are committed as soon as it finishes, so a crash or Ctrl-C loses at
-most the repeat in flight, and `resume` finishes only what is missing.
+For each policy (plain: no drafting; always draft; threshold N: the patched server's
+--spec-draft-max-slots) a llama-server is launched, warmed up and driven through every
+concurrency level (`Profiler.run_level`: repeats until the step time is stable). Each repeat's
+samples are committed as soon as it finishes, so a crash or Ctrl-C loses at most the repeat in
+flight, and `resume` finishes only what is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import delete, select
 
 from tuner.errors import (
@@ -39,118 +36,25 @@ from tuner.measure.fingerprint import (
     probe_model,
 )
 from tuner.measure.load import LevelFigures, LoadGenerator, RequestSample, Workload, summarize
-from tuner.measure.server import LaunchConfig, ManagedServer
-from tuner.measure.spec import ProfileSpec, WorkloadSpec
+from tuner.measure.plan import (
+    Observer,
+    ProgressEvent,
+    Target,
+    launch_config,
+    profile_policies,
+    quiet,
+)
+from tuner.measure.preflight import preflight
+from tuner.measure.server import ManagedServer
+from tuner.measure.spec import ProfileSpec
+from tuner.measure.stats import level_medians, pool_drafting, stable
+from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.hashes import StoredHashes
 from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample, get_or_create
 
 RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
-
-
-# --- plan ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """One way of running the server: plain, spec (always draft) or a max-slots threshold."""
-
-    name: str
-    drafting: bool
-    max_slots: int | None = None  # passed as --spec-draft-max-slots when not None
-
-    @classmethod
-    def plain(cls) -> ServerConfig:
-        return cls("plain", drafting=False)
-
-    @classmethod
-    def spec(cls) -> ServerConfig:
-        return cls("spec", drafting=True)
-
-    @classmethod
-    def threshold(cls, n: int) -> ServerConfig:
-        return cls(f"max-slots-{n}", drafting=True, max_slots=n)
-
-    @property
-    def stored_max_slots(self) -> int | None:
-        """None for plain, 0 for always drafting, N for a threshold (how levels are keyed)."""
-        if not self.drafting:
-            return None
-        return self.max_slots or 0
-
-
-def profile_configs(spec: ProfileSpec) -> list[ServerConfig]:
-    configs = [ServerConfig.plain(), ServerConfig.spec()]
-    if spec.speculative.threshold:
-        configs.append(ServerConfig.threshold(spec.speculative.threshold))
-    return configs
-
-
-def launch_config(spec: ProfileSpec, config: ServerConfig, port: int | None = None) -> LaunchConfig:
-    args = list(spec.server.args)
-    if config.drafting:
-        args += [*spec.speculative.args, "--spec-draft-n-max", str(spec.speculative.n_max)]
-    return LaunchConfig(
-        binary=spec.server.binary,
-        model=spec.server.model,
-        n_parallel=spec.server.n_parallel,
-        ctx_size=spec.server.ctx_size,
-        threads=spec.server.threads,
-        args=args,
-        env=dict(spec.server.env),
-        max_slots=config.max_slots,
-        port=port if port is not None else spec.server.port,
-    )
-
-
-# --- progress --------------------------------------------------------------------------------
-
-
-@dataclass
-class ProgressEvent:
-    """What the profiler is doing, for a progress display."""
-
-    kind: str  # plan | server | repeat | level | kernel | message
-    total: int = 0  # plan: repeats planned in all
-    advance: int = 0  # repeats done by this event
-    config: str = ""
-    concurrency: int = 0
-    repeat: int = 0
-    figures: LevelFigures | None = None
-    text: str = ""
-
-
-Observer = Callable[[ProgressEvent], None]
-
-
-def _quiet(_: ProgressEvent) -> None:
-    pass
-
-
-# --- statistics ------------------------------------------------------------------------------
-
-
-def relative_mad(values: list[float]) -> float | None:
-    """MAD / median: the spread measure that decides when a level has repeated enough."""
-    if len(values) < 2:
-        return None
-    med = statistics.median(values)
-    if med == 0:
-        return None
-    return statistics.median(abs(v - med) for v in values) / med
-
-
-@dataclass
-class LevelOutcome:
-    """What run_level hands back: the level row's id and whether it finished."""
-
-    level_id: int
-    completed: bool
-    error: str | None = None
-
-
-# --- storage helpers -------------------------------------------------------------------------
 
 
 @dataclass
@@ -209,7 +113,7 @@ class Profiler:
     store: Store
     spec: ProfileSpec
     log_dir: Path
-    observer: Observer = _quiet
+    observer: Observer = quiet
     api_key: str | None = None
     run_id: int | None = None
     _server_deaths: list[str] = field(default_factory=list)
@@ -259,19 +163,19 @@ class Profiler:
 
     # -- levels --
 
-    def _level_row(self, config: ServerConfig, concurrency: int) -> Level:
+    def _level_row(self, config: Target, concurrency: int) -> Level:
         """The level's row, created if new; a half-done level keeps its finished repeats."""
         with self.store.session() as session:
             level = session.scalars(
                 select(Level).filter_by(
-                    run_id=self.run_id, config=config.name, concurrency=concurrency
+                    run_id=self.run_id, config=config.config_name, concurrency=concurrency
                 )
             ).first()
             if level is None:
                 level = Level(
                     run_id=self.run_id,
-                    config=config.name,
-                    max_slots=config.stored_max_slots,
+                    config=config.config_name,
+                    max_slots=config.max_slots if isinstance(config, Policy) else None,
                     n_max=self.spec.speculative.n_max,
                     concurrency=concurrency,
                     status=RUNNING,
@@ -289,7 +193,7 @@ class Profiler:
             session.expunge(level)
         return level
 
-    def pending(self, configs: list[ServerConfig], levels: list[int]) -> dict[str, list[int]]:
+    def pending(self, policies: list[Policy], levels: list[int]) -> dict[str, list[int]]:
         """Levels of each configuration that are not completed yet."""
         with self.store.session() as session:
             done = {
@@ -298,7 +202,9 @@ class Profiler:
                     select(Level).filter_by(run_id=self.run_id, status=COMPLETED)
                 )
             }
-        return {cfg.name: [c for c in levels if (cfg.name, c) not in done] for cfg in configs}
+        return {
+            p.config_name: [c for c in levels if (p.config_name, c) not in done] for p in policies
+        }
 
     def _store_repeat(
         self,
@@ -334,13 +240,14 @@ class Profiler:
                 *level.metrics.get("repeats", []),
                 {"repeat": repeat, **_figures_dict(figures), "metrics": drafting},
             ]
-            level.metrics = {**level.metrics, "repeats": repeats, **_pool_drafting(repeats)}
+            level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
             level.repeats = len(repeats)
-            _set_medians(level, repeats)
+            for key, value in level_medians(repeats).items():
+                setattr(level, key, value)
 
     def record_level(
         self,
-        config: ServerConfig,
+        config: Target,
         concurrency: int,
         repeats: list[tuple[list[RequestSample], dict[str, Any]]],
     ) -> int:
@@ -364,10 +271,10 @@ class Profiler:
     def run_level(
         self,
         server_url: str,
-        config: ServerConfig,
+        config: Target,
         concurrency: int,
         server: ManagedServer | None = None,
-    ) -> LevelOutcome:
+    ) -> int:
         """Repeat a level until its step time is stable or the repeat limit; store every repeat."""
         workload = self.spec.workload
         level = self._level_row(config, concurrency)
@@ -406,7 +313,7 @@ class Profiler:
                 ProgressEvent(
                     "repeat",
                     advance=1,
-                    config=config.name,
+                    config=config.config_name,
                     concurrency=concurrency,
                     repeat=next_repeat,
                     figures=figures,
@@ -415,7 +322,7 @@ class Profiler:
             next_repeat += 1
             if len(repeats) >= workload.max_repeats:
                 break
-            if len(repeats) >= workload.min_repeats and _stable(repeats, workload):
+            if len(repeats) >= workload.min_repeats and stable(repeats, workload):
                 break
         with self.store.session() as session:
             row = session.get(Level, level.id)
@@ -424,17 +331,17 @@ class Profiler:
         skipped = workload.max_repeats - (len(repeats) - done_before)
         self.observer(
             ProgressEvent(
-                "level", advance=max(0, skipped), config=config.name, concurrency=concurrency
+                "level", advance=max(0, skipped), config=config.config_name, concurrency=concurrency
             )
         )
-        return LevelOutcome(level.id, completed=True)
+        return level.id
 
     def _explain_failure(
-        self, server: ManagedServer | None, config: ServerConfig, concurrency: int, detail: str
+        self, server: ManagedServer | None, config: Target, concurrency: int, detail: str
     ) -> str:
         """Why a level failed: the server's exit named (signal, likely cause) when it died, a
         hang when it is still there. An attached server is not ours: its exit cannot be seen."""
-        where = f"during {config.name} at concurrency {concurrency}"
+        where = f"during {config.config_name} at concurrency {concurrency}"
         if server is None:
             return f"the server stopped answering {where}: {detail}"
         if server.exited_within(EXIT_GRACE_S):
@@ -476,32 +383,32 @@ class Profiler:
 
     # -- managed mode --
 
-    def run_config(self, config: ServerConfig, levels: list[int]) -> None:
-        log = self.log_dir / f"run-{self.run_id}" / f"{config.name}.log"
+    def run_config(self, policy: Policy, levels: list[int]) -> None:
+        log = self.log_dir / f"run-{self.run_id}" / f"{policy.config_name}.log"
         # A new log per launch: earlier launches of the same config (resume) stay readable.
         n = 1
         while log.exists():
             n += 1
-            log = log.with_name(f"{config.name}.{n}.log")
+            log = log.with_name(f"{policy.config_name}.{n}.log")
         self.observer(
             ProgressEvent(
                 "server",
-                config=config.name,
-                text=f"starting llama-server ({config.name}), log {log}",
+                config=policy.config_name,
+                text=f"starting llama-server ({policy.config_name}), log {log}",
             )
         )
         server = ManagedServer(
-            launch_config(self.spec, config),
+            launch_config(self.spec, policy),
             log,
             start_timeout_s=self.spec.server.start_timeout_s,
-            name=f"llama-server ({config.name})",
+            name=f"llama-server ({policy.config_name})",
         )
         with server:
             props = server.props()
             self._check_props(props)
             self.warm_up(server.url, server)
             for concurrency in levels:
-                self.run_level(server.url, config, concurrency, server)
+                self.run_level(server.url, policy, concurrency, server)
 
     def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
@@ -531,6 +438,10 @@ class Profiler:
             self.spec.kernel.args,
         )
         points = kernel.run_batched_bench(cmd, self.log_dir / f"run-{self.run_id}" / "kernel.log")
+        self.record_kernel(points)
+
+    def record_kernel(self, points: list[kernel.KernelPoint]) -> None:
+        """Store llama-batched-bench rows with the run, in one transaction."""
         with self.store.session() as session:
             for p in points:
                 session.add(
@@ -544,16 +455,16 @@ class Profiler:
                     )
                 )
 
-    def execute(self, configs: list[ServerConfig], kernel_level: bool = True) -> int:
+    def execute(self, policies: list[Policy], kernel_level: bool = True) -> int:
         """Run every pending level of every configuration; record the outcome; return the run id."""
-        todo = self.pending(configs, self.spec.levels)
+        todo = self.pending(policies, self.spec.levels)
         total = sum(len(v) for v in todo.values()) * self.spec.workload.max_repeats
         self.observer(ProgressEvent("plan", total=total))
 
         def body() -> None:
-            for config in configs:
-                if todo[config.name]:
-                    self.run_config(config, todo[config.name])
+            for policy in policies:
+                if todo[policy.config_name]:
+                    self.run_config(policy, todo[policy.config_name])
             if kernel_level:
                 self.run_kernel()
 
@@ -588,104 +499,6 @@ class Profiler:
             pass
 
 
-def _stable(repeats: list[dict[str, Any]], workload: WorkloadSpec) -> bool:
-    """Step time within target_spread and tok/s within target_tps_spread (MAD/median).
-
-    Step time is a property of the machine and settles fast; tok/s of a speculative level also
-    carries the randomness of acceptance, so it may need a repeat more.
-    """
-    step = relative_mad([r["step_ms"] for r in repeats if r.get("step_ms")])
-    tps = relative_mad([r["tokens_per_second"] for r in repeats if r.get("tokens_per_second")])
-    return (step is not None and step <= workload.target_spread
-            and tps is not None and tps <= workload.target_tps_spread)
-
-
-def _set_medians(level: Level, repeats: list[dict[str, Any]]) -> None:
-    def med(key: str) -> float | None:
-        values = [r[key] for r in repeats if r.get(key) is not None]
-        return statistics.median(values) if values else None
-
-    level.tokens_per_second = med("tokens_per_second")
-    level.per_stream_tps = med("per_stream_tps")
-    level.step_ms = med("step_ms")
-    level.accept_len = med("accept_len")
-    level.ttft_ms = med("ttft_ms")
-    level.tokens_per_second_spread = relative_mad(
-        [r["tokens_per_second"] for r in repeats if r.get("tokens_per_second")]
-    )
-    level.step_ms_spread = relative_mad([r["step_ms"] for r in repeats if r.get("step_ms")])
-
-
-def _pool_drafting(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Acceptance pooled over repeats: per-position counts divided by the number of drafts."""
-    drafts = sum(r["metrics"]["drafts"] for r in repeats if "metrics" in r)
-    width = max(
-        (len(r["metrics"]["accepted_per_position"]) for r in repeats if "metrics" in r), default=0
-    )
-    per_position = [
-        sum(
-            r["metrics"]["accepted_per_position"][i]
-            for r in repeats
-            if "metrics" in r and i < len(r["metrics"]["accepted_per_position"])
-        )
-        for i in range(width)
-    ]
-    return {
-        "drafts": drafts,
-        "draft_tokens": sum(r["metrics"]["draft_tokens"] for r in repeats if "metrics" in r),
-        "accepted_tokens": sum(r["metrics"]["accepted_tokens"] for r in repeats if "metrics" in r),
-        "accepted_per_position": per_position,
-        "accept_rates": [p / drafts for p in per_position] if drafts else [],
-        "n_decode": sum(r["metrics"]["n_decode"] for r in repeats if "metrics" in r),
-    }
-
-
-# --- preflight -------------------------------------------------------------------------------
-
-
-def preflight(
-    spec: ProfileSpec, configs: list[ServerConfig], log_dir: Path, observer: Observer = _quiet
-) -> None:
-    """Launch each configuration once and have it answer one short request, drafting on where it
-    drafts, before a run spends minutes on it.
-
-    A build that crashes on this machine (an illegal instruction in the first draft step, say)
-    fails here within seconds, with its signal named, and no run is created.
-    """
-    folder = log_dir / "preflight" / f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-    timeout_s = min(60.0, spec.workload.request_timeout_s)
-    for config in configs:
-        started = time.monotonic()
-        server = ManagedServer(
-            launch_config(spec, config),
-            folder / f"{config.name}.log",
-            start_timeout_s=spec.server.start_timeout_s,
-            name=f"llama-server ({config.name})",
-        )
-        with server:
-            timings = server.answer_one(
-                "at its preflight request (one short completion, before anything is measured)",
-                timeout_s=timeout_s,
-            )
-        drafted = int(timings.get("draft_n") or 0)
-        note = f", {drafted} draft tokens" if config.drafting else ""
-        observer(
-            ProgressEvent(
-                "message",
-                text=f"preflight: {config.name} answered in {time.monotonic() - started:.1f} s"
-                + note,
-            )
-        )
-        if config.drafting and drafted == 0:
-            observer(
-                ProgressEvent(
-                    "message",
-                    text=f"note: {config.name} drafted nothing in its preflight request; "
-                    "check speculative.args if drafting was expected",
-                )
-            )
-
-
 # --- entry points ----------------------------------------------------------------------------
 
 
@@ -712,7 +525,7 @@ def profile(
     store: Store,
     spec: ProfileSpec,
     log_dir: Path,
-    observer: Observer = _quiet,
+    observer: Observer = quiet,
     resume: bool = False,
     host_name: str | None = None,
     skip_preflight: bool = False,
@@ -724,9 +537,9 @@ def profile(
             f"speculative.threshold needs a llama-server with --spec-draft-max-slots; "
             f"{spec.server.binary} does not list it in --help"
         )
-    configs = profile_configs(spec)
+    policies = profile_policies(spec)
     if not skip_preflight:
-        preflight(spec, configs, log_dir, observer)
+        preflight(spec, policies, log_dir, observer)
     profiler = Profiler(store, spec, log_dir, observer)
     run_id = find_resumable_run(store, spec, host_name=context.host.name) if resume else None
     if run_id is not None:
@@ -736,77 +549,4 @@ def profile(
         if resume:
             observer(ProgressEvent("message", text="no unfinished run of this spec: starting anew"))
         profiler.create_run(context)
-    return profiler.execute(configs)
-
-
-def attach(
-    store: Store,
-    url: str,
-    label: str,
-    model_name: str | None,
-    spec: ProfileSpec | None,
-    log_dir: Path,
-    observer: Observer = _quiet,
-    api_key: str | None = None,
-    host_name: str | None = None,
-    overrides: list[tuple[str, Any]] | None = None,
-) -> int:
-    """Measure one already-running server as it is configured (it cannot be restarted).
-
-    Without a spec, overrides (`--set workload.max_tokens=32`, `--levels`) shape the workload.
-    The API key is only ever sent as a bearer token: it is not part of the stored spec.
-    """
-    from pydantic import ValidationError
-
-    from tuner.measure.spec import _format_error, set_dotted
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(f"{url.rstrip('/')}/props", headers=headers, timeout=10)
-    except httpx.HTTPError as exc:
-        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
-    if response.status_code == 401:
-        if api_key:
-            raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
-        raise ServerError(f"{url} wants an API key: pass --api-key or set TUNER_API_KEY")
-    if response.status_code != 200:
-        raise ServerError(f"GET {url}/props answered HTTP {response.status_code}")
-    props = response.json()
-    slots = int(props.get("total_slots") or 1)
-    model_path = Path(props.get("model_path") or "unknown")
-    name = model_name or (spec.model_name if spec else model_path.stem)
-    data: dict[str, Any] = {
-        "name": f"attach-{label}",
-        "model_name": name,
-        "server": {"binary": "(attached)", "model": str(model_path), "n_parallel": slots},
-        "speculative": {"args": []},
-        "kernel": {"enabled": False},
-    }
-    if spec is not None:
-        data["workload"] = spec.workload.model_dump()
-    for key, value in overrides or []:
-        set_dotted(data, key, value)
-    try:
-        # A level above the server's slots is an error (all streams must generate together).
-        attached = ProfileSpec.model_validate(data)
-    except ValidationError as exc:
-        source = f"attached server {url} ({slots} slots)"
-        raise ConfigError("\n".join(_format_error(source, e) for e in exc.errors())) from exc
-    context = Context(
-        model_name=name,
-        model=probe_model(model_path) if model_path.exists() else None,
-        build=None,
-        host=probe_host(None, host_name),
-    )
-    profiler = Profiler(store, attached, log_dir, observer, api_key=api_key)
-    profiler.create_run(context, kind="profile", label=label)
-    config = ServerConfig(label, drafting=False)
-    levels = attached.levels
-    observer(ProgressEvent("plan", total=len(levels) * attached.workload.max_repeats))
-
-    def body() -> None:
-        profiler.warm_up(url)
-        for concurrency in levels:
-            profiler.run_level(url, config, concurrency)
-
-    return profiler.guarded(body)
+    return profiler.execute(policies)

@@ -278,9 +278,7 @@ class ManagedServer:
             return False
         return True
 
-    def answer_one(
-        self, when: str, n_predict: int = 8, timeout_s: float = 60.0
-    ) -> dict[str, Any]:
+    def answer_one(self, when: str, n_predict: int = 8, timeout_s: float = 60.0) -> dict[str, Any]:
         """Send one short completion and return the server's `timings` for it (draft_n and
         draft_n_accepted say whether it drafted). A server that dies on it is named (signal,
         likely cause, `when`); one that errs or stays silent for timeout_s is a ServerError."""

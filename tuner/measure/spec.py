@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
+from tuner.inputs import read_toml, validation_message
 from tuner.measure.fingerprint import require_gguf
 
 BENCH_PREFIX = "bench:"
@@ -171,34 +172,6 @@ def default_levels(n_parallel: int) -> list[int]:
     return levels
 
 
-def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """A TOML file as a dict; a missing, unreadable or malformed file is one ConfigError line."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{what} not found: {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-
-
-def validation_message(source: str, exc: ValidationError) -> str:
-    """One line per problem, each naming the field: `source: a.b: message`."""
-    return "\n".join(_format_error(source, error) for error in exc.errors())
-
-
-def _format_error(source: str, error: dict[str, Any]) -> str:
-    where = ".".join(str(part) for part in error["loc"])
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        message = "unknown key (typo?)"
-    if not where:
-        # Whole-spec checks name their fields in the message itself.
-        return f"{source}: {message}"
-    return f"{source}: {where}: {message}"
-
-
 def _resolve_refs(value: Any, resolve: Callable[[str], str]) -> Any:
     if isinstance(value, str) and value.startswith(BENCH_PREFIX):
         return resolve(value[len(BENCH_PREFIX) :])
@@ -278,3 +251,31 @@ def check_spec_files(spec: ProfileSpec, source: str) -> None:
     if not spec.server.binary.exists():
         raise ConfigError(f"{source}: server.binary: file not found: {spec.server.binary}")
     require_gguf(spec.server.model, f"{source}: server.model")
+
+
+def attached_spec(
+    label: str,
+    model_name: str,
+    model_path: Path,
+    slots: int,
+    source: str,
+    base: ProfileSpec | None = None,
+    overrides: list[tuple[str, Any]] | None = None,
+) -> ProfileSpec:
+    """The spec an attached server is measured under: its own slots and model, the workload of
+    base (a spec file) or of the overrides; a level above its slots is an error."""
+    data: dict[str, Any] = {
+        "name": f"attach-{label}",
+        "model_name": model_name,
+        "server": {"binary": "(attached)", "model": str(model_path), "n_parallel": slots},
+        "speculative": {"args": []},
+        "kernel": {"enabled": False},
+    }
+    if base is not None:
+        data["workload"] = base.workload.model_dump()
+    for key, value in overrides or []:
+        set_dotted(data, key, value)
+    try:
+        return ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(source, exc)) from exc

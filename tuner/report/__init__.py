@@ -1,2 +1,2 @@
-"""Reporting: the figure (aggregate and per-stream tok/s, model curves, policy, crossover) and the
-Markdown summary, written into one folder by `tuner report`."""
+"""Reporting: what the report draws (series), the figure (figure), the Markdown summary (summary),
+tables shared with the CLI (tables), and reading the database and writing the files (writer)."""

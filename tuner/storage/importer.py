@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 
 from tuner.errors import ConfigError
-from tuner.measure.spec import read_toml, validation_message
+from tuner.inputs import read_toml, validation_message
+from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.orm import Host, Level, Model, Run, get_or_create
 
@@ -78,12 +79,10 @@ class ImportRow(_Strict):
         return self
 
     @property
-    def level_config(self) -> str:
-        return f"max-slots-{self.max_slots}" if self.config == "threshold" else self.config
-
-    @property
-    def stored_max_slots(self) -> int | None:
-        return {"plain": None, "spec": 0}.get(self.config, self.max_slots)
+    def policy(self) -> Policy:
+        if self.config == "plain":
+            return Policy.plain()
+        return Policy.always() if self.config == "spec" else Policy.threshold(self.max_slots or 1)
 
 
 class ImportDoc(_Strict):
@@ -141,16 +140,16 @@ class ImportDoc(_Strict):
             raise ValueError(
                 f"concurrency level {max(self.concurrency)} exceeds n_parallel ({self.n_parallel})"
             )
-        seen: set[str] = set()
+        seen: set[Policy] = set()
         for i, row in enumerate(self.rows):
             if len(row.tokens_per_second) != len(self.concurrency):
                 raise ValueError(
                     f"rows[{i}]: {len(row.tokens_per_second)} values for "
                     f"{len(self.concurrency)} concurrency levels"
                 )
-            if row.level_config in seen:
-                raise ValueError(f"rows[{i}]: a second {row.level_config!r} row")
-            seen.add(row.level_config)
+            if row.policy in seen:
+                raise ValueError(f"rows[{i}]: a second {row.policy.config_name!r} row")
+            seen.add(row.policy)
             if row.max_slots is not None and row.max_slots > self.n_parallel:
                 raise ValueError(f"rows[{i}]: max_slots exceeds n_parallel")
         return self
@@ -234,20 +233,20 @@ def import_table(store: Store, path: Path) -> ImportResult:
                     "tokens_per_second": tps,
                     "per_stream_tps": tps / c,
                 }
-                if row.config == "spec" and doc.accept_len is not None:
+                if row.policy.is_always and doc.accept_len is not None:
                     repeat["accept_len"] = doc.accept_len
                 session.add(
                     Level(
                         run_id=run.id,
-                        config=row.level_config,
-                        max_slots=row.stored_max_slots,
+                        config=row.policy.config_name,
+                        max_slots=row.policy.max_slots,
                         n_max=doc.n_max,
                         concurrency=c,
                         status="completed",
                         repeats=1,
                         tokens_per_second=tps,
                         per_stream_tps=tps / c,
-                        accept_len=1.0 if row.config == "plain" else None,
+                        accept_len=1.0 if row.policy.is_plain else None,
                         metrics={"repeats": [repeat], "imported": True, "label": row.label},
                     )
                 )

@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
+from tuner.policy import Policy
+
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -116,7 +118,7 @@ class Level(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
-    config: Mapped[str] = mapped_column(String(64))  # plain | spec | max-slots-N
+    config: Mapped[str] = mapped_column(String(64))  # Policy.config_name, or an attach label
     max_slots: Mapped[int | None]  # None: plain (no drafting); 0: always draft; N: threshold
     n_max: Mapped[int | None]
     concurrency: Mapped[int]
@@ -135,6 +137,11 @@ class Level(Base):
 
     run: Mapped[Run] = relationship(back_populates="levels")
     samples: Mapped[list[Sample]] = relationship(back_populates="level", order_by="Sample.id")
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy this level measured; None for an attached server measured as configured."""
+        return Policy.from_stored(self.config, self.max_slots, self.n_max)
 
 
 class Sample(Base):
@@ -198,7 +205,7 @@ class Fit(Base):
     build: Mapped[Build | None] = relationship()
 
 
-class Recommendation(Base):
+class RecommendationRow(Base):
     """A chosen N (and n_max), with the fit and Optuna study it came from."""
 
     __tablename__ = "tuner_recommendations"

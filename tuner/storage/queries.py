@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuner.errors import NotFoundError
+from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.orm import Host, Level, Model, Run, Sample
 
@@ -41,8 +42,8 @@ class LevelPoint:
     """One measured (configuration, concurrency) point."""
 
     run_id: int
-    config: str
-    max_slots: int | None  # None plain, 0 always draft, N threshold
+    config: str  # Policy.config_name, or an attached server's label
+    policy: Policy | None  # None: an attached server, measured as configured
     n_max: int | None
     concurrency: int
     status: str
@@ -62,7 +63,7 @@ def _point(level: Level) -> LevelPoint:
     return LevelPoint(
         run_id=level.run_id,
         config=level.config,
-        max_slots=level.max_slots,
+        policy=level.policy,
         n_max=level.n_max,
         concurrency=level.concurrency,
         status=level.status,

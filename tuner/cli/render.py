@@ -1,0 +1,155 @@
+"""Rendering results for the terminal with rich: measured tables, the fit quality table (built
+once in tuner.report.tables), predictions, recommendations and validations."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.cli.options import out
+from tuner.decide.recommend import PredictReport
+from tuner.decide.recommendation import Recommendation
+from tuner.decide.regret import ValidationReport
+from tuner.report import tables
+from tuner.storage.fits import StoredFit
+from tuner.storage.queries import LevelPoint
+
+
+def rich_table(table: tables.Table) -> Table:
+    shown = Table(title=table.title)
+    first, *rest = table.columns
+    shown.add_column(first, no_wrap=True)
+    for column in rest:
+        shown.add_column(column, justify="right")
+    for row in table.rows:
+        shown.add_row(*row)
+    return shown
+
+
+def points(title: str, levels: list[LevelPoint]) -> None:
+    """The measured table: concurrency down, configuration across (tok/s, spread, ms/step)."""
+    configs = list(dict.fromkeys(p.config for p in levels))
+    table = Table(title=title)
+    table.add_column("streams", justify="right")
+    for config in configs:
+        table.add_column(f"{config}\ntok/s (±%)", justify="right")
+        table.add_column(f"{config}\nms/step", justify="right")
+    for c in sorted({p.concurrency for p in levels}):
+        row = [str(c)]
+        for config in configs:
+            p = next((p for p in levels if p.config == config and p.concurrency == c), None)
+            if p is None or p.tokens_per_second is None:
+                row += [p.status if p is not None else "", ""]
+                continue
+            spread = (
+                f" ±{100 * p.tokens_per_second_spread:.0f}" if p.tokens_per_second_spread else ""
+            )
+            row.append(f"{p.tokens_per_second:.1f}{spread}")
+            row.append(f"{p.step_ms:.1f}" if p.step_ms else "")
+        table.add_row(*row)
+    out.print(table)
+
+
+def fit(stored: StoredFit) -> None:
+    """`tuner fit`: where the data came from, then the fit quality table."""
+    inputs = stored.inputs
+    reused = " (reused: same data)" if stored.reused else ""
+    out.print(
+        f"fit {stored.id}{reused} of {inputs['model']} ({stored.model.version}): host "
+        f"{inputs.get('host') or '(none)'}, runs {', '.join(map(str, inputs['runs']))} "
+        f"({', '.join(inputs['sources'])}), -np {inputs['n_parallel']}, n_max {inputs['n_max']}, "
+        f"{inputs['kernel_rows']} kernel rows",
+        highlight=False,
+    )
+    table = tables.fit_quality_table(stored.quality, stored.model.crossover())
+    for line in table.head:
+        out.print(line, highlight=False)
+    out.print(rich_table(table))
+    for line in table.notes:
+        out.print(line, highlight=False)
+
+
+def predict(model: str, report: PredictReport) -> None:
+    pct = f"{100 * report.prediction.interval:.0f}%"
+    table = Table(
+        title=f"{model}: --spec-draft-max-slots {report.policy.max_slots}, n_max "
+        f"{report.policy.n_max} (fit {report.fit.id}, {pct} intervals)"
+    )
+    for column in ("streams", "tok/s", "interval", "plain", "spec", "measured"):
+        table.add_column(column, justify="right")
+    pred, plain, spec = report.prediction, report.plain, report.spec
+    for i, c in enumerate(pred.concurrency):
+        seen = [k for k, levels in report.fit.measured.items() if c in levels]
+        table.add_row(
+            str(c),
+            f"{pred.tokens_per_second[i]:.1f}",
+            f"{pred.lower[i]:.1f}-{pred.upper[i]:.1f}",
+            f"{plain.tokens_per_second[i]:.1f}",
+            f"{spec.tokens_per_second[i]:.1f}",
+            ", ".join(seen),
+        )
+    out.print(table)
+
+
+def recommendation(rec: Recommendation, console: Console) -> None:
+    """The predicted table of the recommendation and its reasons."""
+    table = Table(
+        title=f"{rec.model}: predicted tok/s, chosen = --spec-draft-max-slots {rec.max_slots}"
+        + (f", n_max {rec.n_max}" if rec.tune_n_max else "")
+    )
+    for column in ("streams", "measured", "plain", "spec", "chosen", "vs plain", "vs spec"):
+        table.add_column(column, justify="right")
+    for row in rec.table:
+        table.add_row(
+            str(row.concurrency),
+            "yes" if row.measured else "",
+            f"{row.plain:.1f}",
+            f"{row.spec:.1f}",
+            f"{row.chosen:.1f}",
+            f"{100 * row.gain_vs_plain:+.1f}%",
+            f"{100 * row.gain_vs_spec:+.1f}%",
+        )
+    console.print(table)
+    for line in rec.explain_lines():
+        console.print(line, highlight=False, markup=False)
+
+
+def validation(report: ValidationReport) -> None:
+    """Measured (and predicted) tok/s per policy and level; best, regret, model error, and the
+    recommendation that stands now."""
+    table = Table(
+        title=f"validation run {report.run_id}: {report.model}, "
+        f"recommended {report.recommended.label}"
+    )
+    table.add_column("streams", justify="right")
+    table.add_column("weight", justify="right")
+    for policy in report.policies:
+        mark = " *" if policy.max_slots == report.recommended.max_slots else ""
+        table.add_column(f"{policy.label}{mark}\nmeasured (model)", justify="right")
+    for c in report.levels:
+        row = [str(c), f"{report.weights[c]:.2f}"]
+        for policy in report.policies:
+            tps = report.measured[policy].get(c)
+            pred = report.predicted.get(policy, {}).get(c)
+            row.append("" if tps is None else f"{tps:.1f} ({pred:.1f})")
+        table.add_row(*row)
+    table.add_row(
+        "weighted",
+        "",
+        *(f"{report.weighted[p]:.1f}" if p in report.weighted else "" for p in report.policies),
+        style="bold",
+    )
+    out.print(table)
+    best = report.best.label if report.best else "-"
+    out.print(
+        f"best measured: {best}; regret of {report.recommended.label}: {report.regret_text()}",
+        highlight=False,
+    )
+    if report.mean_abs_error_pct is not None:
+        out.print(
+            f"model error on these points: mean {report.mean_abs_error_pct:.1f} %, "
+            f"worst {report.worst_abs_error_pct:.1f} %",
+            highlight=False,
+        )
+    if report.standing is not None:
+        out.print(report.standing_text(), highlight=False, markup=False)

@@ -1,0 +1,273 @@
+"""Where the threshold is decided: the rule that turns the search's evaluations into N.
+
+1. The model's optimum, kept inside what the measurements show: spec measured ahead at c means
+   N >= c, measured behind at c means N < c.
+2. One-standard-error rule: among values of N within the model's uncertainty of that pick (the
+   spread of the objective difference over the bootstrap replicates), the smaller N, saying so.
+3. Why, in terms of levels, and which unmeasured levels the choice rests on while the data
+   cannot decide their sign (measure next).
+
+Every reason carries a code (ReasonCode) beside its text, so programs and tests read the code.
+Pure: reads only the cost model and the study's evaluations (tuner.decide.search).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from tuner.decide.search import Evaluation, SearchResult, preference
+from tuner.model.costmodel import CostModel, Gain
+from tuner.policy import Policy
+
+
+class ReasonCode(StrEnum):
+    """What a reason says, for programs and tests (the text is for people)."""
+
+    PLAIN_EVERYWHERE = "plain-everywhere"  # plain ahead even at 1 stream
+    SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
+    CROSSOVER = "crossover"  # spec up to N, plain above
+    NOISY_GAINS = "noisy-gains"  # measured gains change sign more than once
+    MEASUREMENTS_OVERRULE = "measurements-overrule"  # the model's optimum contradicts them
+    WITHIN_UNCERTAINTY = "within-uncertainty"  # a smaller N is as good within the noise
+    UNMEASURED_N_MAX = "unmeasured-n-max"  # the chosen n_max was not profiled
+    UNMEASURED_LEVEL = "unmeasured-level"  # a level the choice rests on was not measured
+    MEASURE_NEXT = "measure-next"  # levels the data cannot decide
+    OTHER_HOST = "other-host"  # the data are from another host
+    UNCODED = "uncoded"  # stored before reasons had codes
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: ReasonCode
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code.value, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str] | str) -> Reason:
+        if isinstance(data, str):  # stored before reasons had codes
+            return cls(ReasonCode.UNCODED, data)
+        return cls(ReasonCode(data["code"]), data["text"])
+
+
+@dataclass
+class Choice:
+    """The chosen policy with the reasons, the levels worth measuring next, the alternatives."""
+
+    policy: Policy  # at an explicit n_max
+    objective: float
+    objective_interval: tuple[float, float]
+    model_optimum: int
+    reasons: list[Reason]
+    measure_next: list[int]
+    alternatives: list[dict[str, Any]]
+
+
+def _bracket(gains: dict[int, float], n_parallel: int) -> tuple[int, int] | None:
+    """(lo, hi): spec measured ahead up to lo and behind from hi; None when signs alternate."""
+    levels = sorted(gains)
+    ahead = [gains[c] > 0 for c in levels]
+    if any(not a and b for a, b in itertools.pairwise(ahead)):
+        return None
+    lo = max((c for c, a in zip(levels, ahead, strict=True) if a), default=0)
+    hi = min((c for c, a in zip(levels, ahead, strict=True) if not a), default=n_parallel + 1)
+    return lo, hi
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:+.1f}%"
+
+
+def _streams(c: int) -> str:
+    return f"{c} stream" + ("" if c == 1 else "s")
+
+
+def _level_gain(gain: Gain, gains_measured: dict[int, float], c: int) -> str:
+    p, lo, hi, _ = gain.at(c)
+    text = f"{_pct(p)} [{_pct(lo)}, {_pct(hi)}] at {c}"
+    if c in gains_measured:
+        text += f" (measured {_pct(gains_measured[c])})"
+    return text
+
+
+def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, float]) -> Choice:
+    """Apply the measurement bracket and the one-standard-error rule to the study's optimum.
+
+    The study picks (N, n_max); every N at that n_max was evaluated by the study too, so the
+    rules see the whole row.
+    """
+    npar = model.n_parallel
+    best = result.best
+    n = best.policy.n_max or model.n_max
+    reasons: list[Reason] = []
+    values: dict[int, Evaluation] = {N: e for N, e in result.row(n).items() if e.feasible}
+
+    def eff(N: int) -> int:
+        return values[N].policy.effective(npar)
+
+    # 1. Keep to what the measurements show (they were taken at the profiled n_max).
+    allowed = set(values)
+    bracket = _bracket(gains_measured, npar) if n == model.n_max and gains_measured else None
+    if n == model.n_max and gains_measured and bracket is None:
+        reasons.append(
+            Reason(
+                ReasonCode.NOISY_GAINS,
+                "the measured gains change sign more than once ("
+                + ", ".join(f"{c}: {_pct(g)}" for c, g in gains_measured.items())
+                + "): noisy measurements? the model decides alone",
+            )
+        )
+    if bracket is not None:
+        lo, hi = bracket
+        inside = {N for N in allowed if max(lo, 1) <= eff(N) <= max(hi - 1, 1)}
+        if inside:
+            allowed = inside
+    pick = min(
+        allowed, key=lambda N: (-values[N].value, preference(values[N].policy, npar, model.n_max))
+    )
+    if best.policy.max_slots not in allowed:
+        reasons.append(
+            Reason(
+                ReasonCode.MEASUREMENTS_OVERRULE,
+                f"the model's optimum N={best.policy.max_slots} contradicts the measurements "
+                f"(spec measured ahead up to {_streams(bracket[0]) if bracket else '?'}); "
+                f"keeping N={pick}, the best the measurements allow",
+            )
+        )
+
+    # 2. One-standard-error rule: the smallest N whose objective is within the model's
+    #    uncertainty of the pick.
+    chosen = pick
+    for N in sorted(allowed, key=eff):
+        if eff(N) >= eff(pick):
+            break
+        diff = np.asarray(values[pick].samples) - np.asarray(values[N].samples)
+        point = values[pick].value - values[N].value
+        sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+        if point <= sd:
+            chosen = N
+            reasons.append(
+                Reason(
+                    ReasonCode.WITHIN_UNCERTAINTY,
+                    f"N={N} and N={pick} are within the model's uncertainty of each other "
+                    f"(objective {values[N].value:.1f} vs {values[pick].value:.1f} tok/s, "
+                    f"difference {point:.2f} ± {sd:.2f}): preferring the smaller N",
+                )
+            )
+            break
+
+    # 3. Why, in terms of levels.
+    gain = model.gain(n)
+    cross = model.crossover(n)
+    chosen_eff = eff(chosen)
+    levels = list(range(1, npar + 1))
+    if gain.point[0] < 0 and (not gains_measured or gains_measured.get(1, -1) < 0):
+        reasons.insert(
+            0,
+            Reason(
+                ReasonCode.PLAIN_EVERYWHERE,
+                "plain beats spec even at 1 stream: N=1 drafts the least a threshold can; "
+                "consider running without drafting",
+            ),
+        )
+    elif chosen_eff >= npar:
+        reasons.insert(
+            0,
+            Reason(
+                ReasonCode.SPEC_EVERYWHERE,
+                f"spec is ahead of plain at every level up to {_streams(npar)}: "
+                "N=0 (no limit, the server's default)",
+            ),
+        )
+    else:
+        where = (
+            f"crossover near {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
+            if cross.streams is not None
+            else "no crossover inside 1..n_parallel"
+        )
+        reasons.insert(
+            0,
+            Reason(
+                ReasonCode.CROSSOVER,
+                f"N={chosen_eff}: spec up to {_streams(chosen_eff)}, plain above; spec vs plain "
+                f"{_level_gain(gain, gains_measured, chosen_eff)}, "
+                f"{_level_gain(gain, gains_measured, chosen_eff + 1)}; {where}",
+            ),
+        )
+
+    if n != model.n_max:
+        reasons.append(
+            Reason(
+                ReasonCode.UNMEASURED_N_MAX,
+                f"n_max {n} was not measured (the profile used {model.n_max}): its predictions "
+                + (
+                    "take the verify cost from the kernel rows"
+                    if len(model.verify) > 1
+                    else "assume the step cost linear in the draft length (no kernel rows)"
+                )
+                + f" and acceptance {model.acceptance.source} per position; "
+                f"`tuner validate` measures it",
+            )
+        )
+
+    # 4. Levels worth measuring: unmeasured levels the choice rests on, whose sign is uncertain.
+    measure_next: list[int] = []
+    if bracket is not None:
+        lo, hi = bracket
+        gap = [c for c in levels if lo < c < hi and c not in gains_measured]
+    else:
+        gap = [c for c in levels if c not in gains_measured and abs(c - chosen_eff - 0.5) <= 1]
+    for c in gap:
+        p, lo_c, hi_c, _ = gain.at(c)
+        undecided = lo_c < 0 < hi_c
+        if undecided:
+            measure_next.append(c)
+        reasons.append(
+            Reason(
+                ReasonCode.UNMEASURED_LEVEL,
+                f"{_streams(c)} not measured: the model puts spec at {_pct(p)} "
+                f"[{_pct(lo_c)}, {_pct(hi_c)}] there"
+                + (" -- the data cannot decide it" if undecided else ""),
+            )
+        )
+    if measure_next:
+        levels_arg = ",".join(str(c) for c in measure_next)
+        reasons.append(
+            Reason(
+                ReasonCode.MEASURE_NEXT,
+                f"measure {', '.join(_streams(c) for c in measure_next)} next "
+                f"(`tuner profile SPEC.toml --levels {levels_arg}`), then recommend again",
+            )
+        )
+    samples = np.asarray(values[chosen].samples)
+    if len(samples):
+        obj_lo, obj_hi = model.bounds(samples[:, None])
+        interval = (float(np.ravel(obj_lo)[0]), float(np.ravel(obj_hi)[0]))
+    else:
+        interval = (values[chosen].value, values[chosen].value)
+    alternatives = [
+        {
+            "max_slots": N,
+            "objective": values[N].value,
+            "difference_from_chosen": values[chosen].value - values[N].value,
+        }
+        for N in sorted(values, key=eff)
+    ]
+    return Choice(
+        values[chosen].policy,
+        values[chosen].value,
+        interval,
+        best.policy.max_slots,
+        reasons,
+        measure_next,
+        alternatives,
+    )

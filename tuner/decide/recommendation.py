@@ -1,0 +1,179 @@
+"""The recommendation: one type for what `tuner recommend` makes, validation checks and the
+report shows, with its output formats (env, shell, json, systemd, args)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tuner.decide.choice import Reason
+from tuner.policy import Policy
+
+ENV_MAX_SLOTS = "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"
+ENV_N_MAX = "LLAMA_ARG_SPEC_DRAFT_N_MAX"
+
+
+class OutputFormat(StrEnum):
+    """How `tuner recommend` prints its answer."""
+
+    ENV = "env"  # LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=N, for `>> server.env`
+    SHELL = "shell"  # export ..., for eval
+    JSON = "json"  # everything, one line
+    SYSTEMD = "systemd"  # Environment=..., for a unit file
+    ARGS = "args"  # --spec-draft-max-slots N, for a command line
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """Predicted tok/s at one concurrency: plain, always draft and the chosen policy."""
+
+    concurrency: int
+    measured: bool
+    plain: float
+    spec: float
+    chosen: float
+    gain_vs_plain: float
+    gain_vs_spec: float
+    plain_interval: tuple[float, float]
+    spec_interval: tuple[float, float]
+
+
+@dataclass
+class Recommendation:
+    """A chosen policy for one model and host, with the fit and study it came from and why."""
+
+    id: int
+    model: str
+    host: str | None
+    policy: Policy  # a drafting policy at an explicit n_max
+    fit_id: int
+    objective: float | None = None
+    objective_interval: tuple[float, float] | None = None
+    tune_n_max: bool = False
+    min_single_stream: float | None = None
+    host_note: str | None = None
+    study_name: str = ""
+    sampler: str = ""
+    trials: int = 0
+    reasons: list[Reason] = field(default_factory=list)
+    measure_next: list[int] = field(default_factory=list)
+    table: list[TableRow] = field(default_factory=list)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    made_now: bool = False  # made by the command that shows it (no stored one); not stored
+
+    @property
+    def max_slots(self) -> int:
+        assert self.policy.max_slots is not None
+        return self.policy.max_slots
+
+    @property
+    def n_max(self) -> int | None:
+        return self.policy.n_max
+
+    def env(self) -> dict[str, str]:
+        out = {ENV_MAX_SLOTS: str(self.max_slots)}
+        if self.tune_n_max:
+            out[ENV_N_MAX] = str(self.n_max)
+        return out
+
+    @property
+    def env_line(self) -> str:
+        return "\n".join(f"{k}={v}" for k, v in self.env().items())
+
+    def render(self, fmt: OutputFormat | str) -> str:
+        """The recommendation in one output format."""
+        fmt = OutputFormat(fmt)  # a plain string names a format too; anything else is refused
+        env = self.env()
+        if fmt is OutputFormat.ENV:
+            return self.env_line
+        if fmt is OutputFormat.SHELL:
+            return "export " + " ".join(f"{k}={v}" for k, v in env.items())
+        if fmt is OutputFormat.SYSTEMD:
+            return "Environment=" + " ".join(f"{k}={v}" for k, v in env.items())
+        if fmt is OutputFormat.ARGS:
+            args = f"--spec-draft-max-slots {self.max_slots}"
+            if self.tune_n_max:
+                args += f" --spec-draft-n-max {self.n_max}"
+            return args
+        assert fmt is OutputFormat.JSON
+        return json.dumps(self.as_dict(), default=str)
+
+    def explain_lines(self) -> list[str]:
+        """The head line, the objective and the reasons, one per line."""
+        head = f"N={self.max_slots}" + (f", n_max={self.n_max}" if self.tune_n_max else "")
+        lines = [
+            f"recommendation {self.id}: {head} for {self.model}"
+            f" (fit {self.fit_id}, study {self.study_name}, {self.trials} trials)"
+        ]
+        if self.objective is not None and self.objective_interval is not None:
+            lo, hi = self.objective_interval
+            lines.append(
+                f"objective: {self.objective:.1f} tok/s workload-weighted [{lo:.1f}, {hi:.1f}]"
+            )
+        return lines + [f"- {reason}" for reason in self.reasons]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "recommendation_id": self.id,
+            "model": self.model,
+            "host": self.host,
+            "max_slots": self.max_slots,
+            "n_max": self.n_max,
+            "tune_n_max": self.tune_n_max,
+            "env": self.env(),
+            "fit_id": self.fit_id,
+            "objective": self.objective,
+            "objective_interval": list(self.objective_interval)
+            if self.objective_interval
+            else None,
+            "min_single_stream": self.min_single_stream,
+            "host_note": self.host_note,
+            "study_name": self.study_name,
+            "sampler": self.sampler,
+            "trials": self.trials,
+            "reasons": [r.as_dict() for r in self.reasons],
+            "measure_next": self.measure_next,
+            "table": [asdict(row) for row in self.table],
+            "alternatives": self.alternatives,
+        }
+
+    @classmethod
+    def from_stored(
+        cls, row_id: int, fit_id: int, max_slots: int, n_max: int | None, details: dict[str, Any]
+    ) -> Recommendation:
+        """A recommendation as stored (tuner.storage.recommendations)."""
+        interval = details.get("objective_interval")
+        return cls(
+            id=row_id,
+            model=str(details.get("model", "")),
+            host=details.get("host"),
+            policy=Policy.of_max_slots(max_slots, n_max or details.get("n_max")),
+            fit_id=fit_id,
+            objective=details.get("objective"),
+            objective_interval=(
+                (float(interval[0]), float(interval[1]))
+                if interval and None not in interval
+                else None
+            ),
+            tune_n_max=bool(details.get("tune_n_max")),
+            min_single_stream=details.get("min_single_stream"),
+            host_note=details.get("host_note"),
+            study_name=str(details.get("study_name", "")),
+            sampler=str(details.get("sampler", "")),
+            trials=int(details.get("trials") or 0),
+            reasons=[Reason.from_dict(r) for r in details.get("reasons") or []],
+            measure_next=[int(c) for c in details.get("measure_next") or []],
+            table=[
+                TableRow(
+                    **{
+                        **row,
+                        "plain_interval": tuple(row["plain_interval"]),
+                        "spec_interval": tuple(row["spec_interval"]),
+                    }
+                )
+                for row in details.get("table") or []
+            ],
+            alternatives=list(details.get("alternatives") or []),
+        )

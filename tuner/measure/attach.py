@@ -1,0 +1,74 @@
+"""Attach mode: measure a llama-server that is already running, as its operator configured it.
+
+It cannot be restarted, so only its current configuration is measured, under the label given;
+the API key is only ever sent as a bearer token, never stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.errors import ServerError
+from tuner.measure.fingerprint import probe_host, probe_model
+from tuner.measure.plan import Attached, Observer, ProgressEvent, quiet
+from tuner.measure.profiler import Context, Profiler
+from tuner.measure.spec import ProfileSpec, attached_spec
+from tuner.storage.engine import Store
+
+
+def attach(
+    store: Store,
+    url: str,
+    label: str,
+    model_name: str | None,
+    spec: ProfileSpec | None,
+    log_dir: Path,
+    observer: Observer = quiet,
+    api_key: str | None = None,
+    host_name: str | None = None,
+    overrides: list[tuple[str, Any]] | None = None,
+) -> int:
+    """Measure one already-running server as it is configured (it cannot be restarted).
+
+    Without a spec, overrides (`--set workload.max_tokens=32`, `--levels`) shape the workload.
+    The API key is only ever sent as a bearer token: it is not part of the stored spec.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/props", headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
+    if response.status_code == 401:
+        if api_key:
+            raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
+        raise ServerError(f"{url} wants an API key: pass --api-key or set TUNER_API_KEY")
+    if response.status_code != 200:
+        raise ServerError(f"GET {url}/props answered HTTP {response.status_code}")
+    props = response.json()
+    slots = int(props.get("total_slots") or 1)
+    model_path = Path(props.get("model_path") or "unknown")
+    name = model_name or (spec.model_name if spec else model_path.stem)
+    attached = attached_spec(
+        label, name, model_path, slots, f"attached server {url} ({slots} slots)", spec, overrides
+    )
+    context = Context(
+        model_name=name,
+        model=probe_model(model_path) if model_path.exists() else None,
+        build=None,
+        host=probe_host(None, host_name),
+    )
+    profiler = Profiler(store, attached, log_dir, observer, api_key=api_key)
+    profiler.create_run(context, kind="profile", label=label)
+    target = Attached(label)
+    levels = attached.levels
+    observer(ProgressEvent("plan", total=len(levels) * attached.workload.max_repeats))
+
+    def body() -> None:
+        profiler.warm_up(url)
+        for concurrency in levels:
+            profiler.run_level(url, target, concurrency)
+
+    return profiler.guarded(body)

@@ -1,0 +1,79 @@
+"""Per-level statistics over repeats: the spread that decides when a level has repeated enough,
+the medians stored on the level, and acceptance pooled from the /metrics deltas. Pure."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from tuner.measure.spec import WorkloadSpec
+
+
+def relative_mad(values: list[float]) -> float | None:
+    """MAD / median: the spread measure that decides when a level has repeated enough."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    if med == 0:
+        return None
+    return statistics.median(abs(v - med) for v in values) / med
+
+
+def stable(repeats: list[dict[str, Any]], workload: WorkloadSpec) -> bool:
+    """Step time within target_spread and tok/s within target_tps_spread (MAD/median).
+
+    Step time is a property of the machine and settles fast; tok/s of a speculative level also
+    carries the randomness of acceptance, so it may need a repeat more.
+    """
+    step = relative_mad([r["step_ms"] for r in repeats if r.get("step_ms")])
+    tps = relative_mad([r["tokens_per_second"] for r in repeats if r.get("tokens_per_second")])
+    return (
+        step is not None
+        and step <= workload.target_spread
+        and tps is not None
+        and tps <= workload.target_tps_spread
+    )
+
+
+def level_medians(repeats: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The level's figures: medians over its repeats, and the spreads of tok/s and step time."""
+
+    def med(key: str) -> float | None:
+        values = [r[key] for r in repeats if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "tokens_per_second": med("tokens_per_second"),
+        "per_stream_tps": med("per_stream_tps"),
+        "step_ms": med("step_ms"),
+        "accept_len": med("accept_len"),
+        "ttft_ms": med("ttft_ms"),
+        "tokens_per_second_spread": relative_mad(
+            [r["tokens_per_second"] for r in repeats if r.get("tokens_per_second")]
+        ),
+        "step_ms_spread": relative_mad([r["step_ms"] for r in repeats if r.get("step_ms")]),
+    }
+
+
+def pool_drafting(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Acceptance pooled over repeats: per-position counts divided by the number of drafts."""
+    drafts = sum(r["metrics"]["drafts"] for r in repeats if "metrics" in r)
+    width = max(
+        (len(r["metrics"]["accepted_per_position"]) for r in repeats if "metrics" in r), default=0
+    )
+    per_position = [
+        sum(
+            r["metrics"]["accepted_per_position"][i]
+            for r in repeats
+            if "metrics" in r and i < len(r["metrics"]["accepted_per_position"])
+        )
+        for i in range(width)
+    ]
+    return {
+        "drafts": drafts,
+        "draft_tokens": sum(r["metrics"]["draft_tokens"] for r in repeats if "metrics" in r),
+        "accepted_tokens": sum(r["metrics"]["accepted_tokens"] for r in repeats if "metrics" in r),
+        "accepted_per_position": per_position,
+        "accept_rates": [p / drafts for p in per_position] if drafts else [],
+        "n_decode": sum(r["metrics"]["n_decode"] for r in repeats if "metrics" in r),
+    }

@@ -1,0 +1,101 @@
+"""What a fit consumes: measured levels (a policy at a concurrency, with repeats) and kernel rows.
+
+Built from the database by tuner.storage.fits; pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tuner.policy import Policy
+
+if TYPE_CHECKING:
+    from tuner.model.acceptance import Acceptance
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One repeat of one level: aggregate tok/s and, when measured, tokens per stream per step."""
+
+    tokens_per_second: float
+    accept_len: float | None = None
+    step_ms: float | None = None
+    drafts: float = 0.0
+    accepted_per_position: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class LevelObs:
+    """A measured (policy, concurrency) point with its repeats."""
+
+    policy: Policy
+    concurrency: int
+    repeats: tuple[Repeat, ...]
+    level_id: int | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return float(np.median([r.tokens_per_second for r in self.repeats]))
+
+
+@dataclass(frozen=True)
+class KernelObs:
+    """A llama-batched-bench point: n_seq sequences x tokens_per_seq rows in step_ms."""
+
+    n_seq: int
+    tokens_per_seq: int
+    step_ms: float
+
+
+@dataclass(frozen=True)
+class FitData:
+    """Everything a fit consumes (built from the database by tuner.decide.recommend)."""
+
+    n_parallel: int
+    n_max: int
+    levels: tuple[LevelObs, ...]
+    kernel: tuple[KernelObs, ...] = ()
+    accept_rates: tuple[float, ...] | None = None  # given outright (imported tables)
+    accept_len: float | None = None  # given outright (imported tables)
+
+    def of(self, kind: Callable[[Policy], bool]) -> list[LevelObs]:
+        """Levels whose policy is of a kind (Policy.is_plain, .is_always, .is_threshold), by c."""
+        return sorted(
+            (lv for lv in self.levels if kind(lv.policy) and lv.repeats),
+            key=lambda lv: lv.concurrency,
+        )
+
+    @property
+    def plain(self) -> list[LevelObs]:
+        return self.of(lambda p: p.is_plain)
+
+    @property
+    def always(self) -> list[LevelObs]:
+        return self.of(lambda p: p.is_always)
+
+    @property
+    def thresholds(self) -> list[LevelObs]:
+        return self.of(lambda p: p.is_threshold)
+
+
+def level_step(level: LevelObs, acceptance: Acceptance | None, repeats: Sequence[Repeat]) -> float:
+    """Effective step time (ms) of a level from (a resample of) its repeats: median over repeats.
+
+    T = c * L / tok/s with L = 1 for plain, the repeat's own tokens per step for spec when every
+    repeat of the level measured it, else the model's mean length (1 when acceptance is folded).
+    """
+    own = not level.policy.is_plain and all(r.accept_len for r in level.repeats)
+    values = []
+    for r in repeats:
+        if level.policy.is_plain or acceptance is None or acceptance.source == "folded":
+            length = 1.0
+        elif own:
+            length = float(r.accept_len or 0.0)
+        else:
+            length = acceptance.mean_length
+        values.append(1000.0 * level.concurrency * length / r.tokens_per_second)
+    return float(np.median(values))

@@ -1,0 +1,236 @@
+"""How well a fit matches its data, as one typed value: per-point residuals, the forms chosen and
+their held-out errors, threshold levels predicted without being fitted, calibration, uncertainty.
+
+Stored with every fit (as_dict / from_dict) and shown by `tuner fit` and `tuner report` through
+one renderer (tuner.report.tables.fit_quality_table).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.model.acceptance import _mean_length
+from tuner.model.costmodel import CostModel
+from tuner.model.curves import FormChoice
+from tuner.model.data import FitData, level_step
+from tuner.policy import Policy
+
+
+@dataclass(frozen=True)
+class PointFit:
+    """One measured level against the model: tok/s measured and predicted (with its interval),
+    and for fitted levels the step time too."""
+
+    policy: Policy
+    concurrency: int
+    level_id: int | None
+    measured_tps: float
+    predicted_tps: float
+    lower: float
+    upper: float
+    repeats: int = 1
+    measured_step_ms: float | None = None
+    predicted_step_ms: float | None = None
+    step_residual_pct: float | None = None
+    form_step_residual_pct: float | None = None  # the form alone, before calibration
+    measured_accept_len: float | None = None
+    model_accept_len: float | None = None
+
+    @property
+    def residual_pct(self) -> float:
+        """(predicted - measured) / measured, in %."""
+        return 100 * (self.predicted_tps / self.measured_tps - 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["policy"] = self.policy.label
+        data["max_slots"] = self.policy.max_slots
+        data["residual_pct"] = self.residual_pct
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PointFit:
+        if "policy" in data:
+            policy = Policy.parse(data["policy"])
+        else:  # fits stored before the policy type: config "plain"/"spec", or max_slots alone
+            policy = Policy.of_max_slots(
+                data.get("max_slots", None if data.get("config") == "plain" else 0)
+            )
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "policy": policy})
+
+
+@dataclass(frozen=True)
+class FormReport:
+    """The curve form chosen for one configuration and every candidate's leave-one-out error."""
+
+    chosen: str
+    loo_rmse_pct: dict[str, float | None]
+
+    @property
+    def chosen_loo_pct(self) -> float | None:
+        return self.loo_rmse_pct.get(self.chosen)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How much of a curve's residual was kept (1: through the medians) and the repeats' noise."""
+
+    weight: float
+    noise_pct: float | None
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """How the intervals were made: bootstrap over repeats or residuals."""
+
+    method: str
+    replicates: int
+    interval: float
+    seed: int
+
+
+@dataclass
+class FitQuality:
+    """Everything `tuner fit` shows about a fit, stored with it."""
+
+    points: list[PointFit]  # the fitted levels: plain and always draft
+    held_out: list[PointFit]  # threshold levels: predicted, never fitted
+    forms: dict[str, FormReport]  # "plain", "spec"
+    calibration: dict[str, Calibration]
+    uncertainty: Uncertainty
+    acceptance: dict[str, Any]
+    kernel: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worst_point(self) -> PointFit:
+        return max(self.points, key=lambda p: abs(p.residual_pct))
+
+    @property
+    def rms_residual_pct(self) -> float:
+        return math.sqrt(sum(p.residual_pct**2 for p in self.points) / len(self.points))
+
+    @property
+    def worst_held_out(self) -> PointFit | None:
+        return max(self.held_out, key=lambda p: abs(p.residual_pct), default=None)
+
+    def measured_gains(self) -> dict[int, float]:
+        """spec / plain - 1 at the levels where both were measured."""
+        plain = {p.concurrency: p.measured_tps for p in self.points if p.policy.is_plain}
+        spec = {p.concurrency: p.measured_tps for p in self.points if p.policy.is_always}
+        return {c: spec[c] / plain[c] - 1.0 for c in sorted(plain.keys() & spec.keys())}
+
+    def as_dict(self) -> dict[str, Any]:
+        worst = self.worst_point
+        held = self.worst_held_out
+        return {
+            "points": [p.as_dict() for p in self.points],
+            "held_out": [p.as_dict() for p in self.held_out],
+            "forms": {k: asdict(v) for k, v in self.forms.items()},
+            "calibration": {k: asdict(v) for k, v in self.calibration.items()},
+            "uncertainty": asdict(self.uncertainty),
+            "acceptance": self.acceptance,
+            "kernel": self.kernel,
+            # derived, stored for readers of the database
+            "worst_residual_pct": worst.residual_pct,
+            "worst_point": {"policy": worst.policy.label, "concurrency": worst.concurrency},
+            "rms_residual_pct": self.rms_residual_pct,
+            "worst_held_out_error_pct": held.residual_pct if held else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FitQuality:
+        return cls(
+            points=[PointFit.from_dict(p) for p in data.get("points", [])],
+            held_out=[
+                PointFit.from_dict(p) for p in data.get("held_out", data.get("threshold_check", []))
+            ],
+            forms={k: FormReport(v["chosen"], v["loo_rmse_pct"]) for k, v in data["forms"].items()},
+            calibration={
+                k: Calibration(v["weight"], v.get("noise_pct"))
+                for k, v in data.get("calibration", {}).items()
+            },
+            uncertainty=Uncertainty(**data["uncertainty"]),
+            acceptance=dict(data.get("acceptance", {})),
+            kernel=dict(data.get("kernel", {})),
+        )
+
+
+def assess(
+    model: CostModel,
+    data: FitData,
+    choices: dict[str, FormChoice],
+    *,
+    calibration: dict[str, Calibration],
+    uncertainty: Uncertainty,
+    kernel: dict[str, Any],
+) -> FitQuality:
+    """Compare the fitted model with every level it was fitted on, and predict the threshold
+    levels it was not."""
+    acc = model.acceptance
+    points: list[PointFit] = []
+    for policy, curve, levels in (
+        (Policy.plain(), model.plain, data.plain),
+        (Policy.always(), model.spec, data.always),
+    ):
+        for lv in levels:
+            c = lv.concurrency
+            pred = model.predict(policy, concurrency=[c])
+            step_measured = level_step(lv, None if policy.is_plain else acc, lv.repeats)
+            step_pred = float(curve(np.array([c]))[0])
+            step_trend = float(curve.trend(np.array([c]))[0])
+            points.append(
+                PointFit(
+                    policy=policy,
+                    concurrency=c,
+                    level_id=lv.level_id,
+                    measured_tps=lv.tokens_per_second,
+                    predicted_tps=pred.tokens_per_second[0],
+                    lower=pred.lower[0],
+                    upper=pred.upper[0],
+                    repeats=len(lv.repeats),
+                    measured_step_ms=step_measured,
+                    predicted_step_ms=step_pred,
+                    step_residual_pct=100 * (step_pred / step_measured - 1),
+                    form_step_residual_pct=100 * (step_trend / step_measured - 1),
+                    measured_accept_len=(
+                        1.0 if policy.is_plain else _mean_length([(c, r) for r in lv.repeats])
+                    ),
+                    model_accept_len=1.0 if policy.is_plain else acc.mean_length,
+                )
+            )
+    held_out = []
+    for lv in sorted(data.thresholds, key=lambda lv: (lv.policy.max_slots, lv.concurrency)):
+        if lv.concurrency > model.n_parallel:
+            continue
+        policy = lv.policy.with_n_max(None)
+        pred = model.predict(policy, concurrency=[lv.concurrency])
+        held_out.append(
+            PointFit(
+                policy=policy,
+                concurrency=lv.concurrency,
+                level_id=lv.level_id,
+                measured_tps=lv.tokens_per_second,
+                predicted_tps=pred.tokens_per_second[0],
+                lower=pred.lower[0],
+                upper=pred.upper[0],
+                repeats=len(lv.repeats),
+            )
+        )
+    return FitQuality(
+        points=points,
+        held_out=held_out,
+        forms={
+            key: FormReport(choice.curve.form, dict(choice.loo_rmse_pct))
+            for key, choice in choices.items()
+        },
+        calibration=calibration,
+        uncertainty=uncertainty,
+        acceptance=acc.to_dict()
+        | {"length_by_n": {str(n): acc.length(n) for n in model.n_values()}},
+        kernel=kernel,
+    )

@@ -1,0 +1,121 @@
+"""Tables that more than one output shows, built once as plain rows: the CLI draws them with rich
+(tuner.cli.render), the report's summary as Markdown (`markdown`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tuner.model.costmodel import Crossover
+from tuner.model.quality import FitQuality, PointFit
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table with lines before and after it."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    head: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:+.1f}%"
+
+
+def streams(c: int) -> str:
+    return f"{c} stream" + ("" if c == 1 else "s")
+
+
+def crossover_text(cross: Crossover) -> str:
+    if cross.streams is None:
+        if cross.spec_wins_upto == 0:
+            return "no crossover: plain ahead from 1 stream"
+        return "no crossover: spec ahead at every level"
+    return f"crossover {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
+
+
+def _row(p: PointFit, held_out: bool) -> list[str]:
+    name = p.policy.config_name + (" (held out)" if held_out else "")
+    step = (
+        [f"{p.measured_step_ms:.1f}", f"{p.predicted_step_ms:.1f}"]
+        if p.measured_step_ms is not None and p.predicted_step_ms is not None
+        else ["", ""]
+    )
+    return [
+        name,
+        str(p.concurrency),
+        f"{p.measured_tps:.1f}",
+        f"{p.predicted_tps:.1f}",
+        f"{p.lower:.1f}-{p.upper:.1f}",
+        pct(p.residual_pct),
+        *step,
+    ]
+
+
+def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
+    """The forms, acceptance and intervals; per point measured against predicted; the worst
+    residual, the held-out threshold levels and the crossover."""
+    head = []
+    for key in ("plain", "spec"):
+        form = quality.forms[key]
+        loo = form.chosen_loo_pct
+        loo_text = f"leave-one-out error {loo:.1f}%" if loo is not None else "no point to hold out"
+        head.append(f"{key} step cost: {form.chosen} ({loo_text})")
+    acc = quality.acceptance
+    if acc.get("source") == "folded":
+        head.append("acceptance: unknown (tok/s only): folded into the spec curve, n_max fixed")
+    else:
+        head.append(
+            f"acceptance ({acc.get('source')}): {acc.get('mean_length', 0):.2f} tokens per "
+            f"stream per step at n_max {acc.get('n_max')}"
+        )
+    unc = quality.uncertainty
+    head.append(
+        f"intervals: {100 * unc.interval:.0f}%, bootstrap over {unc.method} "
+        f"({unc.replicates} replicates)"
+    )
+    worst = quality.worst_point
+    notes = [
+        f"worst residual: {pct(worst.residual_pct)} ({worst.policy.config_name} at "
+        f"{streams(worst.concurrency)}); rms {quality.rms_residual_pct:.1f}%"
+    ]
+    held = quality.worst_held_out
+    if held is not None:
+        notes.append(
+            f"threshold levels (not fitted, predicted from plain and spec): worst error "
+            f"{pct(held.residual_pct)}"
+        )
+    notes.append(f"model {crossover_text(crossover)}")
+    return Table(
+        title=f"fit quality ({100 * unc.interval:.0f}% intervals)",
+        columns=[
+            "policy",
+            "streams",
+            "measured tok/s",
+            "predicted",
+            "interval",
+            "residual",
+            "step ms meas.",
+            "step ms pred.",
+        ],
+        rows=[_row(p, False) for p in quality.points] + [_row(p, True) for p in quality.held_out],
+        head=head,
+        notes=notes,
+    )
+
+
+def markdown(table: Table) -> list[str]:
+    """The table as Markdown lines: its head as bullets, the rows, its notes as sentences."""
+    lines = [f"- {line}" for line in table.head]
+    lines += [
+        "",
+        "| " + " | ".join(table.columns) + " |",
+        "| --- | " + " | ".join("---:" for _ in table.columns[1:]) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    lines.append("")
+    lines += [f"{note[0].upper()}{note[1:]}." for note in table.notes]
+    return lines

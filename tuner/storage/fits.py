@@ -1,0 +1,386 @@
+"""A model's data and fits as stored: which levels a fit uses (one host, build, -np and n_max),
+fitting them (tuner.model) and keeping the fit with its inputs, version and quality, so the same
+data is fitted once, also across the processes of a fleet."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+
+from tuner.errors import ConfigError, NotFoundError, NothingToDoError
+from tuner.model import fitting
+from tuner.model.costmodel import VERSION, CostModel
+from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
+from tuner.model.quality import FitQuality
+from tuner.storage.engine import Store
+from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
+
+PROFILE_HINT = (
+    "run `tuner profile SPEC.toml` (or `tuner import FILE.toml` for a table measured elsewhere)"
+)
+
+
+def finite(value: Any) -> Any:
+    """A JSON-able copy with NaN and infinities as None (PostgreSQL's JSON rejects them)."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return finite(value.item())
+    return value
+
+
+@dataclass
+class Selection:
+    """The runs and levels a fit is made from, and where they come from."""
+
+    model: str
+    model_id: int
+    host: str | None
+    host_id: int | None
+    build_id: int | None
+    build: str | None
+    n_parallel: int
+    n_max: int
+    run_ids: list[int]
+    level_ids: list[int]
+    kernel_rows: int
+    sources: list[str]
+    weights: dict[str, float] | None
+    measured: dict[str, list[int]]
+    data_hash: str
+    host_note: str | None = None
+
+    def inputs(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "host": self.host,
+            "build": self.build,
+            "n_parallel": self.n_parallel,
+            "n_max": self.n_max,
+            "runs": self.run_ids,
+            "levels": self.level_ids,
+            "kernel_rows": self.kernel_rows,
+            "sources": self.sources,
+            "weights": self.weights,
+            "measured": self.measured,
+            "data_hash": self.data_hash,
+        }
+
+
+def _complete(run: Run) -> bool:
+    """Whether a run has completed plain and always-draft levels, the two a fit needs."""
+    policies = [lv.policy for lv in run.levels if lv.status == "completed" and lv.policy]
+    return any(p.is_plain for p in policies) and any(p.is_always for p in policies)
+
+
+def _host_label(run: Run) -> str | None:
+    return run.host.name if run.host else None
+
+
+def _resolve_host(
+    runs: list[Run], model: str, requested: str | None, explicit: bool
+) -> tuple[str | None, str | None]:
+    """The host whose data to use, and a note when it is not the one asked for."""
+    hosts: dict[str | None, Run] = {}
+    for run in runs:  # newest first
+        hosts.setdefault(_host_label(run), run)
+    if requested in hosts:
+        return requested, None
+    names = ", ".join(h or "(no host)" for h in hosts)
+    if explicit:
+        raise NothingToDoError(
+            f"model {model!r} has no plain and spec measurements on host {requested!r} "
+            f"(hosts with data: {names}); run `tuner profile SPEC.toml` on that host, "
+            f"or pass --host with one of those"
+        )
+    chosen_run = runs[0]
+    chosen = _host_label(chosen_run)
+    where = chosen or "an unnamed host"
+    kind = "imported" if chosen_run.source == "imported" else "measured"
+    note = (
+        f"no measurements of {model} on this machine ({requested}); "
+        f"using the {kind} data from {where}"
+    )
+    if len(hosts) > 1:
+        note += f" (newest of: {names}; --host picks another)"
+    return chosen, note
+
+
+def _repeats(level: Level) -> tuple[Repeat, ...]:
+    out = []
+    for r in (level.metrics or {}).get("repeats", []):
+        tps = r.get("tokens_per_second")
+        if not tps:
+            continue
+        m = r.get("metrics") or {}
+        out.append(
+            Repeat(
+                float(tps),
+                float(r["accept_len"]) if r.get("accept_len") else None,
+                float(r["step_ms"]) if r.get("step_ms") else None,
+                float(m.get("drafts") or 0.0),
+                tuple(float(v) for v in m.get("accepted_per_position") or ()),
+            )
+        )
+    if not out and level.tokens_per_second:
+        out.append(Repeat(float(level.tokens_per_second), level.accept_len, level.step_ms))
+    return tuple(out)
+
+
+def select_data(
+    store: Store, model: str, host: str | None, host_explicit: bool = False
+) -> tuple[FitData, Selection]:
+    """The fit's data: the newest complete run's host, build, -np and n_max, and runs like it.
+
+    host is the one asked about (the CLI passes this machine's name); without its own data the
+    newest host's is used, with a note, unless host_explicit.
+    """
+    with store.session() as session:
+        model_row = session.scalars(select(Model).where(Model.name == model)).first()
+        if model_row is None:
+            known = ", ".join(session.scalars(select(Model.name).order_by(Model.name))) or "none"
+            raise NothingToDoError(
+                f"no data for model {model!r} (models with data: {known}); {PROFILE_HINT}"
+            )
+        runs = [
+            run
+            for run in session.scalars(
+                select(Run).where(Run.model_id == model_row.id).order_by(Run.id.desc())
+            )
+            if _complete(run)
+        ]
+        if not runs:
+            raise NothingToDoError(
+                f"model {model!r} has no completed plain and spec levels to fit; {PROFILE_HINT}"
+            )
+        chosen_host, note = _resolve_host(runs, model, host, host_explicit)
+        runs = [run for run in runs if _host_label(run) == chosen_host]
+        # The newest profile or import sets the build, -np and n_max; validations and sweeps
+        # like it add their levels.
+        basis = next((run for run in runs if run.kind in ("profile", "import")), runs[0])
+        key = (basis.build_id, basis.n_parallel, basis.n_max)
+        group = sorted(
+            (run for run in runs if (run.build_id, run.n_parallel, run.n_max) == key),
+            key=lambda run: run.id,
+        )
+        levels: list[LevelObs] = []
+        level_ids: list[int] = []
+        digest_rows: list[Any] = []
+        measured: dict[str, set[int]] = {}
+        for run in group:
+            for level in run.levels:
+                policy = level.policy
+                if level.status != "completed" or policy is None:
+                    continue
+                if policy.drafting and level.n_max not in (None, basis.n_max):
+                    continue
+                reps = _repeats(level)
+                if not reps:
+                    continue
+                levels.append(LevelObs(policy, level.concurrency, reps, level.id))
+                level_ids.append(level.id)
+                digest_rows.append([level.id, level.repeats, level.tokens_per_second])
+                measured.setdefault(level.config, set()).add(level.concurrency)
+        run_ids = [run.id for run in group]
+        kernel = [
+            KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
+            for row in session.scalars(select(KernelRow).where(KernelRow.run_id.in_(run_ids)))
+        ]
+        spec = basis.spec or {}
+        weights = (spec.get("workload") or {}).get("weights")
+        accept_rates = spec.get("accept_rates") if basis.source == "imported" else None
+        accept_len = spec.get("accept_len") if basis.source == "imported" else None
+        build = None
+        if basis.build_id is not None:
+            build_row = session.get(Build, basis.build_id)
+            build = build_row.binary_sha256 if build_row else None
+        elif basis.source == "imported":
+            build = spec.get("build") or None
+        n_parallel = int(basis.n_parallel or max(lv.concurrency for lv in levels))
+        n_max = int(basis.n_max or 1)
+        digest = hashlib.sha256(
+            json.dumps([VERSION, digest_rows, len(kernel), n_parallel, n_max], default=str).encode()
+        ).hexdigest()
+        selection = Selection(
+            model=model,
+            model_id=model_row.id,
+            host=chosen_host,
+            host_id=basis.host_id,
+            build_id=basis.build_id,
+            build=build,
+            n_parallel=n_parallel,
+            n_max=n_max,
+            run_ids=run_ids,
+            level_ids=level_ids,
+            kernel_rows=len(kernel),
+            sources=sorted({run.source for run in group}),
+            weights={str(k): float(v) for k, v in weights.items()} if weights else None,
+            measured={k: sorted(v) for k, v in sorted(measured.items())},
+            data_hash=digest,
+            host_note=note,
+        )
+    data = FitData(
+        n_parallel=n_parallel,
+        n_max=n_max,
+        levels=tuple(levels),
+        kernel=tuple(kernel),
+        accept_rates=tuple(accept_rates) if accept_rates else None,
+        accept_len=float(accept_len) if accept_len else None,
+    )
+    return data, selection
+
+
+# --- fits -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StoredFit:
+    """A fit as stored: its id, model, quality report and the inputs it was made from."""
+
+    id: int
+    model: CostModel
+    quality: FitQuality
+    inputs: dict[str, Any]
+    created_at: dt.datetime
+    reused: bool = False
+    host_note: str | None = None
+
+    @property
+    def weights(self) -> dict[str, float] | None:
+        return self.inputs.get("weights")
+
+    @property
+    def measured(self) -> dict[str, list[int]]:
+        return self.inputs.get("measured", {})
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `tuner fit --format json` prints."""
+        return {
+            "fit_id": self.id,
+            "reused": self.reused,
+            "version": self.model.version,
+            "form": self.model.form,
+            "inputs": self.inputs,
+            "quality": self.quality.as_dict(),
+            "crossover": self.model.crossover().to_dict(),
+            "n_values": self.model.n_values(),
+            "host_note": self.host_note,
+        }
+
+
+def _fit_data(data: FitData, selection: Selection, seed: int, replicates: int):
+    try:
+        return fitting.fit(data, seed=seed, replicates=replicates)
+    except ValueError as exc:
+        raise NothingToDoError(f"cannot fit {selection.model}: {exc}; {PROFILE_HINT}") from exc
+
+
+def _stored(row: Fit, reused: bool, note: str | None) -> StoredFit:
+    return StoredFit(
+        row.id,
+        CostModel.from_dict(row.params),
+        FitQuality.from_dict(row.quality),
+        dict(row.inputs),
+        row.created_at,
+        reused,
+        note,
+    )
+
+
+def fit_model(
+    store: Store,
+    model: str,
+    host: str | None = None,
+    *,
+    host_explicit: bool = False,
+    seed: int = 0,
+    replicates: int = fitting.DEFAULT_REPLICATES,
+) -> StoredFit:
+    """`tuner fit`: fit the model's data anew and store the fit."""
+    data, selection = select_data(store, model, host, host_explicit)
+    return _save_fit(store, data, selection, seed, replicates)
+
+
+def _equal_fit(session, selection: Selection, seed: int, replicates: int) -> Fit | None:
+    """The newest stored fit of exactly this data, seed and bootstrap size, if any."""
+    for row in session.scalars(
+        select(Fit)
+        .where(Fit.model_id == selection.model_id, Fit.version == VERSION)
+        .order_by(Fit.id.desc())
+    ):
+        inputs = row.inputs or {}
+        if (
+            inputs.get("data_hash") == selection.data_hash
+            and inputs.get("seed") == seed
+            and inputs.get("replicates") == replicates
+        ):
+            return row
+    return None
+
+
+def _save_fit(
+    store: Store,
+    data: FitData,
+    selection: Selection,
+    seed: int,
+    replicates: int,
+    reuse_equal: bool = False,
+) -> StoredFit:
+    """Fit and store; with reuse_equal, a fit of the same data stored meanwhile (by another
+    process of a fleet) is returned instead, so the data gets one fit and one study."""
+    result = _fit_data(data, selection, seed, replicates)
+    inputs = selection.inputs() | {"seed": seed, "replicates": replicates}
+    with store.exclusive(f"fit:{selection.model_id}:{selection.host_id}") as session:
+        if reuse_equal and (existing := _equal_fit(session, selection, seed, replicates)):
+            return _stored(existing, True, selection.host_note)
+        row = Fit(
+            model_id=selection.model_id,
+            host_id=selection.host_id,
+            build_id=selection.build_id,
+            version=VERSION,
+            form=result.model.form,
+            params=finite(result.model.to_dict()),
+            inputs=finite(inputs),
+            quality=finite(result.quality.as_dict()),
+        )
+        session.add(row)
+        session.flush()
+        return _stored(row, False, selection.host_note)
+
+
+def current_fit(
+    store: Store,
+    model: str,
+    host: str | None = None,
+    *,
+    host_explicit: bool = False,
+    fit_id: int | None = None,
+    seed: int = 0,
+    replicates: int = fitting.DEFAULT_REPLICATES,
+) -> StoredFit:
+    """A given fit, else the newest fit of exactly the current data, else a new fit (stored)."""
+    if fit_id is not None:
+        with store.session() as session:
+            row = session.get(Fit, fit_id)
+            if row is None:
+                raise NotFoundError(
+                    f"fit {fit_id} does not exist; `tuner fit --model NAME` makes one"
+                )
+            if row.model.name != model:
+                raise ConfigError(f"fit {fit_id} is of model {row.model.name!r}, not {model!r}")
+            return _stored(row, True, None)
+    data, selection = select_data(store, model, host, host_explicit)
+    with store.session() as session:
+        if existing := _equal_fit(session, selection, seed, replicates):
+            return _stored(existing, True, selection.host_note)
+    return _save_fit(store, data, selection, seed, replicates, reuse_equal=True)

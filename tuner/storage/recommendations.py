@@ -1,0 +1,54 @@
+"""Recommendations as stored in `tuner_recommendations`: saved with their fit and study, read
+back as tuner.decide.recommendation.Recommendation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from tuner.decide.recommendation import Recommendation
+from tuner.storage.engine import Store
+from tuner.storage.fits import finite
+from tuner.storage.orm import RecommendationRow
+
+
+def save(store: Store, rec: Recommendation, extra: dict[str, Any] | None = None) -> int:
+    """Store a recommendation (its id is set on it); extra details go beside its own."""
+    with store.session() as session:
+        row = RecommendationRow(
+            fit_id=rec.fit_id,
+            study_name=rec.study_name,
+            max_slots=rec.max_slots,
+            n_max=rec.n_max,
+            objective=rec.objective if rec.objective is not None else float("nan"),
+            details=finite(rec.as_dict() | (extra or {})),
+        )
+        session.add(row)
+        session.flush()
+        rec.id = row.id
+        row.details = {**row.details, "recommendation_id": row.id}
+    return rec.id
+
+
+def of_row(row: RecommendationRow) -> Recommendation:
+    return Recommendation.from_stored(
+        row.id, row.fit_id, row.max_slots, row.n_max, dict(row.details or {})
+    )
+
+
+def load(store: Store, rec_id: int) -> Recommendation | None:
+    with store.session() as session:
+        row = session.get(RecommendationRow, rec_id)
+        return of_row(row) if row is not None else None
+
+
+def newest_for_fit(store: Store, fit_id: int) -> Recommendation | None:
+    """The newest recommendation made from a fit."""
+    with store.session() as session:
+        row = session.scalars(
+            select(RecommendationRow)
+            .where(RecommendationRow.fit_id == fit_id)
+            .order_by(RecommendationRow.id.desc())
+        ).first()
+        return of_row(row) if row is not None else None
