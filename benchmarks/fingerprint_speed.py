@@ -70,6 +70,7 @@ def main() -> int:
 
     from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model
     from tuner.storage.engine import Store
+    from tuner.storage.hashes import StoredHashes
 
     size = int(args.size_gib * (1 << 30))
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -81,7 +82,7 @@ def main() -> int:
             f"on disk (sparse), written in {time.perf_counter() - started:.2f} s"
         )
         store = Store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        hashes = store.file_hashes("bench-host")
+        hashes = StoredHashes(store, "bench-host")
 
         drop_cache(path, args.warm)
         started = time.perf_counter()
