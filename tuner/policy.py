@@ -86,10 +86,6 @@ class Policy:
     def with_n_max(self, n_max: int | None) -> Policy:
         return replace(self, n_max=n_max if self.drafting else None)
 
-    def server_args(self) -> list[str]:
-        """The threshold flag it needs on top of the drafting arguments (none for plain/always)."""
-        return ["--spec-draft-max-slots", str(self.max_slots)] if self.is_threshold else []
-
     def describe(self, n_parallel: int) -> str:
         """In words, for legends and summaries."""
         if self.max_slots is None:
