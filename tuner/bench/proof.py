@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import BenchError, ServerDiedError, ServerError
-from tuner.measure.server import LaunchConfig, ManagedServer, describe_exit
+from tuner.measure import kernel
+from tuner.measure.fingerprint import cpu_model
+from tuner.measure.server import LaunchConfig, ManagedServer
 
 # llama-server's system_info names (compile-time features of the CPU backend) -> /proc/cpuinfo.
 FEATURE_FLAGS = {
@@ -86,19 +88,10 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_id() -> str:
     """Which CPU a proof holds for: architecture, model name and feature flags."""
-    text = "|".join([platform.machine(), cpu_name(), " ".join(sorted(cpu_flags()))])
+    name = cpu_model() or platform.machine()
+    text = "|".join([platform.machine(), name, " ".join(sorted(cpu_flags()))])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -193,40 +186,16 @@ def _prove_server(
 
 
 def _prove_batched_bench(binary: Path, model: Path, log: Path) -> None:
-    cmd = [
-        str(binary),
-        "-m",
-        str(model),
-        "-c",
-        "256",
-        "-npp",
-        "8",
-        "-ntg",
-        "4",
-        "-npl",
-        "1,2",
-        "--output-format",
-        "jsonl",
-    ]
+    cmd = [str(binary), "-m", str(model), "-c", "256", "-npp", "8", "-ntg", "4", "-npl", "1,2"]
     try:
-        result = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=PROOF_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BenchError(f"the bench failed its proof: {' '.join(cmd)}: {exc}") from exc
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("$ " + " ".join(cmd) + "\n" + result.stdout + result.stderr)
-    if result.returncode == 0 and '"pl"' in result.stdout + result.stderr:
-        return
-    what, cause = describe_exit(result.returncode)
-    message = (
-        f"llama-batched-bench {what} on {model.name} at the bench proof"
-        + (f": {cause}" if cause else "")
-        + f"; see {log}"
-    )
-    if result.returncode == -signal.SIGILL:
-        raise IllegalInstruction(message)
-    raise BenchError(f"the bench failed its proof: {message}")
+        kernel.run_batched_bench([*cmd, "--output-format", "jsonl"], log, PROOF_TIMEOUT_S)
+    except ServerDiedError as exc:
+        message = f"{exc} (on {model.name} at the bench proof; see {log})"
+        if exc.returncode == -signal.SIGILL:
+            raise IllegalInstruction(message) from exc
+        raise BenchError(f"the bench failed its proof: {message}") from exc
+    except ServerError as exc:
+        raise BenchError(f"the bench failed its proof on {model.name}: {exc}") from exc
 
 
 def prove(
@@ -276,7 +245,7 @@ def prove(
         )
     return Proof(
         machine=machine_id(),
-        cpu=cpu_name(),
+        cpu=cpu_model() or platform.machine(),
         system_info=system_info,
         built_for=built_for,
         draft_tokens=drafted,

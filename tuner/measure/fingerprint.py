@@ -166,7 +166,8 @@ def list_devices(binary: Path) -> list[str]:
     ]
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -187,7 +188,7 @@ def probe_host(binary: Path | None, name: str | None = None) -> HostInfo:
     """This machine: name, CPU, cores, memory and llama-server's devices."""
     return HostInfo(
         name=name or socket.gethostname(),
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
         cpu_cores=os.cpu_count(),
         memory_bytes=_memory_bytes(),
         devices=list_devices(binary) if binary is not None else [],

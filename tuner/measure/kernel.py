@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.errors import ServerError
+from tuner.errors import ServerDiedError, ServerError
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) ->
 
         what, cause = describe_exit(result.returncode)
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-10:])
-        raise ServerError(
-            f"llama-batched-bench {what}" + (f" ({cause})" if cause else "") + f":\n{tail}"
+        raise ServerDiedError(
+            f"llama-batched-bench {what}" + (f" ({cause})" if cause else "") + f":\n{tail}",
+            returncode=result.returncode,
         )
     points = parse_jsonl(result.stdout + "\n" + result.stderr)
     if not points:

@@ -51,9 +51,21 @@ from tuner.measure.stats import level_medians, pool_drafting, stable
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.hashes import StoredHashes
-from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample, get_or_create
+from tuner.storage.orm import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    Build,
+    Host,
+    KernelRow,
+    Level,
+    Model,
+    Run,
+    Sample,
+    get_or_create,
+)
 
-RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 
 
@@ -283,6 +295,7 @@ class Profiler:
         generator = LoadGenerator(server_url, self._workload(), api_key=self.api_key)
         headers = generator.headers
         done_before = len(repeats)
+        where = f"during {config.config_name} at concurrency {concurrency}"
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
@@ -292,7 +305,7 @@ class Profiler:
                 failed = any(not s.ok for s in samples)
                 after = before if failed else metrics.scrape(None, server_url, headers)
             except (ServerError, LoadError) as exc:
-                error = self._explain_failure(server, config, concurrency, str(exc))
+                error = self._explain_failure(server, where, str(exc))
                 self._fail_level(level.id, error)
                 raise ServerError(error) from exc
             figures = summarize(samples, concurrency)
@@ -301,10 +314,7 @@ class Profiler:
             if figures.failed:
                 first = next(s.error for s in samples if not s.ok)
                 error = self._explain_failure(
-                    server,
-                    config,
-                    concurrency,
-                    f"{figures.failed} of {concurrency} requests failed ({first})",
+                    server, where, f"{figures.failed} of {concurrency} requests failed ({first})"
                 )
                 self._fail_level(level.id, error)
                 raise LoadError(error)
@@ -336,12 +346,10 @@ class Profiler:
         )
         return level.id
 
-    def _explain_failure(
-        self, server: ManagedServer | None, config: Target, concurrency: int, detail: str
-    ) -> str:
-        """Why a level failed: the server's exit named (signal, likely cause) when it died, a
-        hang when it is still there. An attached server is not ours: its exit cannot be seen."""
-        where = f"during {config.config_name} at concurrency {concurrency}"
+    def _explain_failure(self, server: ManagedServer | None, where: str, detail: str) -> str:
+        """Why a level or the warm-up failed: the server's exit named (signal, likely cause) when
+        it died, a hang when it is still there. An attached server is not ours: its exit cannot
+        be seen."""
         if server is None:
             return f"the server stopped answering {where}: {detail}"
         if server.exited_within(EXIT_GRACE_S):
@@ -377,9 +385,7 @@ class Profiler:
             if failure is None:
                 continue
             detail = f"warm-up requests failed: {failure}"
-            if server is not None and server.exited_within(EXIT_GRACE_S):
-                raise server.died("during warm-up", detail)
-            raise ServerError(detail)
+            raise ServerError(self._explain_failure(server, "during warm-up", detail))
 
     # -- managed mode --
 

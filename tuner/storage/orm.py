@@ -27,6 +27,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from tuner.policy import Policy
 
+# Status of a run or a level.
+RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
+
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

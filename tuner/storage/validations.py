@@ -12,10 +12,8 @@ from tuner.decide.recommendation import Recommendation
 from tuner.errors import NothingToDoError
 from tuner.policy import Policy
 from tuner.storage.engine import Store
-from tuner.storage.orm import Host, Level, Model, RecommendationRow, Run
+from tuner.storage.orm import COMPLETED, Host, Level, Model, RecommendationRow, Run
 from tuner.storage.recommendations import of_row
-
-COMPLETED = "completed"
 
 
 def latest_validation(store: Store, model: str, host: str | None = None) -> int | None:
