@@ -10,7 +10,10 @@ Pure numpy/scipy, no I/O. The equations (tuner/ARCHITECTURE.md has them with the
   the profiled n_max over that expectation (steps without a draft: first token, last steps).
   Without per-position counts the rates are inferred (geometric) from the measured tokens per
   step; imported tables carry only tok/s, so their spec curve folds acceptance in (L = 1 unit).
-- Threshold policy N: spec(c) for c <= N, plain(c) above; N = 0 drafts always.
+- Threshold policy N: spec(c) for c <= N; above N the threshold server is its own regime,
+  plain(c) * (1 + overhead), the overhead measured from threshold rows above their N (a server
+  with the draft loaded but not drafting is not quite plain); 0 while no such row exists.
+  N = 0 drafts always.
 
 What is fitted is the effective step time of each level, T = c * L_measured / tok/s (it equals the
 server's step time up to the aggregate window, and it is stable where tok/s of a speculative run
@@ -29,8 +32,12 @@ kernel rows the verify cost is taken as linear in k, and T_spec is linear in n b
 (n = 0) and the measured T_spec.
 
 Uncertainty: bootstrap replicates of the whole fit, over the repeats of each level when they were
-repeated, else over the curves' residuals (leverage-inflated); every prediction, gain and the
-crossover come with a percentile interval over the replicates.
+repeated (whole passes at once when the configurations were interleaved, so a drift of the
+machine hits plain and spec of a replicate alike), else over the curves' residuals
+(leverage-inflated). Each replicate also draws its curve form (weighted by leave-one-out error),
+an error away from the measured levels (one of the form's leave-one-out errors) and a
+launch-to-launch offset (a floor). Every prediction, gain and the crossover come with the
+percentile interval over the replicates, as it falls: it need not contain the point estimate.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from tuner.model.acceptance import Acceptance
 from tuner.model.curves import Curve, verify_extra
 from tuner.policy import Policy
 
-VERSION = "costmodel-2"
+VERSION = "costmodel-3"
 DEFAULT_INTERVAL = 0.9
 
 
@@ -125,6 +132,8 @@ class CostModel:
     replicates: list[dict[str, Any]] = field(default_factory=list)
     interval: float = DEFAULT_INTERVAL
     version: str = VERSION
+    threshold_overhead: float = 0.0  # threshold server above N against plain: tok/s ratio - 1
+    threshold_rows: int = 0  # how many measured rows set it (0: assumed to equal plain)
 
     # -- step costs and throughput --
 
@@ -177,7 +186,11 @@ class CostModel:
         spec = self.spec_tps(c, policy.n_max)
         if policy.is_always:
             return spec
-        return np.where(c <= policy.max_slots, spec, self.plain_tps(c))
+        return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))
+
+    def threshold_tps(self, c: Any) -> np.ndarray:
+        """tok/s of a threshold server above its N: plain with the measured overhead."""
+        return self.plain_tps(c) * (1.0 + self.threshold_overhead)
 
     # -- replicates and intervals --
 
@@ -191,16 +204,28 @@ class CostModel:
                 tuple(rep["rates"]) if rep.get("rates") is not None else self.acceptance.rates,
                 self.acceptance.source,
             )
+        curves = {
+            key: curve.with_params(
+                rep[key],
+                rep.get(f"{key}_corr"),
+                form=rep.get(f"{key}_form"),
+                shift=rep.get(f"{key}_shift", 0.0),
+                gap_shift=rep.get(f"{key}_gap", 0.0),
+            )
+            for key, curve in (("plain", self.plain), ("spec", self.spec))
+        }
         return CostModel(
             self.n_parallel,
             self.n_max,
-            self.plain.with_params(rep["plain"], rep.get("plain_corr")),
-            self.spec.with_params(rep["spec"], rep.get("spec_corr")),
+            curves["plain"],
+            curves["spec"],
             acceptance,
             self.verify,
             [],
             self.interval,
             self.version,
+            float(rep.get("threshold_overhead", self.threshold_overhead)),
+            self.threshold_rows,
         )
 
     @cached_property
@@ -227,8 +252,8 @@ class CostModel:
         return Prediction(
             [int(v) for v in c],
             [float(v) for v in point],
-            [float(min(a, p)) for a, p in zip(lo, point, strict=True)],
-            [float(max(b, p)) for b, p in zip(hi, point, strict=True)],
+            [float(v) for v in lo],
+            [float(v) for v in hi],
             self.interval,
         )
 
@@ -245,8 +270,8 @@ class CostModel:
         return Gain(
             [int(v) for v in c],
             point,
-            np.minimum(lo, point),
-            np.maximum(hi, point),
+            lo,
+            hi,
             samples.std(axis=0, ddof=1) if len(samples) > 1 else np.zeros_like(point),
         )
 
@@ -276,13 +301,12 @@ class CostModel:
         uptos = np.array([u for _, u in reps], dtype=float)
         lo, hi = self.bounds(values[:, None])
         ulo, uhi = self.bounds(uptos[:, None])
-        point = as_number(streams, upto)
         return Crossover(
             streams,
-            float(min(lo[0], point)),
-            float(max(hi[0], point)),
+            float(lo[0]),
+            float(hi[0]),
             upto,
-            (int(min(round(ulo[0]), upto)), int(max(round(uhi[0]), upto))),
+            (round(ulo[0]), round(uhi[0])),
             self.interval,
         )
 
@@ -303,6 +327,8 @@ class CostModel:
             "verify": {str(k): v.to_dict() for k, v in sorted(self.verify.items())},
             "replicates": self.replicates,
             "interval": self.interval,
+            "threshold_overhead": self.threshold_overhead,
+            "threshold_rows": self.threshold_rows,
         }
 
     @classmethod
@@ -317,4 +343,6 @@ class CostModel:
             replicates=list(data.get("replicates", [])),
             interval=float(data.get("interval", DEFAULT_INTERVAL)),
             version=str(data.get("version", VERSION)),
+            threshold_overhead=float(data.get("threshold_overhead", 0.0)),
+            threshold_rows=int(data.get("threshold_rows", 0)),
         )

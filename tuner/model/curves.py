@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -89,13 +89,22 @@ class Curve:
     (knots, corr) multiplies the form by 1 + corr, interpolated in log c between the measured
     levels (held constant beyond them): it is how a curve honours measured medians that are more
     precise than the form's lack of fit (see `fit`).
+
+    A bootstrap replicate also carries what a refit cannot see: `shift`, a relative offset at
+    every c (the next launch measures differently from the last one), and `gap_shift`, a relative
+    offset that grows from 0 at the measured levels (`support`) to its full size half an octave
+    away from them (how far the form may miss where nothing was measured).
     """
 
     form: str
     params: tuple[float, ...]
-    base: Curve | None = None  # "kernel" form: y = base(x) + a + b*x
+    # "kernel" form: y = base(x) + a + b*x; kept with other forms too, for replicates of this form
+    base: Curve | None = None
     knots: tuple[float, ...] = ()
     corr: tuple[float, ...] = ()
+    support: tuple[float, ...] = ()  # the measured levels the curve was fitted on
+    shift: float = 0.0
+    gap_shift: float = 0.0
 
     def trend(self, x: Any) -> np.ndarray:
         """The form alone, without the calibration."""
@@ -110,20 +119,40 @@ class Curve:
         y = self.trend(x)
         if self.knots and any(self.corr):
             y = y * (1.0 + np.interp(np.log(x), np.log(self.knots), self.corr))
+        if self.shift or self.gap_shift:
+            y = y * (1.0 + self.shift + self.gap_shift * gap(x, self.support))
         return y
 
-    def with_params(self, params: Sequence[float], corr: Sequence[float] | None = None) -> Curve:
+    def with_params(
+        self,
+        params: Sequence[float],
+        corr: Sequence[float] | None = None,
+        *,
+        form: str | None = None,
+        shift: float = 0.0,
+        gap_shift: float = 0.0,
+    ) -> Curve:
+        """A replicate of this curve: other parameters (of another form, when given), its own
+        calibration and offsets."""
+        form = form or self.form
         corr_t = tuple(float(v) for v in corr) if corr is not None else self.corr
-        return Curve(self.form, tuple(float(p) for p in params), self.base, self.knots, corr_t)
+        return replace(
+            self,
+            form=form,
+            params=tuple(float(p) for p in params),
+            corr=corr_t if len(corr_t) == len(self.knots) else (),
+            knots=self.knots if len(corr_t) == len(self.knots) else (),
+            shift=float(shift),
+            gap_shift=float(gap_shift),
+        )
 
     def calibrated(self, knots: Sequence[float], corr: Sequence[float]) -> Curve:
-        return Curve(
-            self.form,
-            self.params,
-            self.base,
-            tuple(float(k) for k in knots),
-            tuple(float(v) for v in corr),
+        return replace(
+            self, knots=tuple(float(k) for k in knots), corr=tuple(float(v) for v in corr)
         )
+
+    def supported_on(self, levels: Sequence[float]) -> Curve:
+        return replace(self, support=tuple(float(v) for v in levels))
 
     @property
     def n_params(self) -> int:
@@ -136,6 +165,8 @@ class Curve:
         if self.knots:
             out["knots"] = list(self.knots)
             out["corr"] = list(self.corr)
+        if self.support:
+            out["support"] = list(self.support)
         return out
 
     @classmethod
@@ -147,7 +178,23 @@ class Curve:
             base,
             tuple(float(k) for k in data.get("knots", ())),
             tuple(float(v) for v in data.get("corr", ())),
+            tuple(float(v) for v in data.get("support", ())),
         )
+
+
+#: How far from the nearest measured level (in ln c) the form's error reaches its full size:
+#: half an octave, the middle of the gap between levels 1, 2, 4, 8.
+GAP_SCALE = 0.5 * math.log(2.0)
+
+
+def gap(x: Any, support: Sequence[float]) -> np.ndarray:
+    """0 at a measured level, rising linearly in ln c to 1 half an octave away (1 without any)."""
+    x = np.asarray(x, dtype=float)
+    if not support:
+        return np.ones_like(x)
+    logs = np.log(np.asarray(support, dtype=float))
+    distance = np.min(np.abs(np.log(x)[..., None] - logs), axis=-1)
+    return np.minimum(1.0, distance / GAP_SCALE)
 
 
 def _solve_linear(design: np.ndarray, y: np.ndarray, nonneg_last: bool) -> tuple[np.ndarray, float]:
@@ -202,7 +249,7 @@ def fit_curve(
     return Curve(form, params)
 
 
-def _valid_on(curve: Curve, x_max: float) -> bool:
+def valid_on(curve: Curve, x_max: float) -> bool:
     """A step-cost curve must be positive and never fall as streams are added, on [1, x_max]."""
     grid = np.linspace(1.0, max(x_max, 1.0), 64)
     values = curve(grid)
@@ -239,7 +286,7 @@ def select_form(
         if n < k:
             continue
         curve = fit_curve(name, xa, ya, base)
-        if not _valid_on(curve, x_max):
+        if not valid_on(curve, x_max):
             loo[name] = None
             continue
         fitted[name] = curve

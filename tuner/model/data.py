@@ -26,6 +26,7 @@ class Repeat:
     step_ms: float | None = None
     drafts: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
+    pass_index: int | None = None  # the interleaved pass that measured it (None: not interleaved)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class LevelObs:
     concurrency: int
     repeats: tuple[Repeat, ...]
     level_id: int | None = None
+    run_id: int | None = None  # levels of one run measured side by side (paired)
 
     @property
     def tokens_per_second(self) -> float:

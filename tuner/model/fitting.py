@@ -3,16 +3,27 @@
 What is fitted is the effective step time of each level, T = c * L_measured / tok/s (stable
 where tok/s of a speculative run is not). Each curve's form is chosen by leave-one-out error;
 where levels were repeated, the form is calibrated towards the measured medians by as much of
-its residual as the repeats' noise does not explain. Uncertainty: bootstrap replicates of the
-whole fit, over the repeats of each level when they were repeated, else over the curves'
-residuals (leverage-inflated).
+its residual as the repeats' noise does not explain. Threshold rows above their N set the
+threshold server's overhead against plain (paired with plain of the same run where it exists).
+
+Uncertainty: bootstrap replicates of the whole fit, over the repeats of each level when they
+were repeated (whole interleaved passes at once, so plain and spec measured side by side stay
+paired), else over the curves' residuals (leverage-inflated). The point estimate keeps the
+chosen form; each replicate also
+
+- draws its form among those the leave-one-out test scored, weighted by RMSE^-n (a pseudo-Bayes
+  model average), and refits it;
+- draws a form error away from the measured levels: one of the form's leave-one-out errors, with
+  a random sign (a jackknife prediction error), full size half an octave from any measured level;
+- draws a launch-to-launch offset, normal with sd LAUNCH_NOISE_FLOOR: a new launch of the same
+  server measures differently from the one fitted, however precisely that one was measured.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,13 +36,25 @@ from tuner.model.acceptance import (
     geometric_rates,
 )
 from tuner.model.costmodel import DEFAULT_INTERVAL, CostModel
-from tuner.model.curves import GENERIC_FORMS, Curve, fit_curve, select_form, verify_curve
+from tuner.model.curves import (
+    GENERIC_FORMS,
+    Curve,
+    FormChoice,
+    fit_curve,
+    select_form,
+    valid_on,
+    verify_curve,
+)
 from tuner.model.data import FitData, LevelObs, Repeat, level_step
 from tuner.model.quality import Calibration, FitQuality, Uncertainty, assess
 
 DEFAULT_REPLICATES = 200
 #: Relative noise assumed for residual bootstraps when a curve has no residual degrees of freedom.
 FALLBACK_NOISE = 0.02
+#: Relative sd of one launch against another of the same server, the least the intervals assume.
+LAUNCH_NOISE_FLOOR = 0.02
+#: Relative sd of the form's error between levels when no leave-one-out error exists (2 levels).
+FORM_ERROR_FALLBACK = 0.05
 
 
 @dataclass
@@ -66,16 +89,107 @@ def _kernel_curves(data: FitData, x_max: float) -> tuple[dict[int, Curve], dict[
     return curves, report
 
 
+PassDraw = dict[int | None, list[int]]  # run -> the passes a replicate drew (with repeats)
+
+
+def _draw_passes(rng: np.random.Generator, levels: list[LevelObs]) -> PassDraw:
+    """Whole interleaved passes, drawn with replacement per run: every level measured in a drawn
+    pass contributes that pass's repeat, so plain and spec keep their pairing."""
+    passes: dict[int | None, set[int]] = {}
+    for lv in levels:
+        for r in lv.repeats:
+            if r.pass_index is not None:
+                passes.setdefault(lv.run_id, set()).add(r.pass_index)
+    draw: PassDraw = {}
+    for run, found in passes.items():
+        ordered = sorted(found)
+        draw[run] = [ordered[i] for i in rng.integers(0, len(ordered), size=len(ordered))]
+    return draw
+
+
 def _bootstrap_inputs(
-    rng: np.random.Generator, levels: list[LevelObs]
+    rng: np.random.Generator, levels: list[LevelObs], passes: PassDraw | None = None
 ) -> list[tuple[LevelObs, tuple[Repeat, ...]]]:
+    """Each level's repeats resampled: by the drawn passes where its repeats carry one, else
+    independently."""
     out = []
     for lv in levels:
         reps = lv.repeats
-        if len(reps) >= 2:
+        by_pass = {r.pass_index: r for r in reps if r.pass_index is not None}
+        drawn = [by_pass[p] for p in (passes or {}).get(lv.run_id, []) if p in by_pass]
+        if drawn:
+            reps = tuple(drawn)
+        elif len(reps) >= 2:
             idx = rng.integers(0, len(reps), size=len(reps))
             reps = tuple(reps[i] for i in idx)
         out.append((lv, reps))
+    return out
+
+
+def form_weights(choice: FormChoice, n_points: int) -> dict[str, float]:
+    """Model-averaging weights over the forms the leave-one-out test scored: RMSE^-n, normalised
+    (the chosen form alone when none was scored)."""
+    scored = {
+        name: max(rmse, 1e-6)
+        for name, rmse in choice.loo_rmse_pct.items()
+        if rmse is not None and name in choice.loo_errors_pct
+    }
+    if not scored:
+        return {choice.curve.form: 1.0}
+    best = min(scored.values())
+    raw = {name: (best / rmse) ** n_points for name, rmse in scored.items()}
+    total = sum(raw.values())
+    return {name: w / total for name, w in raw.items()}
+
+
+def _form_error(rng: np.random.Generator, choice: FormChoice, form: str) -> float:
+    """One leave-one-out error of the form (relative), with a random sign."""
+    errors = choice.loo_errors_pct.get(form) or choice.loo_errors_pct.get(choice.curve.form)
+    if errors:
+        return float(rng.choice(np.abs(errors)) / 100 * rng.choice([-1.0, 1.0]))
+    return float(rng.normal(0.0, FORM_ERROR_FALLBACK))
+
+
+def _replicate_curve(
+    rng: np.random.Generator,
+    key: str,
+    choice: FormChoice,
+    weights: dict[str, float],
+    x: np.ndarray,
+    y: np.ndarray,
+    x_max: float,
+    calibration: float,
+    launch_noise: float,
+) -> dict[str, Any]:
+    """One replicate's curve: a form drawn by weight and refitted, its calibration and offsets."""
+    base = choice.curve.base
+    names = list(weights)
+    form = names[int(rng.choice(len(names), p=[weights[n] for n in names]))]
+    refit = fit_curve(form, x, y, base)
+    if form != choice.curve.form and not valid_on(refit, x_max):
+        form, refit = choice.curve.form, fit_curve(choice.curve.form, x, y, base)
+    rep: dict[str, Any] = {
+        key: list(refit.params),
+        f"{key}_shift": float(rng.normal(0.0, launch_noise)),
+        f"{key}_gap": _form_error(rng, choice, form),
+    }
+    if form != choice.curve.form:
+        rep[f"{key}_form"] = form
+    if calibration > 0:
+        rep[f"{key}_corr"] = [float(v) for v in calibration * (y / refit.trend(x) - 1)]
+    return rep
+
+
+def threshold_observations(data: FitData, plain: Callable[[float], float]) -> list[float]:
+    """tok/s of each threshold row above its N over plain's - 1: against plain measured in the
+    same run at the same level where there is one (side by side), else the plain curve."""
+    paired = {(lv.run_id, lv.concurrency): lv.tokens_per_second for lv in data.plain}
+    out = []
+    for lv in data.thresholds:
+        if lv.policy.max_slots is None or lv.concurrency <= lv.policy.max_slots:
+            continue
+        ref = paired.get((lv.run_id, lv.concurrency)) if lv.run_id is not None else None
+        out.append(lv.tokens_per_second / (ref or plain(lv.concurrency)) - 1.0)
     return out
 
 
@@ -119,8 +233,14 @@ def fit(
     replicates: int = DEFAULT_REPLICATES,
     interval: float = DEFAULT_INTERVAL,
     forms: Sequence[str] = GENERIC_FORMS,
+    launch_noise: float = LAUNCH_NOISE_FLOOR,
+    form_uncertainty: bool = True,
 ) -> FitResult:
     """Fit step-cost curves and acceptance to the data; bootstrap it; report its quality.
+
+    launch_noise and form_uncertainty (form averaging and form errors between levels) widen the
+    replicates beyond a bootstrap of the data; both off is the plain bootstrap of costmodel-2,
+    kept for side-by-side benchmarks.
 
     Raises ValueError when plain or spec has fewer than two concurrency levels.
     """
@@ -137,8 +257,8 @@ def fit(
     plain_forms = list(forms) + (["kernel"] if 1 in verify else [])
     spec_base = verify_curve(verify, data.n_max + 1, x_max) if verify else None
     spec_forms = list(forms) + (["kernel"] if spec_base is not None else [])
-    plain_choice = select_form(xp, yp, x_max, plain_forms, verify.get(1))
-    spec_choice = select_form(xs, ys, x_max, spec_forms, spec_base)
+    plain_choice = _with_base(select_form(xp, yp, x_max, plain_forms, verify.get(1)), verify.get(1))
+    spec_choice = _with_base(select_form(xs, ys, x_max, spec_forms, spec_base), spec_base)
     noise = {
         "plain": _level_noise(plain_levels, None),
         "spec": _level_noise(spec_levels, acceptance),
@@ -147,15 +267,21 @@ def fit(
         "plain": _calibration_weight(plain_choice.curve, xp, yp, noise["plain"]),
         "spec": _calibration_weight(spec_choice.curve, xs, ys, noise["spec"]),
     }
+    plain_curve = _calibrate(plain_choice.curve, xp, yp, weight["plain"]).supported_on(xp)
+    overhead_obs = threshold_observations(
+        data, lambda c: 1000.0 * c / float(plain_curve(np.array([c]))[0])
+    )
     model = CostModel(
         data.n_parallel,
         data.n_max,
-        _calibrate(plain_choice.curve, xp, yp, weight["plain"]),
-        _calibrate(spec_choice.curve, xs, ys, weight["spec"]),
+        plain_curve,
+        _calibrate(spec_choice.curve, xs, ys, weight["spec"]).supported_on(xs),
         acceptance,
         verify,
         [],
         interval,
+        threshold_overhead=float(np.median(overhead_obs)) if overhead_obs else 0.0,
+        threshold_rows=len(overhead_obs),
     )
 
     # -- bootstrap: over repeats where levels were repeated, else over residuals --
@@ -165,29 +291,38 @@ def fit(
         "plain": _residual_pool(plain_choice.curve, xp, yp),
         "spec": _residual_pool(spec_choice.curve, xs, ys),
     }
+    averaging = {
+        key: form_weights(choice, len(x)) if form_uncertainty else {choice.curve.form: 1.0}
+        for key, choice, x in (("plain", plain_choice, xp), ("spec", spec_choice, xs))
+    }
     reps: list[dict[str, Any]] = []
     for _ in range(replicates):
         if has_repeats:
-            rs = _bootstrap_inputs(rng, spec_levels)
+            passes = _draw_passes(rng, plain_levels + spec_levels)
+            rs = _bootstrap_inputs(rng, spec_levels, passes)
             acc_b = _resampled_acceptance(acceptance, data, rs)
-            xp_b, yp_b = _points_from(_bootstrap_inputs(rng, plain_levels), None)
+            xp_b, yp_b = _points_from(_bootstrap_inputs(rng, plain_levels, passes), None)
             xs_b, ys_b = _points_from(rs, acc_b)
         else:
             acc_b = acceptance
             xp_b, yp_b = xp, _perturb(rng, plain_choice.curve.trend(xp), pools["plain"])
             xs_b, ys_b = xs, _perturb(rng, spec_choice.curve.trend(xs), pools["spec"])
         rep: dict[str, Any] = {}
-        for key, curve, x_b, y_b in (
-            ("plain", plain_choice.curve, xp_b, yp_b),
-            ("spec", spec_choice.curve, xs_b, ys_b),
+        for key, choice, x_b, y_b in (
+            ("plain", plain_choice, xp_b, yp_b),
+            ("spec", spec_choice, xs_b, ys_b),
         ):
-            refit = fit_curve(curve.form, x_b, y_b, curve.base)
-            rep[key] = list(refit.params)
-            if weight[key] > 0:
-                rep[f"{key}_corr"] = [float(v) for v in weight[key] * (y_b / refit.trend(x_b) - 1)]
+            rep |= _replicate_curve(
+                rng, key, choice, averaging[key], x_b, y_b, x_max, weight[key], launch_noise
+            )
+            if not form_uncertainty:
+                rep[f"{key}_gap"] = 0.0
         if acc_b is not acceptance:
             rep["mean_length"] = acc_b.mean_length
             rep["rates"] = list(acc_b.rates) if acc_b.rates is not None else None
+        if overhead_obs:
+            drawn = rng.choice(np.asarray(overhead_obs), size=len(overhead_obs))
+            rep["threshold_overhead"] = float(np.median(drawn))
         reps.append(rep)
     model.replicates = reps
 
@@ -202,11 +337,23 @@ def fit(
             for key in ("plain", "spec")
         },
         uncertainty=Uncertainty(
-            "repeats" if has_repeats else "residuals", replicates, interval, seed
+            "repeats" if has_repeats else "residuals",
+            replicates,
+            interval,
+            seed,
+            100 * launch_noise,
+            {key: dict(w) for key, w in averaging.items()},
         ),
         kernel=kernel_report,
     )
     return FitResult(model, quality)
+
+
+def _with_base(choice: FormChoice, base: Curve | None) -> FormChoice:
+    """The choice with the kernel base kept on its curve, so replicates may draw that form."""
+    if base is None or choice.curve.base is not None:
+        return choice
+    return replace(choice, curve=replace(choice.curve, base=base))
 
 
 def _points_from(

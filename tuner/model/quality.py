@@ -86,12 +86,15 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """How the intervals were made: bootstrap over repeats or residuals."""
+    """How the intervals were made: bootstrap over repeats or residuals, the launch-to-launch
+    floor, and the weights of the forms the replicates average over."""
 
     method: str
     replicates: int
     interval: float
     seed: int
+    launch_noise_pct: float | None = None  # None: stored before the floor existed
+    form_weights: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,12 +102,14 @@ class FitQuality:
     """Everything `tuner fit` shows about a fit, stored with it."""
 
     points: list[PointFit]  # the fitted levels: plain and always draft
-    held_out: list[PointFit]  # threshold levels: predicted, never fitted
+    held_out: list[PointFit]  # threshold levels: not in the curves; above N they set the overhead
     forms: dict[str, FormReport]  # "plain", "spec"
     calibration: dict[str, Calibration]
     uncertainty: Uncertainty
     acceptance: dict[str, Any]
     kernel: dict[str, Any] = field(default_factory=dict)
+    # the threshold server above N: {"overhead": tok/s ratio to plain - 1, "rows": how many set it}
+    threshold_regime: dict[str, Any] = field(default_factory=dict)
 
     @property
     def worst_point(self) -> PointFit:
@@ -135,6 +140,7 @@ class FitQuality:
             "uncertainty": asdict(self.uncertainty),
             "acceptance": self.acceptance,
             "kernel": self.kernel,
+            "threshold_regime": self.threshold_regime,
             # derived, stored for readers of the database
             "worst_residual_pct": worst.residual_pct,
             "worst_point": {"policy": worst.policy.label, "concurrency": worst.concurrency},
@@ -157,6 +163,7 @@ class FitQuality:
             uncertainty=Uncertainty(**data["uncertainty"]),
             acceptance=dict(data.get("acceptance", {})),
             kernel=dict(data.get("kernel", {})),
+            threshold_regime=dict(data.get("threshold_regime", {})),
         )
 
 
@@ -233,4 +240,5 @@ def assess(
         acceptance=acc.to_dict()
         | {"length_by_n": {str(n): acc.length(n) for n in model.n_values()}},
         kernel=kernel,
+        threshold_regime={"overhead": model.threshold_overhead, "rows": model.threshold_rows},
     )

@@ -73,10 +73,28 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
             f"stream per step at n_max {acc.get('n_max')}"
         )
     unc = quality.uncertainty
+    extra = ""
+    if unc.launch_noise_pct is not None:
+        averaged = "; ".join(
+            f"{key} " + ", ".join(f"{form} {w:.0%}" for form, w in weights.items())
+            for key, weights in unc.form_weights.items()
+        )
+        extra = (
+            f", launch-to-launch floor {unc.launch_noise_pct:.0f}%, forms averaged "
+            f"({averaged}) with their leave-one-out errors between levels"
+        )
     head.append(
         f"intervals: {100 * unc.interval:.0f}%, bootstrap over {unc.method} "
-        f"({unc.replicates} replicates)"
+        f"({unc.replicates} replicates){extra}"
     )
+    regime = quality.threshold_regime
+    if regime.get("rows"):
+        head.append(
+            f"threshold server above N: {pct(100 * regime['overhead'])} against plain "
+            f"(median of {regime['rows']} measured row(s))"
+        )
+    elif regime:
+        head.append("threshold server above N: assumed equal to plain (no threshold rows above N)")
     worst = quality.worst_point
     notes = [
         f"worst residual: {pct(worst.residual_pct)} ({worst.policy.config_name} at "
@@ -85,8 +103,8 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
     held = quality.worst_held_out
     if held is not None:
         notes.append(
-            f"threshold levels (not fitted, predicted from plain and spec): worst error "
-            f"{pct(held.residual_pct)}"
+            f"threshold levels (spec up to N, plain with the overhead above; not in the "
+            f"curves): worst error {pct(held.residual_pct)}"
         )
     notes.append(f"model {crossover_text(crossover)}")
     return Table(

@@ -130,6 +130,7 @@ def _repeats(level: Level) -> tuple[Repeat, ...]:
                 float(r["step_ms"]) if r.get("step_ms") else None,
                 float(m.get("drafts") or 0.0),
                 tuple(float(v) for v in m.get("accepted_per_position") or ()),
+                int(r["pass"]) if r.get("pass") is not None else None,
             )
         )
     if not out and level.tokens_per_second:
@@ -187,7 +188,7 @@ def select_data(
                 reps = _repeats(level)
                 if not reps:
                     continue
-                levels.append(LevelObs(policy, level.concurrency, reps, level.id))
+                levels.append(LevelObs(policy, level.concurrency, reps, level.id, run.id))
                 level_ids.append(level.id)
                 digest_rows.append([level.id, level.repeats, level.tokens_per_second])
                 measured.setdefault(level.config, set()).add(level.concurrency)
