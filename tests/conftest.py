@@ -68,6 +68,7 @@ class ProfiledBench:
     run_id: int
     output: str
     wall_s: float
+    log_dir: Path
 
 
 def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> ProfiledBench:
@@ -91,7 +92,9 @@ def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> Profil
     with store.session() as session:
         run_id = session.scalars(select(Run.id).order_by(Run.id.desc())).first()
     store.dispose()
-    return ProfiledBench(db_url, run_id, result.stdout + result.stderr, wall)
+    return ProfiledBench(
+        db_url, run_id, result.stdout + result.stderr, wall, base / "cache" / "logs"
+    )
 
 
 @pytest.fixture(scope="session")

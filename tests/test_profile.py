@@ -45,6 +45,17 @@ def test_bench_profile_stores_everything_and_sees_the_crossover(
             assert len(samples) == level.repeats * level.concurrency
             assert all(s.ok and s.tokens == 192 and s.steps for s in samples)
             assert level.step_ms and level.step_ms_spread is not None
+        # Interleaved: every repeat is tagged with its pass, and plain and spec of a level were
+        # measured in the same passes (paired neighbours), one launch per configuration and pass.
+        for c in (1, 2, 4, 8):
+            passes = {
+                cfg: sorted(r["pass"] for r in levels[(cfg, c)].metrics["repeats"])
+                for cfg in ("plain", "spec")
+            }
+            assert passes["plain"] == passes["spec"] == list(range(len(passes["plain"])))
+        most = max(level.repeats for level in levels.values())
+        logs = list((bench_profile.log_dir / f"run-{run.id}").glob("*.log"))
+        assert len([p for p in logs if p.name.startswith(("plain", "spec"))]) == 2 * most
         spec_samples = session.scalars(
             select(Sample).join(Level).where(Level.run_id == run.id, Level.config == "spec")
         )
@@ -187,10 +198,12 @@ def test_resume_after_a_killed_run_completes_only_the_missing_levels(tmp_path: P
             levels = _levels(store, 1)
         except StorageError:  # the tuner may hold the write lock for a moment
             continue
-        done = [lv for lv in levels.values() if lv.status == "completed"]
+        # Interleaved: a level closes when every configuration has measured it; one finished
+        # repeat (the only one asked for) is what must survive the kill.
+        done = [lv for lv in levels.values() if lv.repeats]
         if done:
             first_done = done[0]
-    assert first_done is not None, "no level completed in time"
+    assert first_done is not None, "no repeat finished in time"
     tuner.send_signal(signal.SIGKILL)
     tuner.wait()
     time.sleep(1.0)

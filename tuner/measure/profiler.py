@@ -1,10 +1,14 @@
 """Where a level is measured: the profile plan (policies x levels x repeats), run and stored.
 
-For each policy (plain: no drafting; always draft; threshold N: the patched server's
---spec-draft-max-slots) a llama-server is launched, warmed up and driven through every
-concurrency level (`Profiler.run_level`: repeats until the step time is stable). Each repeat's
-samples are committed as soon as it finishes, so a crash or Ctrl-C loses at most the repeat in
-flight, and `resume` finishes only what is missing.
+Each policy (plain: no drafting; always draft; threshold N: the patched server's
+--spec-draft-max-slots) runs on its own llama-server launch. By default the policies are
+interleaved: pass after pass, every policy is launched in turn (A B, then B A, ...) and measures
+one repeat at every level still open, so a drift of the machine over the minutes of a profile
+hits every policy alike and the repeats of one pass are paired neighbours. A level closes, for
+all policies together, once each has min_repeats and a stable step time, or max_repeats
+(`workload.interleave = false`: one launch per policy, repeating each level until it is stable).
+Each repeat's samples are committed as soon as it finishes, so a crash or Ctrl-C loses at most
+the repeat in flight, and `resume` finishes only what is missing.
 """
 
 from __future__ import annotations
@@ -225,6 +229,7 @@ class Profiler:
         samples: list[RequestSample],
         figures: LevelFigures,
         drafting: dict[str, Any],
+        pass_index: int | None = None,
     ) -> None:
         with self.store.session() as session:
             for s in samples:
@@ -248,10 +253,10 @@ class Profiler:
             if figures.failed:
                 return
             level = session.get(Level, level_id)
-            repeats = [
-                *level.metrics.get("repeats", []),
-                {"repeat": repeat, **_figures_dict(figures), "metrics": drafting},
-            ]
+            entry = {"repeat": repeat, **_figures_dict(figures), "metrics": drafting}
+            if pass_index is not None:
+                entry["pass"] = pass_index
+            repeats = [*level.metrics.get("repeats", []), entry]
             level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
             level.repeats = len(repeats)
             for key, value in level_medians(repeats).items():
@@ -286,8 +291,12 @@ class Profiler:
         config: Target,
         concurrency: int,
         server: ManagedServer | None = None,
+        pass_index: int | None = None,
     ) -> int:
-        """Repeat a level until its step time is stable or the repeat limit; store every repeat."""
+        """Repeat a level until its step time is stable or the repeat limit; store every repeat.
+
+        With pass_index (an interleaved pass): one repeat, tagged with the pass; the level stays
+        open (closing it is the pass's decision, see `run_interleaved`)."""
         workload = self.spec.workload
         level = self._level_row(config, concurrency)
         repeats = list(level.metrics.get("repeats", []))
@@ -310,7 +319,7 @@ class Profiler:
                 raise ServerError(error) from exc
             figures = summarize(samples, concurrency)
             drafting = metrics.drafting_summary(metrics.delta(before, after))
-            self._store_repeat(level.id, next_repeat, samples, figures, drafting)
+            self._store_repeat(level.id, next_repeat, samples, figures, drafting, pass_index)
             if figures.failed:
                 first = next(s.error for s in samples if not s.ok)
                 error = self._explain_failure(
@@ -330,6 +339,8 @@ class Profiler:
                 )
             )
             next_repeat += 1
+            if pass_index is not None:
+                return level.id
             if len(repeats) >= workload.max_repeats:
                 break
             if len(repeats) >= workload.min_repeats and stable(repeats, workload):
@@ -389,7 +400,8 @@ class Profiler:
 
     # -- managed mode --
 
-    def run_config(self, policy: Policy, levels: list[int]) -> None:
+    def run_config(self, policy: Policy, levels: list[int], pass_index: int | None = None) -> None:
+        """Launch the policy's server and measure the levels on it (one repeat each in a pass)."""
         log = self.log_dir / f"run-{self.run_id}" / f"{policy.config_name}.log"
         # A new log per launch: earlier launches of the same config (resume) stay readable.
         n = 1
@@ -400,7 +412,9 @@ class Profiler:
             ProgressEvent(
                 "server",
                 config=policy.config_name,
-                text=f"starting llama-server ({policy.config_name}), log {log}",
+                text=f"starting llama-server ({policy.config_name})"
+                + (f", pass {pass_index + 1}" if pass_index is not None else "")
+                + f", log {log}",
             )
         )
         server = ManagedServer(
@@ -414,7 +428,73 @@ class Profiler:
             self._check_props(props)
             self.warm_up(server.url, server)
             for concurrency in levels:
-                self.run_level(server.url, policy, concurrency, server)
+                self.run_level(server.url, policy, concurrency, server, pass_index)
+
+    # -- interleaved passes --
+
+    def _repeats_by_level(self, policies: list[Policy]) -> dict[tuple[str, int], list[dict]]:
+        names = {p.config_name for p in policies}
+        with self.store.session() as session:
+            return {
+                (row.config, row.concurrency): list((row.metrics or {}).get("repeats", []))
+                for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
+                if row.config in names
+            }
+
+    def _level_done(self, repeats: list[dict]) -> bool:
+        w = self.spec.workload
+        return len(repeats) >= w.max_repeats or (
+            len(repeats) >= w.min_repeats and stable(repeats, w)
+        )
+
+    def _close_levels(self, policies: list[Policy], concurrency: int, left: int) -> None:
+        with self.store.session() as session:
+            for row in session.scalars(
+                select(Level).filter_by(run_id=self.run_id, concurrency=concurrency)
+            ):
+                if row.config in {p.config_name for p in policies}:
+                    row.status, row.error = COMPLETED, None
+        for policy in policies:
+            self.observer(
+                ProgressEvent(
+                    "level", advance=left, config=policy.config_name, concurrency=concurrency
+                )
+            )
+
+    def run_interleaved(self, policies: list[Policy], levels: list[int]) -> None:
+        """Passes over the policies in alternating order, one launch and one repeat per open
+        level each; a level closes for all policies at once (see the module docstring).
+
+        A resumed run starts again at its newest pass: a policy that measured a level in it
+        already is not launched for that level again."""
+        w = self.spec.workload
+        state = self._repeats_by_level(policies)
+        first = max((r.get("pass", 0) for reps in state.values() for r in reps), default=0)
+        open_levels = list(levels)
+
+        def needs(policy: Policy, c: int, p: int) -> bool:
+            reps = state.get((policy.config_name, c), [])
+            return len(reps) < w.max_repeats and all(r.get("pass") != p for r in reps)
+
+        for p in range(first, first + w.max_repeats + 1):
+            order = policies if p % 2 == 0 else list(reversed(policies))
+            for policy in order:
+                todo = [c for c in open_levels if needs(policy, c, p)]
+                if todo:
+                    self.run_config(policy, todo, pass_index=p)
+            state = self._repeats_by_level(policies)
+            still_open = []
+            for c in open_levels:
+                runs = [state.get((policy.config_name, c), []) for policy in policies]
+                if all(self._level_done(reps) for reps in runs):
+                    self._close_levels(policies, c, max(0, w.max_repeats - min(map(len, runs))))
+                else:
+                    still_open.append(c)
+            open_levels = still_open
+            if not open_levels:
+                return
+        for c in open_levels:  # cannot happen: max_repeats passes fill every level
+            self._close_levels(policies, c, 0)
 
     def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
@@ -461,16 +541,25 @@ class Profiler:
                     )
                 )
 
-    def execute(self, policies: list[Policy], kernel_level: bool = True) -> int:
-        """Run every pending level of every configuration; record the outcome; return the run id."""
-        todo = self.pending(policies, self.spec.levels)
-        total = sum(len(v) for v in todo.values()) * self.spec.workload.max_repeats
-        self.observer(ProgressEvent("plan", total=total))
+    def execute(
+        self, policies: list[Policy], kernel_level: bool = True, levels: list[int] | None = None
+    ) -> int:
+        """Run every pending level of every configuration (interleaved unless the spec says
+        otherwise); record the outcome; return the run id."""
+        todo = self.pending(policies, levels or self.spec.levels)
+        open_levels = sorted({c for pending in todo.values() for c in pending})
+        interleave = self.spec.workload.interleave and len(policies) > 1
+        planned = len(policies) * len(open_levels) if interleave else sum(map(len, todo.values()))
+        self.observer(ProgressEvent("plan", total=planned * self.spec.workload.max_repeats))
 
         def body() -> None:
-            for policy in policies:
-                if todo[policy.config_name]:
-                    self.run_config(policy, todo[policy.config_name])
+            if interleave:
+                if open_levels:
+                    self.run_interleaved(policies, open_levels)
+            else:
+                for policy in policies:
+                    if todo[policy.config_name]:
+                        self.run_config(policy, todo[policy.config_name])
             if kernel_level:
                 self.run_kernel()
 

@@ -71,6 +71,11 @@ class WorkloadSpec(_Strict):
         0.05, gt=0, description="... and the aggregate tok/s's MAD/median is this small"
     )
     warmup: int = Field(1, ge=0, description="warm-up rounds after each server start")
+    interleave: bool = Field(
+        True,
+        description="measure the configurations in alternating passes, one launch and one "
+        "repeat per level each (A B, B A, ...), so a drift of the machine hits all alike",
+    )
     stream: bool = True
     request_timeout_s: float = Field(60.0, gt=0, description="longest silence from the server")
     weights: dict[int, float] | None = Field(

@@ -188,13 +188,17 @@ GAP_SCALE = 0.5 * math.log(2.0)
 
 
 def gap(x: Any, support: Sequence[float]) -> np.ndarray:
-    """0 at a measured level, rising linearly in ln c to 1 half an octave away (1 without any)."""
+    """0 at a measured level, rising linearly in ln c to 1 half an octave away (1 without any);
+    beyond the measured range it keeps rising (an extrapolation misses more the farther it
+    reaches)."""
     x = np.asarray(x, dtype=float)
     if not support:
         return np.ones_like(x)
     logs = np.log(np.asarray(support, dtype=float))
-    distance = np.min(np.abs(np.log(x)[..., None] - logs), axis=-1)
-    return np.minimum(1.0, distance / GAP_SCALE)
+    lx = np.log(x)
+    distance = np.min(np.abs(lx[..., None] - logs), axis=-1)
+    inside = (lx >= logs.min()) & (lx <= logs.max())
+    return np.where(inside, np.minimum(1.0, distance / GAP_SCALE), distance / GAP_SCALE)
 
 
 def _solve_linear(design: np.ndarray, y: np.ndarray, nonneg_last: bool) -> tuple[np.ndarray, float]:
