@@ -71,12 +71,14 @@ class ProfiledBench:
     log_dir: Path
 
 
-def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> ProfiledBench:
+def _profile_once(
+    tmp_path_factory: pytest.TempPathFactory, spec: str, *extra: str
+) -> ProfiledBench:
     base = tmp_path_factory.mktemp(spec)
     db_url = f"sqlite:///{base / 'tuner.db'}"
     started = time.monotonic()
     result = subprocess.run(
-        tuner_cmd("profile", str(PROFILES / f"{spec}.toml")),
+        tuner_cmd("profile", str(PROFILES / f"{spec}.toml"), *extra),
         env=tuner_env(db_url, base / "cache"),
         capture_output=True,
         text=True,
@@ -99,14 +101,15 @@ def _profile_once(tmp_path_factory: pytest.TempPathFactory, spec: str) -> Profil
 
 @pytest.fixture(scope="session")
 def bench_profile(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
-    """The bench spec (n-max 6, synth-len 3.5) profiled once per test session."""
+    """The bench spec (n-max 6, synth-len 3.5) profiled once per test session, adaptive levels
+    included (the default budget)."""
     return _profile_once(tmp_path_factory, "bench-smollm2-cpu")
 
 
 @pytest.fixture(scope="session")
 def bench_profile_nmax3(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
     """The second bench regime (n-max 3, synth-len 2.0) profiled once per test session."""
-    return _profile_once(tmp_path_factory, "bench-smollm2-cpu-nmax3")
+    return _profile_once(tmp_path_factory, "bench-smollm2-cpu-nmax3", "--budget", "0")
 
 
 @pytest.fixture

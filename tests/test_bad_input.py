@@ -116,6 +116,27 @@ def test_levels_that_are_not_numbers_name_the_option(files: dict[str, Path]) -> 
     assert "--levels" in result.stderr and "comma-separated integers" in result.stderr
 
 
+@pytest.mark.parametrize("budget", ["ten", "-5m", "5x"])
+def test_a_budget_that_is_not_a_duration_names_the_option(
+    files: dict[str, Path], budget: str
+) -> None:
+    result = CliRunner().invoke(app, ["profile", str(spec_file(files)), "--budget", budget])
+    assert result.exit_code == 2
+    assert "--budget" in result.stderr
+
+
+def test_durations_in_seconds_minutes_and_hours() -> None:
+    from tuner.cli.options import duration_option
+
+    assert [duration_option(t, "--budget") for t in ("0", "90", "90s", "10m", "1.5h")] == [
+        0.0,
+        90.0,
+        90.0,
+        600.0,
+        5400.0,
+    ]
+
+
 def test_np_smaller_than_a_level(files: dict[str, Path]) -> None:
     line = fails_with_one_line(
         ["profile", str(spec_file(files)), "--set", "server.n_parallel=2", "--levels", "1,4"],

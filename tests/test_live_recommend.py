@@ -135,3 +135,79 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     )
     assert fitted.returncode == 0, fitted.stderr
     assert report["run_id"] in json.loads(fitted.stdout)["inputs"]["runs"]
+
+
+def test_tune_measures_the_models_candidates_live_and_its_best_trial_stands(
+    bench_profile: ProfiledBench, tmp_path: Path
+) -> None:
+    import optuna
+
+    db_url = copy_db(bench_profile, tmp_path)
+    env = tuner_env(db_url, tmp_path / "cache")
+    model = MODELS["bench_profile"]
+
+    def recommended() -> str:
+        return subprocess.run(
+            tuner_cmd("recommend", "--model", model, "-q"),
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    before = recommended()
+    result = subprocess.run(
+        tuner_cmd(
+            "tune",
+            "--model",
+            model,
+            "--trials",
+            "3",
+            "--passes",
+            "2",
+            "--format",
+            "json",
+            "--set",
+            "workload.max_tokens=64",
+        ),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    trials = report["trials"]
+    # The standing recommendation is the first live trial; the model's candidates follow it.
+    assert f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={trials[0]['max_slots']}" == before
+    assert 1 <= len(trials) <= 3
+    assert {t["state"] for t in trials} <= {"complete", "pruned"}
+    complete = [t for t in trials if t["state"] == "complete"]
+    assert complete
+    best = max(complete, key=lambda t: (t["value"], -t["max_slots"]))
+    assert report["standing"] == best["max_slots"]
+    # The answer that stands is what recommend prints now.
+    assert recommended() == f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={best['max_slots']}"
+
+    # The live study is in the tuner's database, trial for trial.
+    study = optuna.load_study(study_name=report["study_name"], storage=db_url)
+    stored = {t.number: t for t in study.trials}
+    for t in trials:
+        assert stored[t["trial"]].params["spec_draft_max_slots"] == t["max_slots"]
+        assert stored[t["trial"]].state.name == t["state"].upper()
+
+    # Each round's policies were measured side by side: the same passes at the same levels.
+    store = Store(db_url)
+    with store.session() as session:
+        levels = session.scalars(select(Level).filter_by(run_id=report["run_id"])).all()
+        passes: dict[tuple[str, int], set[int]] = {
+            (lv.config, lv.concurrency): {r["pass"] for r in lv.metrics["repeats"]} for lv in levels
+        }
+    first_round = [t for t in trials if t["round"] == 1]
+    for c in first_round[0]["levels"]:
+        seen = [
+            passes[(f"max-slots-{t['max_slots']}" if t["max_slots"] else "spec", c)]
+            for t in first_round
+            if t["state"] == "complete"
+        ]
+        assert all(s == seen[0] for s in seen), seen

@@ -51,7 +51,7 @@ COMMANDS: dict[str, list[str]] = {
     "recommend": ["recommend", "--model", REFERENCE_MODEL, "-q"],
     "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
-LIVE = {"profile", "validate"}  # need the bench: test_live_commands_on_postgres
+LIVE = {"profile", "validate", "tune"}  # need the bench: test_live_commands_on_postgres
 NO_DATABASE = {"bench"}
 
 
@@ -98,7 +98,7 @@ def test_migrations_and_optuna_share_the_database(pg_url: str) -> None:
 @pytest.mark.bench
 def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     """A live profile on PostgreSQL, interrupted during a level and resumed to completion; then
-    recommend and validate (live) on the same database."""
+    recommend, validate and tune (live) on the same database."""
     cache = tmp_path / "cache"
     env = env_for(pg_url, cache)
     args = profile_args("1,2", 96)
@@ -128,6 +128,12 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     quick += ["--set", "workload.min_repeats=1", "--set", "workload.max_repeats=1"]
     validated = run_tuner(["validate", "--model", model, *quick], env)
     assert validated.returncode == 0, validated.stderr[-3000:]
+    tuned = run_tuner(["tune", "--model", model, "--trials", "2", "--passes", "1", *quick], env)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "after the live trials" in tuned.stdout or "now stands" in tuned.stdout
     kinds = peek(pg_url, "SELECT kind, status FROM tuner_runs ORDER BY id")
-    assert kinds == [("profile", "completed"), ("validate", "completed")]
+    assert kinds == [("profile", "completed"), ("validate", "completed"), ("tune", "completed")]
+    assert peek(pg_url, "SELECT COUNT(*) FROM studies WHERE study_name LIKE 'tuner:live:%'") == [
+        (1,)
+    ]
     assert_no_servers(f"TUNER_CACHE_DIR={cache}")

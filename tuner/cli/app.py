@@ -25,6 +25,7 @@ from tuner.cli.options import (
     State,
     TableFormat,
     TableFormatOption,
+    duration_option,
     err,
     levels_option,
     load_spec_file,
@@ -156,14 +157,24 @@ def profile(
         ),
     ] = None,
     skip_preflight: SkipPreflightOption = False,
+    budget: Annotated[
+        str,
+        typer.Option(
+            help="time for levels the profile adds by itself where the decision is still open "
+            "(e.g. 10m, 600s, 1h; 0 turns it off)"
+        ),
+    ] = "10m",
 ) -> None:
     """Measure plain and speculative decode at each concurrency level, and store every sample.
 
     Each configuration is first launched once to answer one short request (drafting on), so a
     build that cannot run here fails within about a minute with the reason; then every level is
-    measured and stored as it finishes (Ctrl-C keeps finished repeats; --resume continues)."""
+    measured and stored as it finishes (Ctrl-C keeps finished repeats; --resume continues).
+    The configurations are interleaved (A B, then B A, one launch per pass) so a drift of the
+    machine hits them alike. Then, within --budget, it measures the levels where the crossover
+    is still undecided (the ones `recommend` would name under "measure next")."""
+    from tuner.decide.adaptive import profile_adaptively
     from tuner.measure.attach import attach
-    from tuner.measure.profiler import profile as run_profile
 
     current = settings()
     extra = list(overrides or [])
@@ -198,8 +209,9 @@ def profile(
             )
         spec = load_spec_file(spec_path, extra)
         store = open_store()
+        budget_s = duration_option(budget, "--budget")
         with terminate_as_interrupt(), ProgressDisplay() as display:
-            run_id = run_profile(
+            adaptive = profile_adaptively(
                 store,
                 spec,
                 current.log_dir,
@@ -207,7 +219,10 @@ def profile(
                 resume=resume,
                 host_name=this_host(),
                 skip_preflight=skip_preflight,
+                budget_s=budget_s,
             )
+        run_id = adaptive.run_id
+        err.print(adaptive.summary(), highlight=False)
     _show(store, run_id)
 
 
@@ -465,6 +480,53 @@ def validate(
         typer.echo(json.dumps(report.as_dict(), default=str))
     else:
         render.validation(report)
+
+
+@app.command()
+@reports_errors
+def tune(
+    model: Annotated[str, typer.Option(help="model name to tune")],
+    trials: Annotated[
+        int, typer.Option(min=1, help="live trials at most (one policy measured live each)")
+    ] = 5,
+    passes: Annotated[
+        int, typer.Option(min=1, help="passes per round: each trial's repeats, side by side")
+    ] = 3,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the last unfinished tuning of this model")
+    ] = False,
+    overrides: OverridesOption = None,
+    output: TableFormatOption = TableFormat.TABLE,
+    skip_preflight: SkipPreflightOption = False,
+    seed: SeedOption = 0,
+) -> None:
+    """Tune N with live trials: an Optuna study (in the database) that measures the cost model's
+    best candidates first, side by side, prunes those the paired measurements show cannot win,
+    and ends with the best measured N as the recommendation that stands.
+
+    Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
+    model's newest profile. Ctrl-C keeps finished trials; --resume continues the study.
+    """
+    from tuner.decide.tune import tune as run_tune
+
+    with terminate_as_interrupt(), ProgressDisplay() as display:
+        report = run_tune(
+            open_store(),
+            model,
+            this_host(),
+            settings().log_dir,
+            display,
+            trials=trials,
+            passes=passes,
+            resume=resume,
+            overrides=parsed_overrides(overrides),
+            skip_preflight=skip_preflight,
+            seed=seed,
+        )
+    if output is TableFormat.JSON:
+        typer.echo(json.dumps(report.as_dict(), default=str))
+    else:
+        render.tuning(report)
 
 
 @app.command()

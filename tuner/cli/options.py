@@ -131,6 +131,23 @@ def levels_option(text: str | None) -> list[int] | None:
         ) from None
 
 
+def duration_option(text: str, name: str) -> float:
+    """`600`, `600s`, `10m` or `1h` as seconds; 0 is allowed (off)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:])
+    number = raw[:-1] if scale is not None else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: expected a duration such as 600, 600s, 10m or 1h", param_hint=name
+        ) from None
+    if value < 0:
+        raise typer.BadParameter(f"{text!r}: must be 0 or more", param_hint=name)
+    return value
+
+
 # --- options defined once -------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from tuner.cli.options import out
 from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
+from tuner.decide.tune import TuneReport
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
 from tuner.storage.queries import LevelPoint
@@ -153,3 +154,34 @@ def validation(report: ValidationReport) -> None:
         )
     if report.standing is not None:
         out.print(report.standing_text(), highlight=False, markup=False)
+
+
+def tuning(report: TuneReport) -> None:
+    """Every live trial (policy, round, levels, state, value, paired difference), and the
+    recommendation that stands now."""
+    table = Table(
+        title=f"live trials, run {report.run_id} (study {report.study_name}), started from "
+        f"N={report.started_from.max_slots}"
+    )
+    for column in ("trial", "policy", "round", "levels", "state", "objective tok/s", "paired"):
+        table.add_column(column, justify="right" if column != "policy" else "left")
+    for t in report.trials:
+        paired = (
+            f"{t.paired.mean:+.1f} ± {t.paired.se:.1f} vs N={t.reference} ({t.paired.passes})"
+            if t.paired is not None and t.reference is not None and t.paired.se == t.paired.se
+            else ""
+        )
+        table.add_row(
+            str(t.number),
+            t.policy.label,
+            str(t.round),
+            ",".join(map(str, t.levels)),
+            t.state,
+            "" if t.value is None else f"{t.value:.1f}",
+            paired,
+        )
+    out.print(table)
+    if report.standing is not None:
+        out.print(report.standing_text(), highlight=False, markup=False)
+    else:
+        out.print("no trial completed: the recommendation is unchanged", highlight=False)

@@ -38,6 +38,8 @@ class ReasonCode(StrEnum):
     UNMEASURED_LEVEL = "unmeasured-level"  # a level the choice rests on was not measured
     MEASURE_NEXT = "measure-next"  # levels the data cannot decide
     OTHER_HOST = "other-host"  # the data are from another host
+    LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
+    PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
     UNCODED = "uncoded"  # stored before reasons had codes
 
 

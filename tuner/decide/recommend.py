@@ -34,8 +34,16 @@ def recommend(
     seed: int = 0,
     fit_id: int | None = None,
 ) -> Recommendation:
-    """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store."""
+    """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
+
+    Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
+    it rests on measured trials, and the model's choice would only second-guess them.
+    """
     stored = current_fit(store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed)
+    if not tune_n_max and min_single_stream is None:
+        newest = recommendations.newest_for_fit(store, stored.id)
+        if newest is not None and newest.source == "live":
+            return newest
     cm = stored.model
     try:
         weights = search.objective_weights(cm.n_parallel, stored.weights)

@@ -62,6 +62,7 @@ class Recommendation:
     table: list[TableRow] = field(default_factory=list)
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     made_now: bool = False  # made by the command that shows it (no stored one); not stored
+    source: str = "model"  # "model": the cost model's choice; "live": the best live trial
 
     @property
     def max_slots(self) -> int:
@@ -137,6 +138,7 @@ class Recommendation:
             "measure_next": self.measure_next,
             "table": [asdict(row) for row in self.table],
             "alternatives": self.alternatives,
+            "source": self.source,
         }
 
     @classmethod
@@ -176,4 +178,5 @@ class Recommendation:
                 for row in details.get("table") or []
             ],
             alternatives=list(details.get("alternatives") or []),
+            source=str(details.get("source", "model")),
         )

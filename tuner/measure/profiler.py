@@ -432,14 +432,24 @@ class Profiler:
 
     # -- interleaved passes --
 
-    def _repeats_by_level(self, policies: list[Policy]) -> dict[tuple[str, int], list[dict]]:
-        names = {p.config_name for p in policies}
+    def repeats_by_level(
+        self, policies: list[Policy] | None = None
+    ) -> dict[tuple[str, int], list[dict]]:
+        """The stored repeats of the run's levels (of these policies), by (config, concurrency)."""
+        names = {p.config_name for p in policies} if policies is not None else None
         with self.store.session() as session:
             return {
                 (row.config, row.concurrency): list((row.metrics or {}).get("repeats", []))
                 for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
-                if row.config in names
+                if names is None or row.config in names
             }
+
+    def close_open_levels(self) -> None:
+        """Mark every level of the run still open (measured in passes) as completed."""
+        with self.store.session() as session:
+            for row in session.scalars(select(Level).filter_by(run_id=self.run_id, status=RUNNING)):
+                if row.repeats:
+                    row.status, row.error = COMPLETED, None
 
     def _level_done(self, repeats: list[dict]) -> bool:
         w = self.spec.workload
@@ -468,7 +478,7 @@ class Profiler:
         A resumed run starts again at its newest pass: a policy that measured a level in it
         already is not launched for that level again."""
         w = self.spec.workload
-        state = self._repeats_by_level(policies)
+        state = self.repeats_by_level(policies)
         first = max((r.get("pass", 0) for reps in state.values() for r in reps), default=0)
         open_levels = list(levels)
 
@@ -482,7 +492,7 @@ class Profiler:
                 todo = [c for c in open_levels if needs(policy, c, p)]
                 if todo:
                     self.run_config(policy, todo, pass_index=p)
-            state = self._repeats_by_level(policies)
+            state = self.repeats_by_level(policies)
             still_open = []
             for c in open_levels:
                 runs = [state.get((policy.config_name, c), []) for policy in policies]

@@ -153,13 +153,10 @@ def select_data(
             raise NothingToDoError(
                 f"no data for model {model!r} (models with data: {known}); {PROFILE_HINT}"
             )
-        runs = [
-            run
-            for run in session.scalars(
-                select(Run).where(Run.model_id == model_row.id).order_by(Run.id.desc())
-            )
-            if _complete(run)
-        ]
+        every_run = list(
+            session.scalars(select(Run).where(Run.model_id == model_row.id).order_by(Run.id.desc()))
+        )
+        runs = [run for run in every_run if _complete(run)]
         if not runs:
             raise NothingToDoError(
                 f"model {model!r} has no completed plain and spec levels to fit; {PROFILE_HINT}"
@@ -167,11 +164,17 @@ def select_data(
         chosen_host, note = _resolve_host(runs, model, host, host_explicit)
         runs = [run for run in runs if _host_label(run) == chosen_host]
         # The newest profile or import sets the build, -np and n_max; validations and sweeps
-        # like it add their levels.
+        # like it add their levels, and so do finished live trials (which measure no plain).
         basis = next((run for run in runs if run.kind in ("profile", "import")), runs[0])
         key = (basis.build_id, basis.n_parallel, basis.n_max)
+        trials = [run for run in every_run if run.kind == "tune" and run.status == "completed"]
         group = sorted(
-            (run for run in runs if (run.build_id, run.n_parallel, run.n_max) == key),
+            (
+                run
+                for run in {*runs, *trials}
+                if _host_label(run) == chosen_host
+                and (run.build_id, run.n_parallel, run.n_max) == key
+            ),
             key=lambda run: run.id,
         )
         levels: list[LevelObs] = []

@@ -1,0 +1,152 @@
+"""Adaptive profiling: after the base levels, measure where the decision is still open.
+
+`tuner profile` measures its base levels (1, 2, 4, 8 by default), then asks the decision what it
+rests on: the unmeasured levels whose gain interval straddles zero (the choice's "measure next").
+It measures those levels (all configurations, interleaved, into the same run), refits, and asks
+again, until the data decide N, no such level is left, or the budget (wall seconds for the added
+levels) would be overrun by the next round. Every round says which levels it added and why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.decide import search
+from tuner.decide.choice import Choice, choose
+from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
+from tuner.measure.profiler import Profiler
+from tuner.measure.profiler import profile as profile_base
+from tuner.measure.spec import ProfileSpec
+from tuner.model.costmodel import Gain
+from tuner.storage.engine import Store
+from tuner.storage.fits import current_fit
+
+DEFAULT_BUDGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class AddedLevel:
+    """A level the profile measured by itself, and why."""
+
+    concurrency: int
+    why: str
+
+
+@dataclass
+class AdaptiveProfile:
+    """What `tuner profile` did beyond its base levels."""
+
+    run_id: int
+    budget_s: float
+    base_s: float
+    added: list[AddedLevel] = field(default_factory=list)
+    spent_s: float = 0.0
+    outcome: str = "decided"  # decided | budget | off
+
+    def summary(self) -> str:
+        if self.outcome == "off":
+            return "adaptive levels: off (--budget 0)"
+        if not self.added and self.outcome == "decided":
+            return "adaptive levels: none needed, the base levels decide N"
+        added = "; ".join(f"{a.concurrency} streams ({a.why})" for a in self.added) or "none"
+        end = {
+            "decided": "the data now decide N",
+            "budget": "stopped: the next round would overrun the budget; "
+            "`tuner recommend` names what is still open",
+        }[self.outcome]
+        return (
+            f"adaptive levels: {added}; {self.spent_s:.0f} s of the {self.budget_s:.0f} s "
+            f"budget; {end}"
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The choice the data make now, and the model's gain per level it rests on."""
+
+    choice: Choice
+    gain: Gain
+
+    def why(self, c: int) -> str:
+        point, lower, upper, _ = self.gain.at(c)
+        return (
+            f"unmeasured; the model puts spec at {100 * point:+.1f}% "
+            f"[{100 * lower:+.1f}%, {100 * upper:+.1f}%] there"
+        )
+
+
+def decision(store: Store, model: str, host: str, seed: int = 0) -> Decision:
+    """What the data decide now (the model's study kept in memory, nothing stored but the fit)."""
+    stored = current_fit(store, model, host, host_explicit=True, seed=seed)
+    cm = stored.model
+    weights = search.objective_weights(cm.n_parallel, stored.weights)
+    result = search.run_study(None, "adaptive", cm, weights, seed=seed)
+    choice = choose(cm, result, stored.quality.measured_gains())
+    return Decision(choice, cm.gain(choice.policy.n_max))
+
+
+def profile_adaptively(
+    store: Store,
+    spec: ProfileSpec,
+    log_dir: Path,
+    observer: Observer = quiet,
+    *,
+    resume: bool = False,
+    host_name: str,
+    skip_preflight: bool = False,
+    budget_s: float = DEFAULT_BUDGET_S,
+    seed: int = 0,
+) -> AdaptiveProfile:
+    """`tuner profile`: the base levels, then the levels the decision needs, within budget_s."""
+    started = time.monotonic()
+    run_id = profile_base(
+        store,
+        spec,
+        log_dir,
+        observer,
+        resume=resume,
+        host_name=host_name,
+        skip_preflight=skip_preflight,
+    )
+    base_s = time.monotonic() - started
+    report = AdaptiveProfile(run_id, budget_s, base_s)
+    if budget_s <= 0:
+        report.outcome = "off"
+        return report
+    per_level = base_s / max(1, len(spec.levels))
+    policies = profile_policies(spec)
+    tried: set[int] = set(spec.levels)
+    while True:
+        now = decision(store, spec.model_name, host_name, seed)
+        todo = [c for c in now.choice.measure_next if c not in tried]
+        if not todo:
+            return report
+        left = budget_s - report.spent_s
+        if len(todo) * per_level > left:
+            report.outcome = "budget"
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"adaptive: {', '.join(map(str, todo))} streams would take about "
+                    f"{len(todo) * per_level:.0f} s, {left:.0f} s of the budget left: stopping",
+                )
+            )
+            return report
+        added = [AddedLevel(c, now.why(c)) for c in todo]
+        for a in added:
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"adaptive: measuring {a.concurrency} streams ({a.why}); "
+                    f"budget {left:.0f} s of {budget_s:.0f} s left",
+                )
+            )
+        round_started = time.monotonic()
+        profiler = Profiler(store, spec, log_dir, observer)
+        profiler.reopen_run(run_id)
+        profiler.execute(policies, kernel_level=False, levels=todo)
+        report.spent_s += time.monotonic() - round_started
+        report.added += added
+        tried.update(todo)

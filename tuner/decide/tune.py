@@ -1,0 +1,631 @@
+"""`tuner tune`: an Optuna ask/tell study over live measurements, started from the cost model.
+
+1. The cost model's study ranks every N. The recommendation that stands goes first, then every N
+   that beats it in at least CANDIDATE_SHARE of the bootstrap replicates (the model cannot rule it
+   out), best first, at most the trial budget: these are enqueued in a live study kept in the
+   tuner's database (`tuner:live:run<ID>`), so an interrupted tuning resumes.
+2. A round measures its trials side by side: every policy is launched once per pass, in
+   alternating order, at the levels where the round's policies differ (between the smallest and
+   the largest effective N: elsewhere they are the same server). After each pass from the second
+   on, a trial whose paired difference to the round's leader is below zero by more than two
+   standard errors is pruned (it cannot win) and measured no further.
+3. A trial's value is the workload-weighted tok/s over 1..n_parallel: measured where the round
+   measured, the cost model elsewhere (the same for every policy of the round). A later round
+   measures new trials against the incumbent (the best so far) and anchors them to it: value =
+   incumbent's value + the mean paired difference.
+4. After the first round, a neighbour of the incumbent on the untried side is enqueued; the
+   study's sampler proposes beyond that while the budget lasts.
+
+The best completed trial becomes the recommendation that stands (source "live", stored for the
+fit that now includes the trials' levels), so `recommend` and `report` give the same N.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.decide import recommend, search, validate
+from tuner.decide.choice import Reason, ReasonCode
+from tuner.decide.recommendation import Recommendation
+from tuner.errors import ConfigError, NothingToDoError
+from tuner.measure.fingerprint import probe_build, probe_host, probe_model
+from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.measure.preflight import preflight
+from tuner.measure.profiler import Context, Profiler, find_resumable_run
+from tuner.measure.spec import ProfileSpec, check_spec_files
+from tuner.model.costmodel import CostModel
+from tuner.policy import Policy
+from tuner.storage import recommendations, validations
+from tuner.storage.engine import Store, optuna_storage
+from tuner.storage.fits import current_fit
+from tuner.storage.hashes import StoredHashes
+
+#: A candidate the model gives at least this share of replicates to beat the first is measured.
+CANDIDATE_SHARE = 0.05
+DEFAULT_TRIALS = 5
+DEFAULT_PASSES = 3
+PRUNE_SE = 2.0  # standard errors below the leader that prune a trial
+
+
+# --- the pure parts ---------------------------------------------------------------------------
+
+
+def live_candidates(
+    evaluations: Sequence[search.Evaluation], first: int, n_parallel: int, limit: int
+) -> list[int]:
+    """first, then every N (by effective value, twins once) that beats it in at least
+    CANDIDATE_SHARE of the replicates, best model objective first; at most limit."""
+    by_n = {e.policy.max_slots: e for e in evaluations if e.feasible}
+    if first not in by_n:
+        raise ValueError(f"N={first} is not among the evaluated candidates")
+    anchor = np.asarray(by_n[first].samples)
+    chosen = [first]
+    seen = {by_n[first].policy.effective(n_parallel)}
+    for e in sorted(by_n.values(), key=lambda e: -e.value):
+        eff = e.policy.effective(n_parallel)
+        if eff in seen or len(chosen) >= limit:
+            continue
+        samples = np.asarray(e.samples)
+        share = float(np.mean(samples > anchor)) if len(samples) == len(anchor) else 1.0
+        if share >= CANDIDATE_SHARE:
+            chosen.append(int(e.policy.max_slots))
+            seen.add(eff)
+    return chosen
+
+
+def decision_levels(policies: Sequence[Policy], n_parallel: int) -> list[int]:
+    """The levels where the policies differ: above the smallest effective N, up to the largest."""
+    effective = [p.effective(n_parallel) for p in policies]
+    return list(range(min(effective) + 1, max(effective) + 1))
+
+
+PassTable = Mapping[int, Mapping[int, float]]  # pass -> concurrency -> tok/s
+
+
+def pass_objectives(
+    table: PassTable, levels: Sequence[int], weights: np.ndarray
+) -> dict[int, float]:
+    """sum over the levels of w_c * tok/s, per pass that measured every level."""
+    return {
+        p: float(sum(weights[c - 1] * row[c] for c in levels))
+        for p, row in table.items()
+        if all(c in row for c in levels)
+    }
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A trial against a reference over the passes both measured: mean difference, its standard
+    error and how many passes."""
+
+    mean: float
+    se: float
+    passes: int
+
+    @property
+    def cannot_win(self) -> bool:
+        return self.passes >= 2 and self.mean + PRUNE_SE * self.se < 0
+
+    @classmethod
+    def of(cls, mine: Mapping[int, float], reference: Mapping[int, float]) -> Paired:
+        both = sorted(mine.keys() & reference.keys())
+        diffs = [mine[p] - reference[p] for p in both]
+        if not diffs:
+            return cls(math.nan, math.nan, 0)
+        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+        return cls(statistics.fmean(diffs), se, len(diffs))
+
+
+def model_outside(
+    model: CostModel, policy: Policy, levels: Sequence[int], weights: np.ndarray
+) -> float:
+    """The cost model's share of the objective at the levels a round did not measure."""
+    others = [c for c in range(1, model.n_parallel + 1) if c not in set(levels)]
+    if not others:
+        return 0.0
+    tps = model.policy_tps(others, policy)
+    return float(sum(weights[c - 1] * t for c, t in zip(others, tps, strict=True)))
+
+
+# --- the study --------------------------------------------------------------------------------
+
+
+@dataclass
+class TrialResult:
+    """One live trial: its policy, state (complete | pruned), value and paired difference."""
+
+    number: int
+    policy: Policy
+    state: str
+    value: float | None
+    paired: Paired | None
+    reference: int | None  # the N it was paired with
+    levels: list[int]
+    round: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trial": self.number,
+            "max_slots": self.policy.max_slots,
+            "state": self.state,
+            "value": self.value,
+            "paired_mean": self.paired.mean if self.paired else None,
+            "paired_se": self.paired.se if self.paired else None,
+            "passes": self.paired.passes if self.paired else None,
+            "reference": self.reference,
+            "levels": self.levels,
+            "round": self.round,
+        }
+
+
+@dataclass
+class TuneReport:
+    """What `tuner tune` did: its trials, the recommendation it started from, the one that
+    stands now."""
+
+    run_id: int
+    study_name: str
+    started_from: Recommendation
+    trials: list[TrialResult] = field(default_factory=list)
+    standing: Recommendation | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.standing is not None and self.standing.max_slots != self.started_from.max_slots
+
+    def standing_text(self) -> str:
+        if self.standing is None:
+            return ""
+        if self.changed:
+            return (
+                f"{self.standing.env_line} now stands: the live trials changed the "
+                f"recommendation from N={self.started_from.max_slots}"
+            )
+        return f"{self.standing.env_line} stands after the live trials (unchanged)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "study_name": self.study_name,
+            "started_from": self.started_from.max_slots,
+            "trials": [t.as_dict() for t in self.trials],
+            "standing": self.standing.max_slots if self.standing else None,
+            "changed": self.changed,
+        }
+
+
+def _study(store: Store, name: str, seed: int) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.create_study(
+        study_name=name,
+        storage=optuna_storage(store.url),
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=0),
+        direction="maximize",
+        load_if_exists=True,
+    )
+
+
+def _known(study: Any) -> dict[int, TrialResult]:
+    """Finished trials of the study by N (a resumed study keeps them)."""
+    import optuna
+
+    out: dict[int, TrialResult] = {}
+    for t in study.trials:
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            continue
+        attrs = t.user_attrs
+        n = int(t.params[search.MAX_SLOTS_PARAM])
+        paired = (
+            Paired(attrs["paired_mean"], attrs["paired_se"], attrs["passes"])
+            if attrs.get("paired_mean") is not None
+            else None
+        )
+        out[n] = TrialResult(
+            t.number,
+            Policy.of_max_slots(n),
+            "complete" if t.state == optuna.trial.TrialState.COMPLETE else "pruned",
+            t.value,
+            paired,
+            attrs.get("reference"),
+            list(attrs.get("levels", [])),
+            int(attrs.get("round", 0)),
+        )
+    return out
+
+
+class Tuner:
+    """Runs the live study: rounds of trials measured side by side through a Profiler."""
+
+    def __init__(
+        self,
+        store: Store,
+        spec: ProfileSpec,
+        profiler: Profiler,
+        model: CostModel,
+        weights: np.ndarray,
+        study: Any,
+        observer: Observer,
+        passes: int,
+    ) -> None:
+        self.store, self.spec, self.profiler = store, spec, profiler
+        self.model, self.weights, self.study = model, weights, study
+        self.observer, self.passes = observer, passes
+        self.round_number = 0
+
+    def _next_pass(self) -> int:
+        state = self.profiler.repeats_by_level()
+        return 1 + max((r.get("pass", -1) for reps in state.values() for r in reps), default=-1)
+
+    def _table(self, policy: Policy, passes: Sequence[int]) -> dict[int, dict[int, float]]:
+        state = self.profiler.repeats_by_level()
+        table: dict[int, dict[int, float]] = {}
+        for (config, c), reps in state.items():
+            if config != policy.config_name:
+                continue
+            for r in reps:
+                if r.get("pass") in passes and r.get("tokens_per_second"):
+                    table.setdefault(r["pass"], {})[c] = float(r["tokens_per_second"])
+        return table
+
+    def run_round(self, trials: dict[int, Any], incumbent: TrialResult | None) -> list[TrialResult]:
+        """Measure asked trials (by N) and the incumbent side by side, prune, tell."""
+        self.round_number += 1
+        for trial in trials.values():
+            trial.set_user_attr("round", self.round_number)
+        ns = list(trials)
+        policies = {n: Policy.of_max_slots(n) for n in ns}
+        if incumbent is not None:
+            policies[int(incumbent.policy.max_slots)] = incumbent.policy
+        levels = decision_levels(list(policies.values()), self.model.n_parallel)
+        active = dict(policies)
+        done_passes: list[int] = []
+        pruned: dict[int, Paired] = {}
+        objectives: dict[int, dict[int, float]] = {}
+        leader = ns[0]
+        self.observer(
+            ProgressEvent(
+                "message",
+                text=f"live trials, round {self.round_number}: "
+                + ", ".join(p.label for p in policies.values())
+                + f" at {', '.join(map(str, levels))} streams, up to {self.passes} passes",
+            )
+        )
+        first = self._next_pass()
+        for k in range(self.passes):
+            p = first + k
+            order = list(active.values()) if k % 2 == 0 else list(reversed(active.values()))
+            for policy in order:
+                self.profiler.run_config(policy, levels, pass_index=p)
+            done_passes.append(p)
+            objectives = {
+                n: pass_objectives(self._table(pol, done_passes), levels, self.weights)
+                for n, pol in policies.items()
+            }
+            means = {n: statistics.fmean(o.values()) for n, o in objectives.items() if o}
+            leader = max((n for n in active if n in means), key=lambda n: means[n])
+            for n in list(active):
+                if n == leader or (incumbent is not None and n == incumbent.policy.max_slots):
+                    continue
+                paired = Paired.of(objectives[n], objectives[leader])
+                if paired.cannot_win:
+                    pruned[n] = paired
+                    del active[n]
+                    self.observer(
+                        ProgressEvent(
+                            "message",
+                            text=f"pruned {policies[n].label}: {paired.mean:+.1f} tok/s against "
+                            f"{policies[leader].label} (se {paired.se:.1f}, {paired.passes} "
+                            f"passes side by side)",
+                        )
+                    )
+            if len(active) <= 1:
+                break
+        self.profiler.close_open_levels()
+        return self._tell(trials, policies, incumbent, leader, levels, objectives, pruned)
+
+    def _tell(
+        self,
+        trials: dict[int, Any],
+        policies: dict[int, Policy],
+        incumbent: TrialResult | None,
+        leader: int,
+        levels: list[int],
+        objectives: dict[int, dict[int, float]],
+        pruned: dict[int, Paired],
+    ) -> list[TrialResult]:
+        """Tell the study each trial's value: in the first round the measured objective plus the
+        model where the round's policies agree; later, the incumbent's value plus the paired
+        difference to it."""
+        import optuna
+
+        out = []
+        for n, trial in trials.items():
+            mine = objectives.get(n, {})
+            ref: int | None
+            if incumbent is not None:
+                ref = int(incumbent.policy.max_slots)
+                paired: Paired | None = Paired.of(mine, objectives.get(ref, {}))
+                value = (incumbent.value or 0.0) + paired.mean
+            else:
+                ref = leader if n != leader else None
+                paired = Paired.of(mine, objectives[leader]) if ref is not None else None
+                value = model_outside(self.model, policies[n], levels, self.weights) + (
+                    statistics.fmean(mine.values()) if mine else math.nan
+                )
+            if n in pruned:
+                ref, paired = leader, pruned[n]
+            attrs = {
+                "levels": levels,
+                "reference": ref,
+                "paired_mean": paired.mean if paired else None,
+                "paired_se": paired.se if paired and math.isfinite(paired.se) else None,
+                "passes": paired.passes if paired else len(mine),
+            }
+            for key, v in attrs.items():
+                trial.set_user_attr(key, v)
+            if n in pruned or not math.isfinite(value):
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                out.append(
+                    TrialResult(
+                        trial.number,
+                        policies[n],
+                        "pruned",
+                        None,
+                        paired,
+                        ref,
+                        levels,
+                        self.round_number,
+                    )
+                )
+            else:
+                self.study.tell(trial, value)
+                out.append(
+                    TrialResult(
+                        trial.number,
+                        policies[n],
+                        "complete",
+                        value,
+                        paired,
+                        ref,
+                        levels,
+                        self.round_number,
+                    )
+                )
+        return out
+
+
+def _best(results: Mapping[int, TrialResult], n_parallel: int) -> TrialResult | None:
+    complete = [t for t in results.values() if t.state == "complete" and t.value is not None]
+    if not complete:
+        return None
+    return max(complete, key=lambda t: (t.value, -t.policy.effective(n_parallel)))
+
+
+def _neighbour(best: TrialResult, tried: set[int], n_parallel: int) -> int | None:
+    """The untried neighbour of the best trial on the side away from the others."""
+    n = best.policy.effective(n_parallel)
+    for step in (1, -1):
+        m = n + step
+        if 1 <= m <= n_parallel and m not in tried and (n_parallel not in tried or m != n_parallel):
+            return m
+    return None
+
+
+def tune(
+    store: Store,
+    model_name: str,
+    host: str,
+    log_dir: Path,
+    observer: Observer = quiet,
+    *,
+    trials: int = DEFAULT_TRIALS,
+    passes: int = DEFAULT_PASSES,
+    resume: bool = False,
+    overrides: list[tuple[str, Any]] | None = None,
+    skip_preflight: bool = False,
+    seed: int = 0,
+) -> TuneReport:
+    """`tuner tune`: the live study (see the module docstring); returns its report."""
+    if trials < 1 or passes < 1:
+        raise ConfigError("--trials and --passes must be at least 1")
+    rec = recommend.standing(store, model_name, host)
+    stored = current_fit(store, model_name, host)
+    cm = stored.model
+    weights = search.objective_weights(cm.n_parallel, stored.weights)
+    result = search.run_study(None, "live-candidates", cm, weights, seed=seed)
+    candidates = live_candidates(result.candidates, rec.max_slots, cm.n_parallel, trials)
+
+    stored_spec = validations.latest_profile_spec(store, model_name, host)
+    if stored_spec is None:
+        raise NothingToDoError(
+            f"model {model_name!r} has no managed profile run to take the server set-up from; "
+            f"run `tuner profile SPEC` first"
+        )
+    spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides)
+    spec = ProfileSpec.model_validate(
+        {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-tune"}
+    )
+    check_spec_files(spec, f"profile spec of {model_name}")
+    build = probe_build(spec.server.binary)
+    if not build.has_max_slots:
+        raise ConfigError(
+            f"{spec.server.binary} does not know --spec-draft-max-slots (not in its --help); "
+            f"live trials need the patched server: --set server.binary=PATH selects it"
+        )
+    if not skip_preflight:
+        preflight(spec, [Policy.of_max_slots(n) for n in candidates], log_dir, observer)
+    profiler = Profiler(store, spec, log_dir, observer)
+    run_id = find_resumable_run(store, spec, kind="tune", host_name=host) if resume else None
+    if run_id is not None:
+        profiler.reopen_run(run_id)
+        observer(ProgressEvent("message", text=f"resuming live trials of run {run_id}"))
+    else:
+        context = Context(
+            model_name=model_name,
+            build=build,
+            model=probe_model(spec.server.model, StoredHashes(store, host)),
+            host=probe_host(spec.server.binary, host),
+        )
+        run_id = profiler.create_run(context, kind="tune")
+        validations.record_checked(store, run_id, rec)
+    name = f"tuner:live:run{run_id}"
+    study = _study(store, name, seed)
+    _requeue_unfinished(study)
+    known = _known(study)
+    if not known and not _waiting(study):
+        for n in candidates:
+            study.enqueue_trial({search.MAX_SLOTS_PARAM: n})
+    report = TuneReport(run_id, name, rec)
+    tuner = Tuner(store, spec, profiler, cm, weights, study, observer, passes)
+    tuner.round_number = max((t.round for t in known.values()), default=0)
+
+    def ask(n: int | None) -> tuple[int, Any]:
+        """A trial of N (enqueued first so the study measures what was chosen), or of what
+        the sampler proposes when n is None."""
+        if n is not None and n not in _waiting(study):
+            study.enqueue_trial({search.MAX_SLOTS_PARAM: n})
+        trial = study.ask()
+        return trial.suggest_int(search.MAX_SLOTS_PARAM, 0, cm.n_parallel), trial
+
+    def body() -> None:
+        repeats_asked = 0
+        while len(known) < trials:
+            incumbent = _best(known, cm.n_parallel)
+            tried = {t.policy.effective(cm.n_parallel) for t in known.values()}
+            waiting = [n for n in _waiting(study) if n not in known]
+            if waiting:
+                asked = dict(ask(n) for n in waiting[: trials - len(known)])
+            else:
+                nxt = _neighbour(incumbent, tried, cm.n_parallel) if incumbent else None
+                n, trial = ask(nxt)
+                if Policy.of_max_slots(n).effective(cm.n_parallel) in tried:
+                    # The sampler proposed what was measured: it learns the known value.
+                    same = next(
+                        t
+                        for t in known.values()
+                        if t.policy.effective(cm.n_parallel)
+                        == Policy.of_max_slots(n).effective(cm.n_parallel)
+                    )
+                    _tell_known(study, trial, same)
+                    repeats_asked += 1
+                    if repeats_asked >= 3:
+                        return
+                    continue
+                asked = {n: trial}
+            for t in tuner.run_round(asked, incumbent):
+                known[int(t.policy.max_slots)] = t
+
+    profiler.guarded(body)
+    report.trials = sorted(known.values(), key=lambda t: t.number)
+    best = _best(known, cm.n_parallel)
+    if best is not None:
+        report.standing = _store_live(store, model_name, host, best, report.trials, rec)
+    return report
+
+
+def _requeue_unfinished(study: Any) -> None:
+    """Trials a killed tuning left running are failed and asked again."""
+    import optuna
+
+    for t in study.trials:
+        if t.state == optuna.trial.TrialState.RUNNING:
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            if search.MAX_SLOTS_PARAM in t.params:
+                study.enqueue_trial(dict(t.params))
+
+
+def _waiting(study: Any) -> list[int]:
+    import optuna
+
+    return [
+        int(t.system_attrs["fixed_params"][search.MAX_SLOTS_PARAM])
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if search.MAX_SLOTS_PARAM in t.system_attrs.get("fixed_params", {})
+    ]
+
+
+def _tell_known(study: Any, trial: Any, known: TrialResult) -> None:
+    import optuna
+
+    trial.set_user_attr("repeat_of", known.number)
+    if known.state == "complete" and known.value is not None:
+        study.tell(trial, known.value)
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def _store_live(
+    store: Store,
+    model_name: str,
+    host: str,
+    best: TrialResult,
+    results: list[TrialResult],
+    started: Recommendation,
+) -> Recommendation:
+    """The best live trial as the recommendation that stands for the fit of the data now."""
+    fit = current_fit(store, model_name, host)
+    others = [t for t in results if t is not best]
+    reasons = [
+        Reason(
+            ReasonCode.LIVE_TRIALS,
+            f"N={best.policy.max_slots}: best of {len(results)} live trials "
+            f"(objective {best.value:.1f} tok/s"
+            + (
+                f", {best.paired.mean:+.1f} ± {best.paired.se:.1f} against N={best.reference} "
+                f"side by side"
+                if best.paired and best.reference is not None and math.isfinite(best.paired.se)
+                else ""
+            )
+            + f"); the model's recommendation was N={started.max_slots}",
+        )
+    ]
+    for t in others:
+        if t.state == "pruned" and t.paired is not None:
+            reasons.append(
+                Reason(
+                    ReasonCode.PRUNED,
+                    f"N={t.policy.max_slots} pruned: {t.paired.mean:+.1f} tok/s (se "
+                    f"{t.paired.se:.1f}) behind over {t.paired.passes} passes side by side",
+                )
+            )
+        elif t.value is not None:
+            reasons.append(
+                Reason(
+                    ReasonCode.LIVE_TRIALS,
+                    f"N={t.policy.max_slots}: objective {t.value:.1f} tok/s live",
+                )
+            )
+    rec = Recommendation(
+        id=0,
+        model=model_name,
+        host=host,
+        policy=best.policy.with_n_max(started.n_max),
+        fit_id=fit.id,
+        objective=best.value,
+        objective_interval=None,
+        study_name=f"live:{best.number}",
+        sampler="live trials",
+        trials=len(results),
+        reasons=reasons,
+        table=recommend.prediction_table(
+            fit.model, best.policy.with_n_max(started.n_max), fit.measured
+        ),
+        alternatives=[
+            {"max_slots": t.policy.max_slots, "objective": t.value, "state": t.state}
+            for t in results
+        ],
+        source="live",
+    )
+    recommendations.save(store, rec, {"live_trials": [t.as_dict() for t in results]})
+    return rec
