@@ -42,6 +42,14 @@ def test_candidates_start_with_the_standing_n_then_those_the_model_cannot_rule_o
     ]
     assert live_candidates(evaluations, 2, 8, limit=5) == [2, 3, 4]
     assert live_candidates(evaluations, 2, 8, limit=2) == [2, 3]
+    assert live_candidates(evaluations, 2, 8, limit=1) == [2]
+    # The first beats every other N in every replicate: the runner-up still goes live beside it
+    clear = [
+        _evaluation(3, 120.0, list(base + 20.0)),
+        _evaluation(2, 100.0, list(base)),
+        _evaluation(4, 110.0, list(base + 10.0)),
+    ]
+    assert live_candidates(clear, 3, 8, limit=4) == [3, 4]
     with pytest.raises(ValueError, match="N=5"):
         live_candidates(evaluations, 5, 8, limit=3)
 

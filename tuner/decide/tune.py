@@ -62,7 +62,9 @@ def live_candidates(
     evaluations: Sequence[search.Evaluation], first: int, n_parallel: int, limit: int
 ) -> list[int]:
     """first, then every N (by effective value, twins once) that beats it in at least
-    CANDIDATE_SHARE of the replicates, best model objective first; at most limit."""
+    CANDIDATE_SHARE of the replicates, best model objective first; at most limit. When the
+    model rules every other N out, the runner-up still goes live (limit permitting): one
+    policy alone has nothing to be measured against."""
     by_n = {e.policy.max_slots: e for e in evaluations if e.feasible}
     if first not in by_n:
         raise ValueError(f"N={first} is not among the evaluated candidates")
@@ -78,6 +80,17 @@ def live_candidates(
         if share >= CANDIDATE_SHARE:
             chosen.append(int(e.policy.max_slots))
             seen.add(eff)
+    if len(chosen) == 1 and limit > 1:
+        runner_up = next(
+            (
+                e
+                for e in sorted(by_n.values(), key=lambda e: -e.value)
+                if e.policy.effective(n_parallel) not in seen
+            ),
+            None,
+        )
+        if runner_up is not None:
+            chosen.append(int(runner_up.policy.max_slots))
     return chosen
 
 
@@ -288,6 +301,8 @@ class Tuner:
         if incumbent is not None:
             policies[int(incumbent.policy.max_slots)] = incumbent.policy
         levels = decision_levels(list(policies.values()), self.model.n_parallel)
+        if not levels:
+            raise ValueError(f"live trials of {', '.join(map(str, policies))} differ nowhere")
         active = dict(policies)
         done_passes: list[int] = []
         pruned: dict[int, Paired] = {}
