@@ -6,10 +6,10 @@ profiles/bench-smollm2-cpu-late.toml where it exists: a crossover above 4 stream
 on one machine:
 
 1. the tuner's way, timed, twice into fresh databases: today's method (`tuner profile` with
-   interleaved passes and adaptive levels, `recommend`, `validate`) and the one before it
-   (`--budget 0`, `workload.interleave=false`: levels 1, 2, 4, 8 in blocks per configuration);
-   for each, the held-out coverage of the profile's levels (leave one level out, 90 %
-   intervals) and its mean absolute error;
+   interleaved passes and adaptive levels, `recommend`, `tuner tune`) and the one before it
+   (`--budget 0`, `workload.interleave=false`: levels 1, 2, 4, 8 in blocks per configuration,
+   then `recommend`); for each, the held-out coverage of the profile's levels (leave one level
+   out, 90 % intervals) and its mean absolute error, and an untimed `validate` of its answer;
 2. the exhaustive way: a live sweep of every --spec-draft-max-slots N in 0..8 at every
    concurrency 1..8 with the same workload, timed. Launch-to-launch swings on a shared machine
    are as large as the differences being judged, so instead of repeating a cell within one
@@ -71,8 +71,9 @@ def tuner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def tuner_way(spec: Path, model: str, workdir: Path, method: str) -> tuple[float, dict]:
-    """profile + recommend + validate, as a user runs them; returns wall time and validation
-    (with the profile's held-out coverage added)."""
+    """The method's steps as a user runs them, timed: profile and recommend, and for "new" the
+    live trials (`tuner tune`) too; then, untimed, `validate` grades the answer that stands.
+    Returns the timed wall seconds and the validation (with the profile's held-out coverage)."""
     db = f"sqlite:///{workdir / f'tuner-{method}.db'}"
     env = {
         **os.environ,
@@ -86,8 +87,11 @@ def tuner_way(spec: Path, model: str, workdir: Path, method: str) -> tuple[float
     store = Store(db)
     coverage = leave_one_level_out(select_data(store, model, None)[0])
     store.dispose()
-    report = json.loads(tuner(env, "validate", "--model", model, "--format", "json").stdout)
+    if method == "new":
+        tuned = json.loads(tuner(env, "tune", "--model", model, "--format", "json").stdout)
+        line = f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={tuned['standing']}"
     wall = time.monotonic() - started
+    report = json.loads(tuner(env, "validate", "--model", model, "--format", "json").stdout)
     report["env_line"] = line
     report["coverage"] = coverage
     return wall, report
