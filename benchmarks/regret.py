@@ -133,7 +133,7 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
         ways[method] = tuner_way(spec, model, workdir, method)
         tuner_s, report = ways[method]
         print(
-            f"[{name}] tuner, {method} (profile + recommend + validate): {tuner_s:.0f} s, "
+            f"[{name}] tuner, {method} (timed steps): {tuner_s:.0f} s, "
             f"{report['env_line']}; held-out {report['coverage'].summary()}",
             flush=True,
         )
