@@ -30,6 +30,19 @@ def _measured(store: Store, run_id: int) -> dict[str, dict[int, float]]:
     return table
 
 
+def _live_json(env: dict[str, str], *args: str) -> dict:
+    """A live command (validate, tune) with --format json: it must succeed; its report."""
+    result = subprocess.run(
+        tuner_cmd(*args, "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
 @pytest.mark.parametrize("profile_fixture", list(MODELS))
 def test_recommended_n_matches_the_measured_crossover(
     profile_fixture: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -80,27 +93,18 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     subprocess.run(
         tuner_cmd("recommend", "--model", model, "-q"), env=env, check=True, capture_output=True
     )
-    result = subprocess.run(
-        tuner_cmd(
-            "validate",
-            "--model",
-            model,
-            "--format",
-            "json",
-            "--set",
-            "workload.max_repeats=1",
-            "--set",
-            "workload.min_repeats=1",
-            "--set",
-            "workload.max_tokens=64",
-        ),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    report = _live_json(
+        env,
+        "validate",
+        "--model",
+        model,
+        "--set",
+        "workload.max_repeats=1",
+        "--set",
+        "workload.min_repeats=1",
+        "--set",
+        "workload.max_tokens=64",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
     n = report["recommended"]
     expected = {"plain", "N=0"} | {f"N={k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
     assert set(report["measured"]) == expected
@@ -156,27 +160,18 @@ def test_tune_measures_the_models_candidates_live_and_its_best_trial_stands(
         ).stdout.strip()
 
     before = recommended()
-    result = subprocess.run(
-        tuner_cmd(
-            "tune",
-            "--model",
-            model,
-            "--trials",
-            "3",
-            "--passes",
-            "2",
-            "--format",
-            "json",
-            "--set",
-            "workload.max_tokens=64",
-        ),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    report = _live_json(
+        env,
+        "tune",
+        "--model",
+        model,
+        "--trials",
+        "3",
+        "--passes",
+        "2",
+        "--set",
+        "workload.max_tokens=64",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
     trials = report["trials"]
     # The standing recommendation is the first live trial; the model's candidates follow it.
     assert f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={trials[0]['max_slots']}" == before

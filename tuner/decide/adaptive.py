@@ -13,15 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.decide import search
 from tuner.decide.choice import Choice, choose
+from tuner.decide.recommend import model_study
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
 from tuner.measure.profiler import Profiler
 from tuner.measure.profiler import profile as profile_base
 from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import Gain
 from tuner.storage.engine import Store
-from tuner.storage.fits import current_fit
 
 DEFAULT_BUDGET_S = 600.0
 
@@ -79,12 +78,9 @@ class Decision:
 
 def decision(store: Store, model: str, host: str, seed: int = 0) -> Decision:
     """What the data decide now (the model's study kept in memory, nothing stored but the fit)."""
-    stored = current_fit(store, model, host, host_explicit=True, seed=seed)
-    cm = stored.model
-    weights = search.objective_weights(cm.n_parallel, stored.weights)
-    result = search.run_study(None, "adaptive", cm, weights, seed=seed)
-    choice = choose(cm, result, stored.quality.measured_gains())
-    return Decision(choice, cm.gain(choice.policy.n_max))
+    study = model_study(store, model, host, host_explicit=True, seed=seed)
+    choice = choose(study.fit.model, study.result, study.fit.quality.measured_gains())
+    return Decision(choice, study.fit.model.gain(choice.policy.n_max))
 
 
 def profile_adaptively(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tuner.decide import search
 from tuner.decide.choice import Reason, ReasonCode, choose
 from tuner.decide.recommendation import Recommendation, TableRow
@@ -104,6 +106,27 @@ def recommend(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
     return rec
+
+
+@dataclass
+class ModelStudy:
+    """The cost model's study over the current fit, kept in memory (only the fit is stored)."""
+
+    fit: StoredFit
+    weights: np.ndarray
+    result: search.SearchResult
+
+
+def model_study(
+    store: Store, model: str, host: str | None, *, host_explicit: bool = False, seed: int = 0
+) -> ModelStudy:
+    """Every N evaluated on the current fit, for a decision made on the way (adaptive levels,
+    live candidates) rather than one `recommend` stores."""
+    fit = current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
+    weights = search.objective_weights(fit.model.n_parallel, fit.weights)
+    return ModelStudy(
+        fit, weights, search.run_study(None, "in-memory", fit.model, weights, seed=seed)
+    )
 
 
 def standing(

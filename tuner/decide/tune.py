@@ -35,18 +35,15 @@ import numpy as np
 from tuner.decide import recommend, search, validate
 from tuner.decide.choice import Reason, ReasonCode
 from tuner.decide.recommendation import Recommendation
-from tuner.errors import ConfigError, NothingToDoError
-from tuner.measure.fingerprint import probe_build, probe_host, probe_model
+from tuner.errors import ConfigError
 from tuner.measure.plan import Observer, ProgressEvent, quiet
-from tuner.measure.preflight import preflight
-from tuner.measure.profiler import Context, Profiler, find_resumable_run
-from tuner.measure.spec import ProfileSpec, check_spec_files
+from tuner.measure.profiler import Profiler
+from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
-from tuner.storage import recommendations, validations
+from tuner.storage import recommendations
 from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
-from tuner.storage.hashes import StoredHashes
 
 #: A candidate the model gives at least this share of replicates to beat the first is measured.
 CANDIDATE_SHARE = 0.05
@@ -262,8 +259,6 @@ class Tuner:
 
     def __init__(
         self,
-        store: Store,
-        spec: ProfileSpec,
         profiler: Profiler,
         model: CostModel,
         weights: np.ndarray,
@@ -271,25 +266,26 @@ class Tuner:
         observer: Observer,
         passes: int,
     ) -> None:
-        self.store, self.spec, self.profiler = store, spec, profiler
-        self.model, self.weights, self.study = model, weights, study
+        self.profiler, self.model, self.weights, self.study = profiler, model, weights, study
         self.observer, self.passes = observer, passes
         self.round_number = 0
 
-    def _next_pass(self) -> int:
-        state = self.profiler.repeats_by_level()
-        return 1 + max((r.get("pass", -1) for reps in state.values() for r in reps), default=-1)
-
-    def _table(self, policy: Policy, passes: Sequence[int]) -> dict[int, dict[int, float]]:
-        state = self.profiler.repeats_by_level()
-        table: dict[int, dict[int, float]] = {}
-        for (config, c), reps in state.items():
-            if config != policy.config_name:
-                continue
-            for r in reps:
-                if r.get("pass") in passes and r.get("tokens_per_second"):
-                    table.setdefault(r["pass"], {})[c] = float(r["tokens_per_second"])
-        return table
+    def _objectives(
+        self, policies: Mapping[int, Policy], levels: list[int], passes: Sequence[int]
+    ) -> dict[int, dict[int, float]]:
+        """Per N, the objective at the levels in every pass of these that measured them all."""
+        state = self.profiler.repeats_by_level(list(policies.values()))
+        out = {}
+        for n, policy in policies.items():
+            table: dict[int, dict[int, float]] = {}
+            for (config, c), reps in state.items():
+                if config != policy.config_name:
+                    continue
+                for r in reps:
+                    if r.get("pass") in passes and r.get("tokens_per_second"):
+                        table.setdefault(r["pass"], {})[c] = float(r["tokens_per_second"])
+            out[n] = pass_objectives(table, levels, self.weights)
+        return out
 
     def run_round(self, trials: dict[int, Any], incumbent: TrialResult | None) -> list[TrialResult]:
         """Measure asked trials (by N) and the incumbent side by side, prune, tell."""
@@ -316,17 +312,15 @@ class Tuner:
                 + f" at {', '.join(map(str, levels))} streams, up to {self.passes} passes",
             )
         )
-        first = self._next_pass()
+        last = self.profiler.last_pass()
+        first = 0 if last is None else last + 1
         for k in range(self.passes):
             p = first + k
             order = list(active.values()) if k % 2 == 0 else list(reversed(active.values()))
             for policy in order:
                 self.profiler.run_config(policy, levels, pass_index=p)
             done_passes.append(p)
-            objectives = {
-                n: pass_objectives(self._table(pol, done_passes), levels, self.weights)
-                for n, pol in policies.items()
-            }
+            objectives = self._objectives(policies, levels, done_passes)
             means = {n: statistics.fmean(o.values()) for n, o in objectives.items() if o}
             leader = max((n for n in active if n in means), key=lambda n: means[n])
             for n in list(active):
@@ -389,34 +383,23 @@ class Tuner:
             }
             for key, v in attrs.items():
                 trial.set_user_attr(key, v)
-            if n in pruned or not math.isfinite(value):
+            state = "pruned" if n in pruned or not math.isfinite(value) else "complete"
+            if state == "pruned":
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                out.append(
-                    TrialResult(
-                        trial.number,
-                        policies[n],
-                        "pruned",
-                        None,
-                        paired,
-                        ref,
-                        levels,
-                        self.round_number,
-                    )
-                )
             else:
                 self.study.tell(trial, value)
-                out.append(
-                    TrialResult(
-                        trial.number,
-                        policies[n],
-                        "complete",
-                        value,
-                        paired,
-                        ref,
-                        levels,
-                        self.round_number,
-                    )
+            out.append(
+                TrialResult(
+                    trial.number,
+                    policies[n],
+                    state,
+                    value if state == "complete" else None,
+                    paired,
+                    ref,
+                    levels,
+                    self.round_number,
                 )
+            )
         return out
 
 
@@ -455,45 +438,30 @@ def tune(
     if trials < 1 or passes < 1:
         raise ConfigError("--trials and --passes must be at least 1")
     rec = recommend.standing(store, model_name, host)
-    stored = current_fit(store, model_name, host)
-    cm = stored.model
-    weights = search.objective_weights(cm.n_parallel, stored.weights)
-    result = search.run_study(None, "live-candidates", cm, weights, seed=seed)
-    candidates = live_candidates(result.candidates, rec.max_slots, cm.n_parallel, trials)
+    study_now = recommend.model_study(store, model_name, host, seed=seed)
+    cm, weights = study_now.fit.model, study_now.weights
+    candidates = live_candidates(study_now.result.candidates, rec.max_slots, cm.n_parallel, trials)
 
-    stored_spec = validations.latest_profile_spec(store, model_name, host)
-    if stored_spec is None:
-        raise NothingToDoError(
-            f"model {model_name!r} has no managed profile run to take the server set-up from; "
-            f"run `tuner profile SPEC` first"
-        )
+    stored_spec = validate.profile_spec_of(store, model_name, host)
     spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides)
     spec = ProfileSpec.model_validate(
         {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-tune"}
     )
-    check_spec_files(spec, f"profile spec of {model_name}")
-    build = probe_build(spec.server.binary)
-    if not build.has_max_slots:
-        raise ConfigError(
-            f"{spec.server.binary} does not know --spec-draft-max-slots (not in its --help); "
-            f"live trials need the patched server: --set server.binary=PATH selects it"
-        )
-    if not skip_preflight:
-        preflight(spec, [Policy.of_max_slots(n) for n in candidates], log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer)
-    run_id = find_resumable_run(store, spec, kind="tune", host_name=host) if resume else None
-    if run_id is not None:
-        profiler.reopen_run(run_id)
-        observer(ProgressEvent("message", text=f"resuming live trials of run {run_id}"))
-    else:
-        context = Context(
-            model_name=model_name,
-            build=build,
-            model=probe_model(spec.server.model, StoredHashes(store, host)),
-            host=probe_host(spec.server.binary, host),
-        )
-        run_id = profiler.create_run(context, kind="tune")
-        validations.record_checked(store, run_id, rec)
+    profiler = validate.open_live_run(
+        store,
+        spec,
+        model_name,
+        host,
+        rec,
+        "tune",
+        [Policy.of_max_slots(n) for n in candidates],
+        log_dir,
+        observer,
+        resume=resume,
+        skip_preflight=skip_preflight,
+    )
+    run_id = profiler.run_id
+    assert run_id is not None
     name = f"tuner:live:run{run_id}"
     study = _study(store, name, seed)
     _requeue_unfinished(study)
@@ -502,7 +470,7 @@ def tune(
         for n in candidates:
             study.enqueue_trial({search.MAX_SLOTS_PARAM: n})
     report = TuneReport(run_id, name, rec)
-    tuner = Tuner(store, spec, profiler, cm, weights, study, observer, passes)
+    tuner = Tuner(profiler, cm, weights, study, observer, passes)
     tuner.round_number = max((t.round for t in known.values()), default=0)
 
     def ask(n: int | None) -> tuple[int, Any]:

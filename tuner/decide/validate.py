@@ -66,6 +66,59 @@ def validation_spec(
         raise ConfigError(validation_message("validation spec (--set)", exc)) from exc
 
 
+def profile_spec_of(store: Store, model: str, host: str) -> dict[str, Any]:
+    """The stored spec of the model's newest managed profile: the server set-up live runs use."""
+    stored_spec = validations.latest_profile_spec(store, model, host)
+    if stored_spec is None:
+        raise NothingToDoError(
+            f"model {model!r} has no managed profile run to take the server set-up from; "
+            f"run `tuner profile SPEC` first"
+        )
+    return stored_spec
+
+
+def open_live_run(
+    store: Store,
+    spec: ProfileSpec,
+    model: str,
+    host: str,
+    rec: Recommendation,
+    kind: str,
+    policies: list[Policy],
+    log_dir: Path,
+    observer: Observer = quiet,
+    *,
+    resume: bool = False,
+    skip_preflight: bool = False,
+) -> Profiler:
+    """The patched server checked, its policies preflighted, and the run (of kind validate or
+    tune, noting the recommendation it checks) reopened when resuming or else created."""
+    check_spec_files(spec, f"profile spec of {model}")
+    build = probe_build(spec.server.binary)
+    if not build.has_max_slots:
+        raise ConfigError(
+            f"{spec.server.binary} does not know --spec-draft-max-slots (not in its --help); "
+            f"`tuner {kind}` needs the patched server: scripts/setup.sh builds one, "
+            f"--set server.binary=PATH selects it"
+        )
+    if not skip_preflight:
+        preflight(spec, policies, log_dir, observer)
+    profiler = Profiler(store, spec, log_dir, observer)
+    run_id = find_resumable_run(store, spec, kind=kind, host_name=host) if resume else None
+    if run_id is not None:
+        profiler.reopen_run(run_id)
+        observer(ProgressEvent("message", text=f"resuming {kind} run {run_id}"))
+    else:
+        context = Context(
+            model_name=model,
+            build=build,
+            model=probe_model(spec.server.model, StoredHashes(store, host)),
+            host=probe_host(spec.server.binary, host),
+        )
+        validations.record_checked(store, profiler.create_run(context, kind=kind), rec)
+    return profiler
+
+
 def measure(
     store: Store,
     model: str,
@@ -82,40 +135,25 @@ def measure(
     rec = recommend.standing(store, model, host)
     if max_slots is not None:
         rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
-    stored_spec = validations.latest_profile_spec(store, model, host)
-    if stored_spec is None:
-        raise NothingToDoError(
-            f"model {model!r} has no managed profile run to take the server set-up from; "
-            f"run `tuner profile SPEC` first"
-        )
+    stored_spec = profile_spec_of(store, model, host)
     profiled = ProfileSpec.model_validate(stored_spec)
     spec = validation_spec(
         stored_spec, validation_levels(profiled, rec.max_slots), rec.n_max, overrides
     )
-    check_spec_files(spec, f"profile spec of {model}")
-    build = probe_build(spec.server.binary)
-    if not build.has_max_slots:
-        raise ConfigError(
-            f"{spec.server.binary} does not know --spec-draft-max-slots (not in its --help); "
-            f"validation needs the patched server: scripts/setup.sh builds one, "
-            f"--set server.binary=PATH selects it"
-        )
     policies = candidates(rec.max_slots, spec.server.n_parallel)
-    if not skip_preflight:
-        preflight(spec, policies, log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer)
-    run_id = find_resumable_run(store, spec, kind="validate", host_name=host) if resume else None
-    if run_id is not None:
-        profiler.reopen_run(run_id)
-        observer(ProgressEvent("message", text=f"resuming validation run {run_id}"))
-    else:
-        context = Context(
-            model_name=model,
-            build=build,
-            model=probe_model(spec.server.model, StoredHashes(store, host)),
-            host=probe_host(spec.server.binary, host),
-        )
-        validations.record_checked(store, profiler.create_run(context, kind="validate"), rec)
+    profiler = open_live_run(
+        store,
+        spec,
+        model,
+        host,
+        rec,
+        "validate",
+        policies,
+        log_dir,
+        observer,
+        resume=resume,
+        skip_preflight=skip_preflight,
+    )
     return profiler.execute(policies, kernel_level=False), rec
 
 

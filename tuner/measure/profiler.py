@@ -444,6 +444,13 @@ class Profiler:
                 if names is None or row.config in names
             }
 
+    def last_pass(self) -> int | None:
+        """The newest interleaved pass stored in the run (None: none yet)."""
+        passes = [
+            r["pass"] for reps in self.repeats_by_level().values() for r in reps if "pass" in r
+        ]
+        return max(passes, default=None)
+
     def close_open_levels(self) -> None:
         """Mark every level of the run still open (measured in passes) as completed."""
         with self.store.session() as session:
@@ -479,7 +486,7 @@ class Profiler:
         already is not launched for that level again."""
         w = self.spec.workload
         state = self.repeats_by_level(policies)
-        first = max((r.get("pass", 0) for reps in state.values() for r in reps), default=0)
+        first = self.last_pass() or 0
         open_levels = list(levels)
 
         def needs(policy: Policy, c: int, p: int) -> bool:

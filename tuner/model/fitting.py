@@ -160,6 +160,7 @@ def _replicate_curve(
     x_max: float,
     calibration: float,
     launch_noise: float,
+    form_error: bool = True,
 ) -> dict[str, Any]:
     """One replicate's curve: a form drawn by weight and refitted, its calibration and offsets."""
     base = choice.curve.base
@@ -171,7 +172,7 @@ def _replicate_curve(
     rep: dict[str, Any] = {
         key: list(refit.params),
         f"{key}_shift": float(rng.normal(0.0, launch_noise)),
-        f"{key}_gap": _form_error(rng, choice, form),
+        f"{key}_gap": _form_error(rng, choice, form) if form_error else 0.0,
     }
     if form != choice.curve.form:
         rep[f"{key}_form"] = form
@@ -313,10 +314,17 @@ def fit(
             ("spec", spec_choice, xs_b, ys_b),
         ):
             rep |= _replicate_curve(
-                rng, key, choice, averaging[key], x_b, y_b, x_max, weight[key], launch_noise
+                rng,
+                key,
+                choice,
+                averaging[key],
+                x_b,
+                y_b,
+                x_max,
+                weight[key],
+                launch_noise,
+                form_uncertainty,
             )
-            if not form_uncertainty:
-                rep[f"{key}_gap"] = 0.0
         if acc_b is not acceptance:
             rep["mean_length"] = acc_b.mean_length
             rep["rates"] = list(acc_b.rates) if acc_b.rates is not None else None
