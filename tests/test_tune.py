@@ -15,6 +15,7 @@ from tuner.decide.tune import (
     _best,
     _neighbour,
     decision_levels,
+    explore_further,
     live_candidates,
     model_outside,
     pass_objectives,
@@ -115,3 +116,11 @@ def test_best_trial_and_the_next_neighbour() -> None:
     assert _neighbour(_trial(4, 1.0), {2, 3, 4}, 8) == 5
     assert _neighbour(_trial(2, 1.0), {2, 3, 4}, 8) == 1
     assert _neighbour(_trial(8, 1.0), {7, 8}, 8) is None
+
+
+def test_rounds_beyond_the_candidates_only_when_live_data_overturn_the_model() -> None:
+    assert not explore_further(_trial(2, 100.0), 2, 8)
+    assert explore_further(_trial(3, 100.0), 2, 8)
+    # N=8 and N=0 are the same server on 8 slots
+    assert not explore_further(_trial(0, 100.0), 8, 8)
+    assert explore_further(None, 2, 8)

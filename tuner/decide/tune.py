@@ -13,8 +13,10 @@
    measured, the cost model elsewhere (the same for every policy of the round). A later round
    measures new trials against the incumbent (the best so far) and anchors them to it: value =
    incumbent's value + the mean paired difference.
-4. After the first round, a neighbour of the incumbent on the untried side is enqueued; the
-   study's sampler proposes beyond that while the budget lasts.
+4. When the first round confirms the model (its recommendation is the best live trial), the study
+   stops there: every N the model could not rule out has been measured against it. When live data
+   overturned the model, the model is suspect: a neighbour of the new incumbent on the untried side
+   is enqueued, and the study's sampler proposes beyond that while the trial budget lasts.
 
 The best completed trial becomes the recommendation that stands (source "live", stored for the
 fit that now includes the trials' levels), so `recommend` and `report` give the same N.
@@ -410,6 +412,16 @@ def _best(results: Mapping[int, TrialResult], n_parallel: int) -> TrialResult | 
     return max(complete, key=lambda t: (t.value, -t.policy.effective(n_parallel)))
 
 
+def explore_further(incumbent: TrialResult | None, started_from: int, n_parallel: int) -> bool:
+    """Whether rounds beyond the model's candidates are worth their cost: only when the live
+    trials overturned the model's recommendation (or none completed)."""
+    if incumbent is None:
+        return True
+    return incumbent.policy.effective(n_parallel) != Policy.of_max_slots(started_from).effective(
+        n_parallel
+    )
+
+
 def _neighbour(best: TrialResult, tried: set[int], n_parallel: int) -> int | None:
     """The untried neighbour of the best trial on the side away from the others."""
     n = best.policy.effective(n_parallel)
@@ -490,6 +502,15 @@ def tune(
             if waiting:
                 asked = dict(ask(n) for n in waiting[: trials - len(known)])
             else:
+                if not explore_further(incumbent, rec.max_slots, cm.n_parallel):
+                    observer(
+                        ProgressEvent(
+                            "message",
+                            text=f"the live trials confirm N={rec.max_slots} against every N "
+                            "the model could not rule out: no further rounds",
+                        )
+                    )
+                    return
                 nxt = _neighbour(incumbent, tried, cm.n_parallel) if incumbent else None
                 n, trial = ask(nxt)
                 if Policy.of_max_slots(n).effective(cm.n_parallel) in tried:
