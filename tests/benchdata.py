@@ -117,6 +117,7 @@ def store_profile(
     n_max: int = BENCH_N_MAX,
     weights: dict[str, float] | None = None,
     build_sha: str = "b" * 64,
+    workload: dict[str, Any] | None = None,
 ) -> int:
     """Store a completed profile run (plain/spec/max-slots-N levels, kernel rows) the way `tuner
     profile` does (Profiler.create_run, record_level, record_kernel); returns its run id."""
@@ -132,7 +133,11 @@ def store_profile(
                 "n_parallel": n_parallel,
             },
             "speculative": {"args": [], "n_max": n_max},
-            "workload": {"concurrency": sorted({c for _, c, _ in levels}), "weights": weights},
+            "workload": {
+                "concurrency": sorted({c for _, c, _ in levels}),
+                "weights": weights,
+                **(workload or {}),
+            },
         }
     )
     context = Context(

@@ -183,6 +183,40 @@ def test_paths_that_do_not_exist(files: dict[str, Path], field: str, value: str)
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        (None, None, "prompt file not found"),
+        ("empty.jsonl", b"", "the prompt file is empty"),
+        ("latin1.txt", "caf\xe9\n".encode("latin-1"), "not UTF-8"),
+        ("bad.jsonl", b'{"prompt": "ok"}\n{oops}\n', "line 2: not JSON"),
+        ("blank.jsonl", b'{"prompt": ""}\n', "no usable prompt"),
+    ],
+    ids=["missing", "empty", "not-utf8", "bad-json-line", "no-usable-prompt"],
+)
+def test_a_bad_prompts_file_stores_nothing(
+    files: dict[str, Path], tmp_path: Path, name: str | None, content: bytes | None, fragment: str
+) -> None:
+    prompts = files["dir"] / (name or "missing.jsonl")
+    if content is not None:
+        prompts.write_bytes(content)
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", f'workload.prompts="{prompts}"'],
+        "workload.prompts: ",
+        str(prompts),
+        fragment,
+    )
+    assert not (tmp_path / "tuner.db").exists()  # nothing stored, not even an empty database
+
+
+def test_output_lengths_from_the_file_need_a_prompts_file(files: dict[str, Path]) -> None:
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--set", 'workload.output.distribution="file"'],
+        "workload",
+        "needs a prompts file",
+    )
+
+
 def test_spec_file_that_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     fails_with_one_line(["profile", str(missing)], f"spec file not found: {missing}")

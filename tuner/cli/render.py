@@ -59,7 +59,8 @@ def fit(stored: StoredFit) -> None:
         f"fit {stored.id}{reused} of {inputs['model']} ({stored.model.version}): host "
         f"{inputs.get('host') or '(none)'}, runs {', '.join(map(str, inputs['runs']))} "
         f"({', '.join(inputs['sources'])}), -np {inputs['n_parallel']}, n_max {inputs['n_max']}, "
-        f"{inputs['kernel_rows']} kernel rows",
+        f"{inputs['kernel_rows']} kernel rows"
+        + (f"; workload: {inputs['workload']}" if inputs.get("workload") else ""),
         highlight=False,
     )
     table = tables.fit_quality_table(stored.quality, stored.model.crossover())

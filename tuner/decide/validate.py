@@ -24,6 +24,7 @@ from tuner.measure.fingerprint import probe_build, probe_host, probe_model
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.preflight import preflight
 from tuner.measure.profiler import Context, Profiler, find_resumable_run
+from tuner.measure.prompts import load_prompts
 from tuner.measure.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
 from tuner.policy import Policy
 from tuner.storage import validations
@@ -60,10 +61,32 @@ def validation_spec(
         data["speculative"]["n_max"] = n_max
     for key, value in overrides or []:
         set_dotted(data, key, value)
+    _check_prompts(stored, data)
     try:
         return ProfileSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message("validation spec (--set)", exc)) from exc
+
+
+def _check_prompts(stored: dict[str, Any], data: dict[str, Any]) -> None:
+    """Live runs send the profile's prompts: the file must still be there and hold what the
+    profile measured (its runs would not be fitted with the profile's otherwise); a prompts file
+    given with --set is read and recorded afresh."""
+    workload = data.get("workload") or {}
+    if not workload.get("prompts"):
+        return
+    path = Path(workload["prompts"]).expanduser().resolve()
+    try:
+        sha = load_prompts(path).sha256
+    except ConfigError as exc:
+        raise ConfigError(f"workload.prompts of the profile: {exc}") from exc
+    before = stored.get("workload") or {}
+    if str(path) == before.get("prompts") and before.get("prompts_sha256") not in (None, sha):
+        raise ConfigError(
+            f"workload.prompts: {path} changed since the profile measured it (sha256 "
+            f"{before['prompts_sha256'][:12]} then, {sha[:12]} now); restore it or profile again"
+        )
+    data["workload"] = {**workload, "prompts": str(path), "prompts_sha256": sha}
 
 
 def profile_spec_of(store: Store, model: str, host: str) -> dict[str, Any]:

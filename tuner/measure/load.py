@@ -1,5 +1,8 @@
-"""The load generator: c concurrent /completion requests that generate together, and their figures.
+"""The load generator: c concurrent requests that generate together, and their figures.
 
+A request is the synthetic prompt (a fixed number of tokens) or one drawn from the user's prompt
+file: text goes to /completion, a chat (`messages`) to /v1/chat/completions so the model's chat
+template applies; output lengths are fixed or drawn (tuner.measure.prompts).
 One shared async HTTP client per level; every stream is released by one barrier so all c slots
 start together; times come from `time.perf_counter`; a failed request is recorded, not raised.
 `summarize` is a pure function from samples to the level's figures.
@@ -12,10 +15,12 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from tuner.errors import LoadError
+from tuner.measure.prompts import OutputLengths, Prompt, PromptSet, draw_prompt, draw_rng
 
 PROMPT_TEXT = (
     "The history of computing is a story of machines that grew smaller, faster and cheaper, "
@@ -120,12 +125,31 @@ def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
 
 @dataclass(frozen=True)
 class Workload:
-    """What every request of a level asks for."""
+    """What the requests of a level ask for."""
 
     prompt_tokens: int = 32
     max_tokens: int = 128
     stream: bool = True
     request_timeout_s: float = 120.0
+    prompts: PromptSet | None = None  # None: the synthetic prompt of prompt_tokens tokens
+    output: OutputLengths | None = None  # None: max_tokens for every request
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One stream's request: where it goes and what it sends."""
+
+    path: str  # /completion or /v1/chat/completions
+    body: dict[str, Any]
+
+    @property
+    def is_chat(self) -> bool:
+        return self.path == CHAT_PATH
+
+
+COMPLETION_PATH = "/completion"
+CHAT_PATH = "/v1/chat/completions"
 
 
 def _prompt(stream: int) -> str:
@@ -153,27 +177,47 @@ class LoadGenerator:
             self._prompts[stream] = tokens[: self.workload.prompt_tokens]
         return self._prompts[stream]
 
-    def _body(self, prompt: list[int]) -> dict:
-        return {
-            "prompt": prompt,
-            "n_predict": self.workload.max_tokens,
-            "ignore_eos": True,
+    async def _request(
+        self, client: httpx.AsyncClient, concurrency: int, round_key: int, stream: int
+    ) -> Request:
+        """Stream i's request in this round: the same for every configuration measured here."""
+        w = self.workload
+        rng = draw_rng(w.seed, concurrency, round_key, stream)
+        prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
+        max_tokens = w.output.draw(rng, prompt) if w.output is not None else w.max_tokens
+        common = {
+            "ignore_eos": True,  # every request generates its drawn length
             "temperature": 0.0,
             "cache_prompt": False,
-            "stream": self.workload.stream,
+            "stream": w.stream,
         }
+        if prompt is not None and prompt.messages is not None:
+            # timings_per_token: each chunk says how many tokens are out, as /completion's do.
+            body = {
+                "messages": list(prompt.messages),
+                "max_tokens": max_tokens,
+                "timings_per_token": True,
+                **common,
+            }
+            return Request(CHAT_PATH, body)
+        text: str | list[int] = (
+            prompt.text
+            if prompt is not None and prompt.text is not None
+            else await self._prompt_tokens(client, stream)
+        )
+        return Request(COMPLETION_PATH, {"prompt": text, "n_predict": max_tokens, **common})
 
     async def _one(
-        self, client: httpx.AsyncClient, stream: int, prompt: list[int], barrier: asyncio.Barrier
+        self, client: httpx.AsyncClient, stream: int, request: Request, barrier: asyncio.Barrier
     ) -> RequestSample:
         sample = RequestSample(stream=stream)
         await barrier.wait()
         sample.start = time.perf_counter()
         try:
             if self.workload.stream:
-                final = await self._streamed(client, prompt, sample)
+                final = await self._streamed(client, request, sample)
             else:
-                response = await client.post(f"{self.url}/completion", json=self._body(prompt))
+                response = await client.post(f"{self.url}{request.path}", json=request.body)
                 if response.status_code != 200:
                     raise _RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
                 final = response.json()
@@ -197,11 +241,11 @@ class LoadGenerator:
         return sample
 
     async def _streamed(
-        self, client: httpx.AsyncClient, prompt: list[int], sample: RequestSample
+        self, client: httpx.AsyncClient, request: Request, sample: RequestSample
     ) -> dict:
         final: dict = {}
         async with client.stream(
-            "POST", f"{self.url}/completion", json=self._body(prompt)
+            "POST", f"{self.url}{request.path}", json=request.body
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
@@ -210,20 +254,22 @@ class LoadGenerator:
             async for block in response.aiter_bytes():
                 now = time.perf_counter()
                 for data in lines.feed(block):
+                    if data.strip() == "[DONE]":  # the chat endpoint's end of stream
+                        continue
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise _RequestFailed(str(chunk["error"])[:300])
                     # One time per generated token; the count, not the text, says how many
                     # (a piece of a multi-byte character arrives with empty content).
-                    seen = int(chunk.get("tokens_predicted") or 0)
+                    seen = tokens_so_far(chunk)
                     sample.token_times.extend([now] * (seen - len(sample.token_times)))
-                    if chunk.get("stop"):
+                    if is_final_chunk(chunk):
                         final = chunk
         if not final:
             raise _RequestFailed("stream ended without a final chunk")
         return final
 
-    async def run_level(self, concurrency: int) -> list[RequestSample]:
+    async def run_level(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
         """Start `concurrency` requests together and wait for all; failures are in the samples."""
         # With streaming, `read` bounds the silence between two tokens, so a hung server is
         # noticed after request_timeout_s without cutting short a long, healthy generation.
@@ -235,18 +281,39 @@ class LoadGenerator:
             timeout=timeout, limits=limits, headers=self.headers
         ) as client:
             try:
-                prompts = [await self._prompt_tokens(client, i) for i in range(concurrency)]
+                requests = [
+                    await self._request(client, concurrency, round_key, i)
+                    for i in range(concurrency)
+                ]
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 raise LoadError(f"cannot tokenize the prompt on {self.url}: {exc}") from exc
             barrier = asyncio.Barrier(concurrency)
             return list(
                 await asyncio.gather(
-                    *(self._one(client, i, prompts[i], barrier) for i in range(concurrency))
+                    *(self._one(client, i, requests[i], barrier) for i in range(concurrency))
                 )
             )
 
-    def run(self, concurrency: int) -> list[RequestSample]:
-        return asyncio.run(self.run_level(concurrency))
+    def run(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
+        """One round at a concurrency; round_key picks the round's prompts and lengths."""
+        return asyncio.run(self.run_level(concurrency, round_key))
+
+
+def tokens_so_far(chunk: dict[str, Any]) -> int:
+    """Tokens generated so far, by a streamed chunk: /completion counts them in every chunk,
+    the chat endpoint in its timings (asked for per token)."""
+    if "tokens_predicted" in chunk:
+        return int(chunk["tokens_predicted"] or 0)
+    return int((chunk.get("timings") or {}).get("predicted_n") or 0)
+
+
+def is_final_chunk(chunk: dict[str, Any]) -> bool:
+    """/completion ends with stop: true; the chat endpoint with a finish_reason (whose chunk
+    carries the request's timings)."""
+    if "stop" in chunk:
+        return bool(chunk["stop"])
+    choices = chunk.get("choices") or []
+    return bool(choices and choices[0].get("finish_reason")) and "timings" in chunk
 
 
 class SSELines:

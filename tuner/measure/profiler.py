@@ -49,6 +49,7 @@ from tuner.measure.plan import (
     quiet,
 )
 from tuner.measure.preflight import preflight
+from tuner.measure.prompts import PromptSet, load_prompts
 from tuner.measure.server import ManagedServer
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import level_medians, pool_drafting, stable
@@ -133,6 +134,7 @@ class Profiler:
     api_key: str | None = None
     run_id: int | None = None
     _server_deaths: list[str] = field(default_factory=list)
+    _prompt_set: PromptSet | None = None
 
     # -- run lifecycle --
 
@@ -308,7 +310,10 @@ class Profiler:
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
-                samples = generator.run(concurrency)
+                # The round's prompts: a pass's number, so every configuration of a pass gets the
+                # same ones; else the repeat's.
+                round_key = pass_index if pass_index is not None else next_repeat
+                samples = generator.run(concurrency, round_key)
                 # When requests failed the server may be gone or hung: their errors say more
                 # than a failed /metrics scrape would.
                 failed = any(not s.ok for s in samples)
@@ -369,11 +374,16 @@ class Profiler:
 
     def _workload(self) -> Workload:
         w = self.spec.workload
+        if w.prompts is not None and self._prompt_set is None:
+            self._prompt_set = load_prompts(w.prompts)
         return Workload(
             prompt_tokens=w.prompt_tokens,
             max_tokens=w.max_tokens,
             stream=w.stream,
             request_timeout_s=w.request_timeout_s,
+            prompts=self._prompt_set,
+            output=w.output.lengths(w.max_tokens),
+            seed=w.seed,
         )
 
     def warm_up(self, server_url: str, server: ManagedServer | None = None) -> None:

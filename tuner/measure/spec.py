@@ -13,13 +13,14 @@ import json
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
 from tuner.inputs import read_toml, validation_message
 from tuner.measure.fingerprint import require_gguf
+from tuner.measure.prompts import OutputLengths, load_prompts
 
 BENCH_PREFIX = "bench:"
 
@@ -54,11 +55,54 @@ class SpeculativeSpec(_Strict):
     )
 
 
+class OutputSpec(_Strict):
+    """How many tokens each request generates (every request of a level still starts together;
+    with lengths that differ the level's window ends when its shortest stream does)."""
+
+    distribution: Literal["fixed", "uniform", "lognormal", "file"] = Field(
+        "fixed",
+        description="fixed: workload.max_tokens; uniform: min..max; lognormal: median and "
+        "sigma, clipped to min..max; file: each prompt's max_tokens (workload.max_tokens where "
+        "a line has none)",
+    )
+    min: int = Field(8, ge=1, description="shortest output (uniform, lognormal)")
+    max: int | None = Field(None, ge=1, description="longest output (uniform, lognormal)")
+    median: int | None = Field(None, ge=1, description="lognormal: median output length")
+    sigma: float = Field(0.5, gt=0, description="lognormal: sigma of log(length)")
+
+    @model_validator(mode="after")
+    def _complete(self) -> OutputSpec:
+        if self.distribution == "uniform" and self.max is None:
+            raise ValueError("distribution uniform needs max (and min, default 8)")
+        if self.distribution == "lognormal" and self.median is None:
+            raise ValueError("distribution lognormal needs median")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+    def lengths(self, max_tokens: int) -> OutputLengths:
+        return OutputLengths(
+            self.distribution, max_tokens, self.min, self.max, self.median, self.sigma
+        )
+
+
 class WorkloadSpec(_Strict):
     """What the load generator sends, and how often."""
 
-    prompt_tokens: int = Field(32, ge=1)
+    prompt_tokens: int = Field(
+        32, ge=1, description="length of the synthetic prompt (when no prompts file is given)"
+    )
     max_tokens: int = Field(128, ge=8, description="tokens generated per request")
+    prompts: Path | None = Field(
+        None,
+        description='the user\'s prompts: JSONL of {"prompt"} or {"messages"} (chat), or '
+        "one prompt per line; relative to the spec file",
+    )
+    prompts_sha256: str | None = Field(
+        None, description="filled in by tuner: the prompt file's content hash"
+    )
+    seed: int = Field(0, description="seed of the prompt and output-length draws")
+    output: OutputSpec = OutputSpec()
     concurrency: list[int] | None = Field(
         None, description="levels; default 1, 2, 4, ... up to and including n_parallel"
     )
@@ -108,6 +152,8 @@ class WorkloadSpec(_Strict):
     def _repeat_bounds(self) -> WorkloadSpec:
         if self.max_repeats < self.min_repeats:
             raise ValueError("max_repeats must be at least min_repeats")
+        if self.output.distribution == "file" and self.prompts is None:
+            raise ValueError('output.distribution = "file" needs a prompts file')
         return self
 
 
@@ -242,6 +288,7 @@ def load_spec(
             return str(refs[name])
 
         data = _resolve_refs(data, resolve)
+    _resolve_prompts(data, path)
     try:
         spec = ProfileSpec.model_validate(data)
     except ValidationError as exc:
@@ -249,6 +296,24 @@ def load_spec(
     if check_files:
         check_spec_files(spec, str(path))
     return spec
+
+
+def _resolve_prompts(data: dict[str, Any], spec_path: Path) -> None:
+    """A prompts file: its path made absolute (relative paths are the spec file's), read and
+    checked now, before anything is measured or stored, and its hash recorded in the spec."""
+    workload = data.get("workload")
+    if not isinstance(workload, dict) or not workload.get("prompts"):
+        return
+    if not isinstance(workload["prompts"], str):
+        raise ConfigError(f"{spec_path}: workload.prompts: expected a file path")
+    prompts = Path(workload["prompts"]).expanduser()
+    if not prompts.is_absolute():
+        prompts = (spec_path.parent / prompts).resolve()
+    workload["prompts"] = str(prompts)
+    try:
+        workload["prompts_sha256"] = load_prompts(prompts).sha256
+    except ConfigError as exc:
+        raise ConfigError(f"{spec_path}: workload.prompts: {exc}") from exc
 
 
 def check_spec_files(spec: ProfileSpec, source: str) -> None:

@@ -119,6 +119,7 @@ def _data_lines(facts: Facts, inputs: dict[str, Any]) -> list[str]:
         f"- kernel rows (llama-batched-bench): {inputs.get('kernel_rows', 0)}",
         f"- sources: {', '.join(inputs.get('sources') or []) or 'unknown'}",
         f"- -np {inputs.get('n_parallel')}, n_max {inputs.get('n_max')}",
+        f"- workload: {_md(inputs.get('workload') or 'unknown')}",
         "- workload weights: "
         + (
             ", ".join(f"{k} streams: {v:g}" for k, v in sorted(weights.items(), key=_weight_key))

@@ -8,6 +8,7 @@ import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ class Selection:
     measured: dict[str, list[int]]
     data_hash: str
     host_note: str | None = None
+    workload: str | None = None  # what the requests were: the synthetic prompt or a prompt file
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,7 @@ class Selection:
             "weights": self.weights,
             "measured": self.measured,
             "data_hash": self.data_hash,
+            "workload": self.workload,
         }
 
 
@@ -138,6 +141,24 @@ def _repeats(level: Level) -> tuple[Repeat, ...]:
     return tuple(out)
 
 
+def workload_of(spec: dict[str, Any]) -> str | None:
+    """The requests a run sent, in words: its prompt file (and hash) or the synthetic prompt."""
+    workload = spec.get("workload")
+    if not workload:
+        return None
+    output = (workload.get("output") or {}).get("distribution", "fixed")
+    length = f"{workload.get('max_tokens')} tokens out" if output == "fixed" else f"{output} output"
+    if workload.get("prompts"):
+        name = Path(workload["prompts"]).name
+        return f"prompts {name} ({str(workload.get('prompts_sha256'))[:8]}), {length}"
+    return f"synthetic prompt of {workload.get('prompt_tokens')} tokens, {length}"
+
+
+def prompt_set_of(run: Run) -> str | None:
+    """The content hash of the prompt file a run measured with (None: the synthetic prompt)."""
+    return ((run.spec or {}).get("workload") or {}).get("prompts_sha256")
+
+
 def select_data(
     store: Store, model: str, host: str | None, host_explicit: bool = False
 ) -> tuple[FitData, Selection]:
@@ -163,17 +184,18 @@ def select_data(
             )
         chosen_host, note = _resolve_host(runs, model, host, host_explicit)
         runs = [run for run in runs if _host_label(run) == chosen_host]
-        # The newest profile or import sets the build, -np and n_max; validations and sweeps
-        # like it add their levels, and so do finished live trials (which measure no plain).
+        # The newest profile or import sets the build, -np, n_max and prompt set; validations
+        # and sweeps like it add their levels, and so do finished live trials (which measure no
+        # plain). Another prompt set drafts differently, so its runs are not mixed in.
         basis = next((run for run in runs if run.kind in ("profile", "import")), runs[0])
-        key = (basis.build_id, basis.n_parallel, basis.n_max)
+        key = (basis.build_id, basis.n_parallel, basis.n_max, prompt_set_of(basis))
         trials = [run for run in every_run if run.kind == "tune" and run.status == "completed"]
         group = sorted(
             (
                 run
                 for run in {*runs, *trials}
                 if _host_label(run) == chosen_host
-                and (run.build_id, run.n_parallel, run.n_max) == key
+                and (run.build_id, run.n_parallel, run.n_max, prompt_set_of(run)) == key
             ),
             key=lambda run: run.id,
         )
@@ -232,6 +254,7 @@ def select_data(
             measured={k: sorted(v) for k, v in sorted(measured.items())},
             data_hash=digest,
             host_note=note,
+            workload=workload_of(spec),
         )
     data = FitData(
         n_parallel=n_parallel,
