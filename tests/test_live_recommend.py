@@ -206,3 +206,57 @@ def test_tune_measures_the_models_candidates_live_and_its_best_trial_stands(
             if t["state"] == "complete"
         ]
         assert all(s == seen[0] for s in seen), seen
+
+
+def test_tune_n_max_measures_draft_lengths_live(
+    bench_profile: ProfiledBench, tmp_path: Path
+) -> None:
+    import optuna
+
+    db_url = copy_db(bench_profile, tmp_path)
+    env = tuner_env(db_url, tmp_path / "cache")
+    model = MODELS["bench_profile"]
+    report = _live_json(
+        env,
+        "tune",
+        "--model",
+        model,
+        "--tune-n-max",
+        "--trials",
+        "2",
+        "--passes",
+        "2",
+        "--set",
+        "workload.max_tokens=64",
+    )
+    trials = report["trials"]
+    assert len(trials) == 2
+    # Every trial names its draft length, and the study searched it as a parameter.
+    assert all(1 <= t["n_max"] <= 6 for t in trials), trials
+    study = optuna.load_study(study_name=report["study_name"], storage=db_url)
+    measured = [s for s in study.trials if s.state.name in ("COMPLETE", "PRUNED")]
+    assert all("spec_draft_n_max" in s.params for s in measured)
+    # A trial at another draft length than the profile's is stored under its own name, with
+    # its n_max, so two lengths of one N never share a level.
+    store = Store(db_url)
+    with store.session() as session:
+        levels = session.scalars(select(Level).filter_by(run_id=report["run_id"])).all()
+        stored = {(lv.config, lv.n_max) for lv in levels}
+    store.dispose()
+    for t in trials:
+        name = f"max-slots-{t['max_slots']}" if t["max_slots"] else "spec"
+        if t["n_max"] != 6:
+            name += f"@n{t['n_max']}"
+        assert (name, t["n_max"]) in stored, (name, stored)
+    # The answer that stands carries both settings.
+    line = subprocess.run(
+        tuner_cmd("recommend", "--model", model, "-q"),
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert line == [
+        f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={report['standing']}",
+        f"LLAMA_ARG_SPEC_DRAFT_N_MAX={report['standing_n_max']}",
+    ]

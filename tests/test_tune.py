@@ -26,8 +26,16 @@ from tuner.model.fitting import fit
 from tuner.policy import Policy
 
 
-def _evaluation(n: int, value: float, samples: list[float]) -> Evaluation:
-    return Evaluation(Policy.of_max_slots(n, 3), value, tuple(samples), 50.0, True)
+def _evaluation(n: int, value: float, samples: list[float], n_max: int = 3) -> Evaluation:
+    return Evaluation(Policy.of_max_slots(n, n_max), value, tuple(samples), 50.0, True)
+
+
+def _ns(policies: list[Policy]) -> list[int | None]:
+    return [p.max_slots for p in policies]
+
+
+def _at3(n: int) -> Policy:
+    return Policy.of_max_slots(n, 3)
 
 
 def test_candidates_start_with_the_standing_n_then_those_the_model_cannot_rule_out() -> None:
@@ -41,18 +49,28 @@ def test_candidates_start_with_the_standing_n_then_those_the_model_cannot_rule_o
         _evaluation(0, 95.0, list(base - 5.0)),
         _evaluation(8, 95.0, list(base - 5.0)),  # N=8 is N=0's twin at -np 8
     ]
-    assert live_candidates(evaluations, 2, 8, limit=5) == [2, 3, 4]
-    assert live_candidates(evaluations, 2, 8, limit=2) == [2, 3]
-    assert live_candidates(evaluations, 2, 8, limit=1) == [2]
+    assert _ns(live_candidates(evaluations, _at3(2), 8, limit=5)) == [2, 3, 4]
+    assert _ns(live_candidates(evaluations, _at3(2), 8, limit=2)) == [2, 3]
+    assert _ns(live_candidates(evaluations, _at3(2), 8, limit=1)) == [2]
     # The first beats every other N in every replicate: the runner-up still goes live beside it
     clear = [
         _evaluation(3, 120.0, list(base + 20.0)),
         _evaluation(2, 100.0, list(base)),
         _evaluation(4, 110.0, list(base + 10.0)),
     ]
-    assert live_candidates(clear, 3, 8, limit=4) == [3, 4]
+    assert _ns(live_candidates(clear, _at3(3), 8, limit=4)) == [3, 4]
     with pytest.raises(ValueError, match="N=5"):
-        live_candidates(evaluations, 5, 8, limit=3)
+        live_candidates(evaluations, _at3(5), 8, limit=3)
+    # With --tune-n-max the candidates are (N, n_max) pairs: the same N at another draft
+    # length is another server.
+    lengths = [
+        _evaluation(2, 100.0, list(base), n_max=3),
+        _evaluation(2, 100.4, list(base + 0.4), n_max=2),
+        _evaluation(3, 100.3, list(base + 0.3), n_max=2),
+        _evaluation(2, 80.0, list(base - 20.0), n_max=1),
+    ]
+    chosen = live_candidates(lengths, _at3(2), 8, limit=5)
+    assert [(p.max_slots, p.n_max) for p in chosen] == [(2, 3), (2, 2), (3, 2)]
 
 
 def test_decision_levels_are_where_the_policies_differ() -> None:
@@ -62,6 +80,9 @@ def test_decision_levels_are_where_the_policies_differ() -> None:
     assert decision_levels(of(2, 3, 4), 8) == [3, 4]
     assert decision_levels(of(3, 4), 8) == [4]
     assert decision_levels(of(0, 2), 8) == [3, 4, 5, 6, 7, 8]  # always draft: N=0 is N=8 here
+    # The same N at two draft lengths differs wherever it drafts.
+    assert decision_levels([Policy.of_max_slots(2, 3), Policy.of_max_slots(2, 2)], 8) == [1, 2]
+    assert decision_levels([Policy.of_max_slots(2, 3), Policy.of_max_slots(3, 2)], 8) == [1, 2, 3]
 
 
 def test_pass_objectives_weight_each_complete_pass() -> None:
@@ -102,25 +123,37 @@ def test_model_outside_is_the_same_for_policies_that_agree_there() -> None:
     assert outside[3] + inside == pytest.approx(full)
 
 
-def _trial(n: int, value: float | None, state: str = "complete") -> TrialResult:
-    return TrialResult(n, Policy.of_max_slots(n), state, value, None, None, [], 1)
+def _trial(n: int, value: float | None, state: str = "complete", n_max: int = 3) -> TrialResult:
+    return TrialResult(n, Policy.of_max_slots(n, n_max), state, value, None, None, [], 1)
+
+
+def _of(*trials: TrialResult) -> dict[Policy, TrialResult]:
+    return {t.policy: t for t in trials}
+
+
+def _tried(*ns: int, n_max: int = 3) -> set[tuple[int, int | None]]:
+    return {(n, n_max) for n in ns}
 
 
 def test_best_trial_and_the_next_neighbour() -> None:
-    results = {2: _trial(2, 100.0), 3: _trial(3, 101.0), 4: _trial(4, None, "pruned")}
+    results = _of(_trial(2, 100.0), _trial(3, 101.0), _trial(4, None, "pruned"))
     best = _best(results, 8)
     assert best is not None and best.policy.max_slots == 3
     # a tie goes to the smaller N
-    assert _best({2: _trial(2, 5.0), 5: _trial(5, 5.0)}, 8).policy.max_slots == 2
-    assert _best({4: _trial(4, None, "pruned")}, 8) is None
-    assert _neighbour(_trial(4, 1.0), {2, 3, 4}, 8) == 5
-    assert _neighbour(_trial(2, 1.0), {2, 3, 4}, 8) == 1
-    assert _neighbour(_trial(8, 1.0), {7, 8}, 8) is None
+    assert _best(_of(_trial(2, 5.0), _trial(5, 5.0)), 8).policy.max_slots == 2
+    assert _best(_of(_trial(4, None, "pruned")), 8) is None
+    assert _neighbour(_trial(4, 1.0), _tried(2, 3, 4), 8) == _at3(5)
+    assert _neighbour(_trial(2, 1.0), _tried(2, 3, 4), 8) == _at3(1)
+    assert _neighbour(_trial(8, 1.0), _tried(7, 8), 8) is None
+    # the neighbour keeps the best trial's draft length; tries at another length do not count
+    assert _neighbour(_trial(4, 1.0, n_max=2), _tried(3, 4, 5), 8) == Policy.of_max_slots(5, 2)
 
 
 def test_rounds_beyond_the_candidates_only_when_live_data_overturn_the_model() -> None:
-    assert not explore_further(_trial(2, 100.0), 2, 8)
-    assert explore_further(_trial(3, 100.0), 2, 8)
+    assert not explore_further(_trial(2, 100.0), _at3(2), 8)
+    assert explore_further(_trial(3, 100.0), _at3(2), 8)
     # N=8 and N=0 are the same server on 8 slots
-    assert not explore_further(_trial(0, 100.0), 8, 8)
-    assert explore_further(None, 2, 8)
+    assert not explore_further(_trial(0, 100.0), _at3(8), 8)
+    assert explore_further(None, _at3(2), 8)
+    # the same N at another draft length overturns the model too
+    assert explore_further(_trial(2, 100.0, n_max=2), _at3(2), 8)

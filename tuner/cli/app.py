@@ -492,6 +492,13 @@ def tune(
     passes: Annotated[
         int, typer.Option(min=1, help="passes per round: each trial's repeats, side by side")
     ] = 3,
+    tune_n_max: Annotated[
+        bool,
+        typer.Option(
+            "--tune-n-max",
+            help="trials are (N, --spec-draft-n-max) pairs, n_max in 1..the profiled one",
+        ),
+    ] = False,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the last unfinished tuning of this model")
     ] = False,
@@ -518,6 +525,7 @@ def tune(
             display,
             trials=trials,
             passes=passes,
+            tune_n_max=tune_n_max,
             resume=resume,
             overrides=parsed_overrides(overrides),
             skip_preflight=skip_preflight,

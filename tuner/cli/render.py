@@ -11,6 +11,7 @@ from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
+from tuner.policy import Policy
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
 from tuner.storage.queries import LevelPoint
@@ -157,6 +158,10 @@ def validation(report: ValidationReport) -> None:
         out.print(report.standing_text(), highlight=False, markup=False)
 
 
+def _trial_name(policy: Policy) -> str:
+    return f"{policy.label}, n_max {policy.n_max}" if policy.n_max is not None else policy.label
+
+
 def tuning(report: TuneReport) -> None:
     """Every live trial (policy, round, levels, state, value, paired difference), and the
     recommendation that stands now."""
@@ -168,13 +173,14 @@ def tuning(report: TuneReport) -> None:
         table.add_column(column, justify="right" if column != "policy" else "left")
     for t in report.trials:
         paired = (
-            f"{t.paired.mean:+.1f} ± {t.paired.se:.1f} vs N={t.reference} ({t.paired.passes})"
+            f"{t.paired.mean:+.1f} ± {t.paired.se:.1f} vs {_trial_name(t.reference)} "
+            f"({t.paired.passes})"
             if t.paired is not None and t.reference is not None and t.paired.se == t.paired.se
             else ""
         )
         table.add_row(
             str(t.number),
-            t.policy.label,
+            _trial_name(t.policy),
             str(t.round),
             ",".join(map(str, t.levels)),
             t.state,

@@ -118,15 +118,22 @@ class ModelStudy:
 
 
 def model_study(
-    store: Store, model: str, host: str | None, *, host_explicit: bool = False, seed: int = 0
+    store: Store,
+    model: str,
+    host: str | None,
+    *,
+    host_explicit: bool = False,
+    seed: int = 0,
+    tune_n_max: bool = False,
 ) -> ModelStudy:
-    """Every N evaluated on the current fit, for a decision made on the way (adaptive levels,
-    live candidates) rather than one `recommend` stores."""
+    """Every N (and n_max, with tune_n_max) evaluated on the current fit, for a decision made on
+    the way (adaptive levels, live candidates) rather than one `recommend` stores."""
     fit = current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
     weights = search.objective_weights(fit.model.n_parallel, fit.weights)
-    return ModelStudy(
-        fit, weights, search.run_study(None, "in-memory", fit.model, weights, seed=seed)
+    study = search.run_study(
+        None, "in-memory", fit.model, weights, seed=seed, tune_n_max=tune_n_max
     )
+    return ModelStudy(fit, weights, study)
 
 
 def standing(

@@ -57,46 +57,53 @@ PRUNE_SE = 2.0  # standard errors below the leader that prune a trial
 # --- the pure parts ---------------------------------------------------------------------------
 
 
+def server_key(policy: Policy, n_parallel: int) -> tuple[int, int | None]:
+    """What the server does with a policy: its effective N and draft length (N=0 and N=np are
+    the same server on np slots)."""
+    return (policy.effective(n_parallel), policy.n_max)
+
+
 def live_candidates(
-    evaluations: Sequence[search.Evaluation], first: int, n_parallel: int, limit: int
-) -> list[int]:
-    """first, then every N (by effective value, twins once) that beats it in at least
-    CANDIDATE_SHARE of the replicates, best model objective first; at most limit. When the
-    model rules every other N out, the runner-up still goes live (limit permitting): one
-    policy alone has nothing to be measured against."""
-    by_n = {e.policy.max_slots: e for e in evaluations if e.feasible}
-    if first not in by_n:
-        raise ValueError(f"N={first} is not among the evaluated candidates")
-    anchor = np.asarray(by_n[first].samples)
+    evaluations: Sequence[search.Evaluation], first: Policy, n_parallel: int, limit: int
+) -> list[Policy]:
+    """first, then every policy (twins once) that beats it in at least CANDIDATE_SHARE of the
+    replicates, best model objective first; at most limit. When the model rules every other
+    policy out, the runner-up still goes live (limit permitting): one policy alone has nothing
+    to be measured against. Policies carry their n_max (several with --tune-n-max)."""
+    by_key = {e.policy: e for e in evaluations if e.feasible}
+    if first not in by_key:
+        raise ValueError(f"{first.label} at n_max {first.n_max} is not among the candidates")
+    anchor = np.asarray(by_key[first].samples)
     chosen = [first]
-    seen = {by_n[first].policy.effective(n_parallel)}
-    for e in sorted(by_n.values(), key=lambda e: -e.value):
-        eff = e.policy.effective(n_parallel)
-        if eff in seen or len(chosen) >= limit:
+    seen = {server_key(first, n_parallel)}
+    ranked = sorted(by_key.values(), key=lambda e: -e.value)
+    for e in ranked:
+        key = server_key(e.policy, n_parallel)
+        if key in seen or len(chosen) >= limit:
             continue
         samples = np.asarray(e.samples)
         share = float(np.mean(samples > anchor)) if len(samples) == len(anchor) else 1.0
         if share >= CANDIDATE_SHARE:
-            chosen.append(int(e.policy.max_slots))
-            seen.add(eff)
+            chosen.append(e.policy)
+            seen.add(key)
     if len(chosen) == 1 and limit > 1:
         runner_up = next(
-            (
-                e
-                for e in sorted(by_n.values(), key=lambda e: -e.value)
-                if e.policy.effective(n_parallel) not in seen
-            ),
+            (e for e in ranked if server_key(e.policy, n_parallel) not in seen),
             None,
         )
         if runner_up is not None:
-            chosen.append(int(runner_up.policy.max_slots))
+            chosen.append(runner_up.policy)
     return chosen
 
 
 def decision_levels(policies: Sequence[Policy], n_parallel: int) -> list[int]:
-    """The levels where the policies differ: above the smallest effective N, up to the largest."""
-    effective = [p.effective(n_parallel) for p in policies]
-    return list(range(min(effective) + 1, max(effective) + 1))
+    """The levels where the policies differ: where one drafts and another does not, or where
+    they draft at different lengths (elsewhere they are the same server)."""
+
+    def behaviour(policy: Policy, c: int) -> tuple[bool, int | None]:
+        return (True, policy.n_max) if policy.drafts_at(c) else (False, None)
+
+    return [c for c in range(1, n_parallel + 1) if len({behaviour(p, c) for p in policies}) > 1]
 
 
 PassTable = Mapping[int, Mapping[int, float]]  # pass -> concurrency -> tok/s
@@ -159,7 +166,7 @@ class TrialResult:
     state: str
     value: float | None
     paired: Paired | None
-    reference: int | None  # the N it was paired with
+    reference: Policy | None  # the policy it was paired with
     levels: list[int]
     round: int
 
@@ -167,12 +174,14 @@ class TrialResult:
         return {
             "trial": self.number,
             "max_slots": self.policy.max_slots,
+            "n_max": self.policy.n_max,
             "state": self.state,
             "value": self.value,
             "paired_mean": self.paired.mean if self.paired else None,
             "paired_se": self.paired.se if self.paired else None,
             "passes": self.paired.passes if self.paired else None,
-            "reference": self.reference,
+            "reference": self.reference.label if self.reference else None,
+            "reference_n_max": self.reference.n_max if self.reference else None,
             "levels": self.levels,
             "round": self.round,
         }
@@ -191,17 +200,21 @@ class TuneReport:
 
     @property
     def changed(self) -> bool:
-        return self.standing is not None and self.standing.max_slots != self.started_from.max_slots
+        return self.standing is not None and (
+            self.standing.max_slots != self.started_from.max_slots
+            or self.standing.n_max != self.started_from.n_max
+        )
 
     def standing_text(self) -> str:
         if self.standing is None:
             return ""
+        line = " ".join(f"{k}={v}" for k, v in self.standing.env().items())
         if self.changed:
             return (
-                f"{self.standing.env_line} now stands: the live trials changed the "
-                f"recommendation from N={self.started_from.max_slots}"
+                f"{line} now stands: the live trials changed the recommendation from "
+                f"N={self.started_from.max_slots} (n_max {self.started_from.n_max})"
             )
-        return f"{self.standing.env_line} stands after the live trials (unchanged)"
+        return f"{line} stands after the live trials (unchanged)"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +223,7 @@ class TuneReport:
             "started_from": self.started_from.max_slots,
             "trials": [t.as_dict() for t in self.trials],
             "standing": self.standing.max_slots if self.standing else None,
+            "standing_n_max": self.standing.n_max if self.standing else None,
             "changed": self.changed,
         }
 
@@ -228,28 +242,49 @@ def _study(store: Store, name: str, seed: int) -> Any:
     )
 
 
-def _known(study: Any) -> dict[int, TrialResult]:
-    """Finished trials of the study by N (a resumed study keeps them)."""
+def trial_policy(params: Mapping[str, Any], n_max: int) -> Policy:
+    """The policy a live trial's parameters name (n_max: the tuning's own unless tuned)."""
+    return Policy.of_max_slots(
+        int(params[search.MAX_SLOTS_PARAM]), int(params.get(search.N_MAX_PARAM, n_max))
+    )
+
+
+def trial_params(policy: Policy, tune_n_max: bool) -> dict[str, int]:
+    params = {search.MAX_SLOTS_PARAM: int(policy.max_slots or 0)}
+    if tune_n_max and policy.n_max is not None:
+        params[search.N_MAX_PARAM] = policy.n_max
+    return params
+
+
+def _known(study: Any, n_max: int) -> dict[Policy, TrialResult]:
+    """Finished trials of the study by policy (a resumed study keeps them)."""
     import optuna
 
-    out: dict[int, TrialResult] = {}
+    out: dict[Policy, TrialResult] = {}
     for t in study.trials:
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             continue
+        if t.user_attrs.get("repeat_of") is not None:
+            continue  # a proposal of what was measured already: told its value, not measured
         attrs = t.user_attrs
-        n = int(t.params[search.MAX_SLOTS_PARAM])
+        policy = trial_policy(t.params, n_max)
         paired = (
             Paired(attrs["paired_mean"], attrs["paired_se"], attrs["passes"])
             if attrs.get("paired_mean") is not None
             else None
         )
-        out[n] = TrialResult(
+        reference = (
+            Policy.parse(attrs["reference"], attrs.get("reference_n_max") or n_max)
+            if attrs.get("reference")
+            else None
+        )
+        out[policy] = TrialResult(
             t.number,
-            Policy.of_max_slots(n),
+            policy,
             "complete" if t.state == optuna.trial.TrialState.COMPLETE else "pruned",
             t.value,
             paired,
-            attrs.get("reference"),
+            reference,
             list(attrs.get("levels", [])),
             int(attrs.get("round", 0)),
         )
@@ -273,44 +308,46 @@ class Tuner:
         self.round_number = 0
 
     def _objectives(
-        self, policies: Mapping[int, Policy], levels: list[int], passes: Sequence[int]
-    ) -> dict[int, dict[int, float]]:
-        """Per N, the objective at the levels in every pass of these that measured them all."""
-        state = self.profiler.repeats_by_level(list(policies.values()))
+        self, policies: Sequence[Policy], levels: list[int], passes: Sequence[int]
+    ) -> dict[Policy, dict[int, float]]:
+        """Per policy, the objective at the levels in every pass of these that measured them."""
+        state = self.profiler.repeats_by_level(list(policies))
         out = {}
-        for n, policy in policies.items():
+        for policy in policies:
+            name = self.profiler.level_name(policy)
             table: dict[int, dict[int, float]] = {}
             for (config, c), reps in state.items():
-                if config != policy.config_name:
+                if config != name:
                     continue
                 for r in reps:
                     if r.get("pass") in passes and r.get("tokens_per_second"):
                         table.setdefault(r["pass"], {})[c] = float(r["tokens_per_second"])
-            out[n] = pass_objectives(table, levels, self.weights)
+            out[policy] = pass_objectives(table, levels, self.weights)
         return out
 
-    def run_round(self, trials: dict[int, Any], incumbent: TrialResult | None) -> list[TrialResult]:
-        """Measure asked trials (by N) and the incumbent side by side, prune, tell."""
+    def run_round(
+        self, trials: dict[Policy, Any], incumbent: TrialResult | None
+    ) -> list[TrialResult]:
+        """Measure asked trials and the incumbent side by side, prune, tell."""
         self.round_number += 1
         for trial in trials.values():
             trial.set_user_attr("round", self.round_number)
-        ns = list(trials)
-        policies = {n: Policy.of_max_slots(n) for n in ns}
-        if incumbent is not None:
-            policies[int(incumbent.policy.max_slots)] = incumbent.policy
-        levels = decision_levels(list(policies.values()), self.model.n_parallel)
+        policies = list(trials)
+        if incumbent is not None and incumbent.policy not in trials:
+            policies.append(incumbent.policy)
+        levels = decision_levels(policies, self.model.n_parallel)
         if not levels:
             raise ValueError(f"live trials of {', '.join(map(str, policies))} differ nowhere")
-        active = dict(policies)
+        active = list(policies)
         done_passes: list[int] = []
-        pruned: dict[int, Paired] = {}
-        objectives: dict[int, dict[int, float]] = {}
-        leader = ns[0]
+        pruned: dict[Policy, tuple[Policy, Paired]] = {}
+        objectives: dict[Policy, dict[int, float]] = {}
+        leader = policies[0]
         self.observer(
             ProgressEvent(
                 "message",
                 text=f"live trials, round {self.round_number}: "
-                + ", ".join(p.label for p in policies.values())
+                + ", ".join(self.profiler.level_name(p) for p in policies)
                 + f" at {', '.join(map(str, levels))} streams, up to {self.passes} passes",
             )
         )
@@ -318,42 +355,41 @@ class Tuner:
         first = 0 if last is None else last + 1
         for k in range(self.passes):
             p = first + k
-            order = list(active.values()) if k % 2 == 0 else list(reversed(active.values()))
+            order = active if k % 2 == 0 else list(reversed(active))
             for policy in order:
                 self.profiler.run_config(policy, levels, pass_index=p)
             done_passes.append(p)
             objectives = self._objectives(policies, levels, done_passes)
-            means = {n: statistics.fmean(o.values()) for n, o in objectives.items() if o}
-            leader = max((n for n in active if n in means), key=lambda n: means[n])
-            for n in list(active):
-                if n == leader or (incumbent is not None and n == incumbent.policy.max_slots):
+            means = {q: statistics.fmean(o.values()) for q, o in objectives.items() if o}
+            leader = max((q for q in active if q in means), key=lambda q: means[q])
+            for q in list(active):
+                if q == leader or (incumbent is not None and q == incumbent.policy):
                     continue
-                paired = Paired.of(objectives[n], objectives[leader])
+                paired = Paired.of(objectives[q], objectives[leader])
                 if paired.cannot_win:
-                    pruned[n] = paired
-                    del active[n]
+                    pruned[q] = (leader, paired)
+                    active.remove(q)
                     self.observer(
                         ProgressEvent(
                             "message",
-                            text=f"pruned {policies[n].label}: {paired.mean:+.1f} tok/s against "
-                            f"{policies[leader].label} (se {paired.se:.1f}, {paired.passes} "
-                            f"passes side by side)",
+                            text=f"pruned {self.profiler.level_name(q)}: {paired.mean:+.1f} "
+                            f"tok/s against {self.profiler.level_name(leader)} (se "
+                            f"{paired.se:.1f}, {paired.passes} passes side by side)",
                         )
                     )
             if len(active) <= 1:
                 break
         self.profiler.close_open_levels()
-        return self._tell(trials, policies, incumbent, leader, levels, objectives, pruned)
+        return self._tell(trials, incumbent, leader, levels, objectives, pruned)
 
     def _tell(
         self,
-        trials: dict[int, Any],
-        policies: dict[int, Policy],
+        trials: dict[Policy, Any],
         incumbent: TrialResult | None,
-        leader: int,
+        leader: Policy,
         levels: list[int],
-        objectives: dict[int, dict[int, float]],
-        pruned: dict[int, Paired],
+        objectives: dict[Policy, dict[int, float]],
+        pruned: dict[Policy, tuple[Policy, Paired]],
     ) -> list[TrialResult]:
         """Tell the study each trial's value: in the first round the measured objective plus the
         model where the round's policies agree; later, the incumbent's value plus the paired
@@ -361,31 +397,32 @@ class Tuner:
         import optuna
 
         out = []
-        for n, trial in trials.items():
-            mine = objectives.get(n, {})
-            ref: int | None
+        for policy, trial in trials.items():
+            mine = objectives.get(policy, {})
+            ref: Policy | None
             if incumbent is not None:
-                ref = int(incumbent.policy.max_slots)
+                ref = incumbent.policy
                 paired: Paired | None = Paired.of(mine, objectives.get(ref, {}))
                 value = (incumbent.value or 0.0) + paired.mean
             else:
-                ref = leader if n != leader else None
+                ref = leader if policy != leader else None
                 paired = Paired.of(mine, objectives[leader]) if ref is not None else None
-                value = model_outside(self.model, policies[n], levels, self.weights) + (
+                value = model_outside(self.model, policy, levels, self.weights) + (
                     statistics.fmean(mine.values()) if mine else math.nan
                 )
-            if n in pruned:
-                ref, paired = leader, pruned[n]
+            if policy in pruned:
+                ref, paired = pruned[policy]
             attrs = {
                 "levels": levels,
-                "reference": ref,
+                "reference": ref.label if ref is not None else None,
+                "reference_n_max": ref.n_max if ref is not None else None,
                 "paired_mean": paired.mean if paired else None,
                 "paired_se": paired.se if paired and math.isfinite(paired.se) else None,
                 "passes": paired.passes if paired else len(mine),
             }
             for key, v in attrs.items():
                 trial.set_user_attr(key, v)
-            state = "pruned" if n in pruned or not math.isfinite(value) else "complete"
+            state = "pruned" if policy in pruned or not math.isfinite(value) else "complete"
             if state == "pruned":
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             else:
@@ -393,7 +430,7 @@ class Tuner:
             out.append(
                 TrialResult(
                     trial.number,
-                    policies[n],
+                    policy,
                     state,
                     value if state == "complete" else None,
                     paired,
@@ -405,30 +442,36 @@ class Tuner:
         return out
 
 
-def _best(results: Mapping[int, TrialResult], n_parallel: int) -> TrialResult | None:
+def _best(results: Mapping[Policy, TrialResult], n_parallel: int) -> TrialResult | None:
     complete = [t for t in results.values() if t.state == "complete" and t.value is not None]
     if not complete:
         return None
     return max(complete, key=lambda t: (t.value, -t.policy.effective(n_parallel)))
 
 
-def explore_further(incumbent: TrialResult | None, started_from: int, n_parallel: int) -> bool:
+def explore_further(incumbent: TrialResult | None, started_from: Policy, n_parallel: int) -> bool:
     """Whether rounds beyond the model's candidates are worth their cost: only when the live
     trials overturned the model's recommendation (or none completed)."""
     if incumbent is None:
         return True
-    return incumbent.policy.effective(n_parallel) != Policy.of_max_slots(started_from).effective(
-        n_parallel
-    )
+    return server_key(incumbent.policy, n_parallel) != server_key(started_from, n_parallel)
 
 
-def _neighbour(best: TrialResult, tried: set[int], n_parallel: int) -> int | None:
-    """The untried neighbour of the best trial on the side away from the others."""
+def _neighbour(
+    best: TrialResult, tried: set[tuple[int, int | None]], n_parallel: int
+) -> Policy | None:
+    """The untried neighbour N of the best trial (at its n_max) on the side away from the
+    others."""
     n = best.policy.effective(n_parallel)
+    n_max = best.policy.n_max
     for step in (1, -1):
         m = n + step
-        if 1 <= m <= n_parallel and m not in tried and (n_parallel not in tried or m != n_parallel):
-            return m
+        if (
+            1 <= m <= n_parallel
+            and (m, n_max) not in tried
+            and ((n_parallel, n_max) not in tried or m != n_parallel)
+        ):
+            return Policy.of_max_slots(m, n_max)
     return None
 
 
@@ -441,21 +484,30 @@ def tune(
     *,
     trials: int = DEFAULT_TRIALS,
     passes: int = DEFAULT_PASSES,
+    tune_n_max: bool = False,
     resume: bool = False,
     overrides: list[tuple[str, Any]] | None = None,
     skip_preflight: bool = False,
     seed: int = 0,
 ) -> TuneReport:
-    """`tuner tune`: the live study (see the module docstring); returns its report."""
+    """`tuner tune`: the live study (see the module docstring); returns its report.
+
+    tune_n_max: trials are (N, n_max) pairs, n_max in 1..the profiled one, from the model's
+    study over both."""
     if trials < 1 or passes < 1:
         raise ConfigError("--trials and --passes must be at least 1")
     rec = recommend.standing(store, model_name, host)
-    study_now = recommend.model_study(store, model_name, host, seed=seed)
+    study_now = recommend.model_study(store, model_name, host, seed=seed, tune_n_max=tune_n_max)
     cm, weights = study_now.fit.model, study_now.weights
-    candidates = live_candidates(study_now.result.candidates, rec.max_slots, cm.n_parallel, trials)
+    started = rec.policy.with_n_max(rec.n_max or cm.n_max)
+    if not tune_n_max and started.n_max != cm.n_max:
+        # The standing recommendation tuned n_max; without --tune-n-max trials stay at the
+        # profiled n_max, where the model's candidates are.
+        started = started.with_n_max(cm.n_max)
+    candidates = live_candidates(study_now.result.candidates, started, cm.n_parallel, trials)
 
     stored_spec = validate.profile_spec_of(store, model_name, host)
-    spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides)
+    spec = validate.validation_spec(stored_spec, [1], cm.n_max, overrides)
     spec = ProfileSpec.model_validate(
         {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-tune"}
     )
@@ -466,7 +518,7 @@ def tune(
         host,
         rec,
         "tune",
-        [Policy.of_max_slots(n) for n in candidates],
+        candidates,
         log_dir,
         observer,
         resume=resume,
@@ -477,64 +529,72 @@ def tune(
     name = f"tuner:live:run{run_id}"
     study = _study(store, name, seed)
     _requeue_unfinished(study)
-    known = _known(study)
-    if not known and not _waiting(study):
-        for n in candidates:
-            study.enqueue_trial({search.MAX_SLOTS_PARAM: n})
+    known = _known(study, cm.n_max)
+    if not known and not _waiting(study, cm.n_max):
+        for policy in candidates:
+            study.enqueue_trial(trial_params(policy, tune_n_max))
     report = TuneReport(run_id, name, rec)
     tuner = Tuner(profiler, cm, weights, study, observer, passes)
     tuner.round_number = max((t.round for t in known.values()), default=0)
+    n_values = cm.n_values() if tune_n_max else [cm.n_max]
 
-    def ask(n: int | None) -> tuple[int, Any]:
-        """A trial of N (enqueued first so the study measures what was chosen), or of what
-        the sampler proposes when n is None."""
-        if n is not None and n not in _waiting(study):
-            study.enqueue_trial({search.MAX_SLOTS_PARAM: n})
+    def ask(policy: Policy | None) -> tuple[Policy, Any]:
+        """A trial of the policy (enqueued first so the study measures what was chosen), or of
+        what the sampler proposes when policy is None."""
+        if policy is not None and policy not in _waiting(study, cm.n_max):
+            study.enqueue_trial(trial_params(policy, tune_n_max))
         trial = study.ask()
-        return trial.suggest_int(search.MAX_SLOTS_PARAM, 0, cm.n_parallel), trial
+        n = trial.suggest_int(search.MAX_SLOTS_PARAM, 0, cm.n_parallel)
+        n_max = (
+            trial.suggest_int(search.N_MAX_PARAM, n_values[0], n_values[-1])
+            if tune_n_max
+            else cm.n_max
+        )
+        return Policy.of_max_slots(n, n_max), trial
 
     def body() -> None:
         repeats_asked = 0
         while len(known) < trials:
             incumbent = _best(known, cm.n_parallel)
-            tried = {t.policy.effective(cm.n_parallel) for t in known.values()}
-            waiting = [n for n in _waiting(study) if n not in known]
+            tried = {server_key(t.policy, cm.n_parallel) for t in known.values()}
+            waiting = [p for p in _waiting(study, cm.n_max) if p not in known]
             if waiting:
-                asked = dict(ask(n) for n in waiting[: trials - len(known)])
+                asked = dict(ask(p) for p in waiting[: trials - len(known)])
             else:
-                if not explore_further(incumbent, rec.max_slots, cm.n_parallel):
+                if not explore_further(incumbent, started, cm.n_parallel):
                     observer(
                         ProgressEvent(
                             "message",
-                            text=f"the live trials confirm N={rec.max_slots} against every N "
-                            "the model could not rule out: no further rounds",
+                            text=f"the live trials confirm {profiler.level_name(started)} "
+                            "against every policy the model could not rule out: no further "
+                            "rounds",
                         )
                     )
                     return
                 nxt = _neighbour(incumbent, tried, cm.n_parallel) if incumbent else None
-                n, trial = ask(nxt)
-                if Policy.of_max_slots(n).effective(cm.n_parallel) in tried:
+                policy, trial = ask(nxt)
+                key = server_key(policy, cm.n_parallel)
+                if key in tried:
                     # The sampler proposed what was measured: it learns the known value.
                     same = next(
-                        t
-                        for t in known.values()
-                        if t.policy.effective(cm.n_parallel)
-                        == Policy.of_max_slots(n).effective(cm.n_parallel)
+                        t for t in known.values() if server_key(t.policy, cm.n_parallel) == key
                     )
                     _tell_known(study, trial, same)
                     repeats_asked += 1
                     if repeats_asked >= 3:
                         return
                     continue
-                asked = {n: trial}
+                asked = {policy: trial}
             for t in tuner.run_round(asked, incumbent):
-                known[int(t.policy.max_slots)] = t
+                known[t.policy] = t
 
     profiler.guarded(body)
     report.trials = sorted(known.values(), key=lambda t: t.number)
     best = _best(known, cm.n_parallel)
     if best is not None:
-        report.standing = _store_live(store, model_name, host, best, report.trials, rec)
+        report.standing = _store_live(
+            store, model_name, host, best, report.trials, rec, tune_n_max, profiler
+        )
     return report
 
 
@@ -549,11 +609,11 @@ def _requeue_unfinished(study: Any) -> None:
                 study.enqueue_trial(dict(t.params))
 
 
-def _waiting(study: Any) -> list[int]:
+def _waiting(study: Any, n_max: int) -> list[Policy]:
     import optuna
 
     return [
-        int(t.system_attrs["fixed_params"][search.MAX_SLOTS_PARAM])
+        trial_policy(t.system_attrs["fixed_params"], n_max)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         if search.MAX_SLOTS_PARAM in t.system_attrs.get("fixed_params", {})
     ]
@@ -576,22 +636,28 @@ def _store_live(
     best: TrialResult,
     results: list[TrialResult],
     started: Recommendation,
+    tune_n_max: bool,
+    profiler: Profiler,
 ) -> Recommendation:
     """The best live trial as the recommendation that stands for the fit of the data now."""
     fit = current_fit(store, model_name, host)
     others = [t for t in results if t is not best]
+
+    def name(policy: Policy) -> str:
+        return f"{policy.label} (n_max {policy.n_max})" if tune_n_max else policy.label
+
     reasons = [
         Reason(
             ReasonCode.LIVE_TRIALS,
-            f"N={best.policy.max_slots}: best of {len(results)} live trials "
+            f"{name(best.policy)}: best of {len(results)} live trials "
             f"(objective {best.value:.1f} tok/s"
             + (
-                f", {best.paired.mean:+.1f} ± {best.paired.se:.1f} against N={best.reference} "
-                f"side by side"
+                f", {best.paired.mean:+.1f} ± {best.paired.se:.1f} against "
+                f"{name(best.reference)} side by side"
                 if best.paired and best.reference is not None and math.isfinite(best.paired.se)
                 else ""
             )
-            + f"); the model's recommendation was N={started.max_slots}",
+            + f"); the model's recommendation was {name(started.policy)}",
         )
     ]
     for t in others:
@@ -599,34 +665,38 @@ def _store_live(
             reasons.append(
                 Reason(
                     ReasonCode.PRUNED,
-                    f"N={t.policy.max_slots} pruned: {t.paired.mean:+.1f} tok/s (se "
+                    f"{name(t.policy)} pruned: {t.paired.mean:+.1f} tok/s (se "
                     f"{t.paired.se:.1f}) behind over {t.paired.passes} passes side by side",
                 )
             )
         elif t.value is not None:
             reasons.append(
                 Reason(
-                    ReasonCode.LIVE_TRIALS,
-                    f"N={t.policy.max_slots}: objective {t.value:.1f} tok/s live",
+                    ReasonCode.LIVE_TRIALS, f"{name(t.policy)}: objective {t.value:.1f} tok/s live"
                 )
             )
     rec = Recommendation(
         id=0,
         model=model_name,
         host=host,
-        policy=best.policy.with_n_max(started.n_max),
+        policy=best.policy,
         fit_id=fit.id,
         objective=best.value,
         objective_interval=None,
+        tune_n_max=tune_n_max or started.tune_n_max,
         study_name=f"live:{best.number}",
         sampler="live trials",
         trials=len(results),
         reasons=reasons,
-        table=recommend.prediction_table(
-            fit.model, best.policy.with_n_max(started.n_max), fit.measured
-        ),
+        table=recommend.prediction_table(fit.model, best.policy, fit.measured),
         alternatives=[
-            {"max_slots": t.policy.max_slots, "objective": t.value, "state": t.state}
+            {
+                "max_slots": t.policy.max_slots,
+                "n_max": t.policy.n_max,
+                "objective": t.value,
+                "state": t.state,
+                "config": profiler.level_name(t.policy),
+            }
             for t in results
         ],
         source="live",

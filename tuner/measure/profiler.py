@@ -71,6 +71,8 @@ from tuner.storage.orm import (
     get_or_create,
 )
 
+# max-slots-2@n3: N=2 drafting up to 3 tokens, in a run whose spec drafts up to another n_max
+N_MAX_SUFFIX = "@n"
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 
 
@@ -181,20 +183,32 @@ class Profiler:
 
     # -- levels --
 
+    def level_name(self, config: Target) -> str:
+        """The name a configuration's levels and logs are stored under: its config name, and its
+        draft length where that is not the spec's (live trials of several n_max in one run)."""
+        name = config.config_name
+        if (
+            isinstance(config, Policy)
+            and config.drafting
+            and config.n_max not in (None, self.spec.speculative.n_max)
+        ):
+            name += f"{N_MAX_SUFFIX}{config.n_max}"
+        return name
+
     def _level_row(self, config: Target, concurrency: int) -> Level:
         """The level's row, created if new; a half-done level keeps its finished repeats."""
+        name = self.level_name(config)
         with self.store.session() as session:
             level = session.scalars(
-                select(Level).filter_by(
-                    run_id=self.run_id, config=config.config_name, concurrency=concurrency
-                )
+                select(Level).filter_by(run_id=self.run_id, config=name, concurrency=concurrency)
             ).first()
             if level is None:
+                own_n_max = config.n_max if isinstance(config, Policy) else None
                 level = Level(
                     run_id=self.run_id,
-                    config=config.config_name,
+                    config=name,
                     max_slots=config.max_slots if isinstance(config, Policy) else None,
-                    n_max=self.spec.speculative.n_max,
+                    n_max=own_n_max or self.spec.speculative.n_max,
                     concurrency=concurrency,
                     status=RUNNING,
                     metrics={"repeats": []},
@@ -306,7 +320,7 @@ class Profiler:
         generator = LoadGenerator(server_url, self._workload(), api_key=self.api_key)
         headers = generator.headers
         done_before = len(repeats)
-        where = f"during {config.config_name} at concurrency {concurrency}"
+        where = f"during {self.level_name(config)} at concurrency {concurrency}"
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
@@ -337,7 +351,7 @@ class Profiler:
                 ProgressEvent(
                     "repeat",
                     advance=1,
-                    config=config.config_name,
+                    config=self.level_name(config),
                     concurrency=concurrency,
                     repeat=next_repeat,
                     figures=figures,
@@ -357,7 +371,10 @@ class Profiler:
         skipped = workload.max_repeats - (len(repeats) - done_before)
         self.observer(
             ProgressEvent(
-                "level", advance=max(0, skipped), config=config.config_name, concurrency=concurrency
+                "level",
+                advance=max(0, skipped),
+                config=self.level_name(config),
+                concurrency=concurrency,
             )
         )
         return level.id
@@ -412,17 +429,18 @@ class Profiler:
 
     def run_config(self, policy: Policy, levels: list[int], pass_index: int | None = None) -> None:
         """Launch the policy's server and measure the levels on it (one repeat each in a pass)."""
-        log = self.log_dir / f"run-{self.run_id}" / f"{policy.config_name}.log"
+        name = self.level_name(policy)
+        log = self.log_dir / f"run-{self.run_id}" / f"{name}.log"
         # A new log per launch: earlier launches of the same config (resume) stay readable.
         n = 1
         while log.exists():
             n += 1
-            log = log.with_name(f"{policy.config_name}.{n}.log")
+            log = log.with_name(f"{name}.{n}.log")
         self.observer(
             ProgressEvent(
                 "server",
-                config=policy.config_name,
-                text=f"starting llama-server ({policy.config_name})"
+                config=name,
+                text=f"starting llama-server ({name})"
                 + (f", pass {pass_index + 1}" if pass_index is not None else "")
                 + f", log {log}",
             )
@@ -431,7 +449,7 @@ class Profiler:
             launch_config(self.spec, policy),
             log,
             start_timeout_s=self.spec.server.start_timeout_s,
-            name=f"llama-server ({policy.config_name})",
+            name=f"llama-server ({name})",
         )
         with server:
             props = server.props()
@@ -446,7 +464,7 @@ class Profiler:
         self, policies: list[Policy] | None = None
     ) -> dict[tuple[str, int], list[dict]]:
         """The stored repeats of the run's levels (of these policies), by (config, concurrency)."""
-        names = {p.config_name for p in policies} if policies is not None else None
+        names = {self.level_name(p) for p in policies} if policies is not None else None
         with self.store.session() as session:
             return {
                 (row.config, row.concurrency): list((row.metrics or {}).get("repeats", []))
