@@ -16,6 +16,7 @@ import typer
 from tuner import __version__
 from tuner.cli import render
 from tuner.cli.options import (
+    ContextOption,
     FitOption,
     HostOption,
     ModelOption,
@@ -347,17 +348,23 @@ def fit(
     host: HostOption = None,
     output: TableFormatOption = TableFormat.TABLE,
     seed: SeedOption = 0,
+    context: ContextOption = None,
 ) -> None:
-    """Fit the cost model (step time + acceptance) to a model's results and store it."""
-    from tuner.storage.fits import fit_model
+    """Fit the cost model (step time + acceptance) to a model's results and store it; with
+    several context depths measured, also the crossover at each."""
+    from tuner.storage.fits import crossovers_by_depth, fit_model
 
     name, explicit = model_host(host)
-    stored = fit_model(open_store(), model, name, host_explicit=explicit, seed=seed)
+    store = open_store()
+    stored = fit_model(store, model, name, host_explicit=explicit, seed=seed, context=context)
+    by_depth = crossovers_by_depth(store, model, name, host_explicit=explicit, seed=seed)
     note(stored.host_note)
     if output is TableFormat.JSON:
-        typer.echo(json.dumps(stored.as_dict(), default=str))
+        data = stored.as_dict()
+        data["crossover_by_depth"] = {str(d): x.to_dict() for d, x in by_depth.items()}
+        typer.echo(json.dumps(data, default=str))
     else:
-        render.fit(stored)
+        render.fit(stored, by_depth)
 
 
 @app.command()
@@ -373,13 +380,21 @@ def predict(
     host: HostOption = None,
     fit_id: FitOption = None,
     output: TableFormatOption = TableFormat.TABLE,
+    context: ContextOption = None,
 ) -> None:
     """Print predicted aggregate tok/s per concurrency under --spec-draft-max-slots N."""
     from tuner.decide.recommend import predict as predict_policy
 
     name, explicit = model_host(host)
     report = predict_policy(
-        open_store(), model, max_slots, name, n_max=n_max, host_explicit=explicit, fit_id=fit_id
+        open_store(),
+        model,
+        max_slots,
+        name,
+        n_max=n_max,
+        host_explicit=explicit,
+        fit_id=fit_id,
+        context=context,
     )
     note(report.fit.host_note)
     if output is TableFormat.JSON:
@@ -409,6 +424,7 @@ def recommend(
     ] = None,
     fit_id: FitOption = None,
     seed: SeedOption = 0,
+    context: ContextOption = None,
 ) -> None:
     """Recommend --spec-draft-max-slots N: one line on stdout, e.g. for `>> server.env`.
 
@@ -427,6 +443,7 @@ def recommend(
         min_single_stream=min_single_stream,
         seed=seed,
         fit_id=fit_id,
+        context=context,
     )
     typer.echo(rec.render(output))
     if explain:

@@ -165,6 +165,15 @@ HostOption = Annotated[
 TableFormatOption = Annotated[TableFormat, typer.Option("--format", help="table or json")]
 FitOption = Annotated[int | None, typer.Option("--fit", help="use this stored fit")]
 SeedOption = Annotated[int, typer.Option(help="seed of the fit's bootstrap (and the study)")]
+ContextOption = Annotated[
+    int | None,
+    typer.Option(
+        "--context",
+        min=0,
+        help="context depth (tokens per stream) whose measurements to use; default the "
+        "shallowest measured (`tuner fit` lists the depths)",
+    ),
+]
 OverridesOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -48,14 +48,16 @@ class ProgressDisplay:
             f = event.figures
             tps = f"{f.tokens_per_second:.1f} tok/s" if f and f.tokens_per_second else "-"
             step = f"{f.step_ms:.1f} ms/step" if f and f.step_ms else ""
+            depth = f" depth {event.depth}" if event.depth else ""
             self.progress.update(
                 self.task,
                 advance=event.advance,
-                description=f"{event.config} c={event.concurrency} repeat {event.repeat + 1}",
+                description=f"{event.config} c={event.concurrency}{depth} "
+                f"repeat {event.repeat + 1}",
             )
             self.progress.console.print(
-                f"  {event.config:>12} c={event.concurrency:<3} repeat {event.repeat + 1}: "
-                f"{tps} {step}",
+                f"  {event.config:>12} c={event.concurrency:<3}{depth} repeat "
+                f"{event.repeat + 1}: {tps} {step}",
                 highlight=False,
             )
         elif event.kind == "level":

@@ -3,6 +3,8 @@ once in tuner.report.tables), predictions, recommendations and validations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console
 from rich.table import Table
 
@@ -11,6 +13,7 @@ from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
+from tuner.model.costmodel import Crossover
 from tuner.policy import Policy
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
@@ -36,10 +39,17 @@ def points(title: str, levels: list[LevelPoint]) -> None:
     for config in configs:
         table.add_column(f"{config}\ntok/s (±%)", justify="right")
         table.add_column(f"{config}\nms/step", justify="right")
-    for c in sorted({p.concurrency for p in levels}):
-        row = [str(c)]
+    for depth, c in sorted({(p.context_tokens, p.concurrency) for p in levels}):
+        row = [f"{c} at depth {depth}" if depth else str(c)]
         for config in configs:
-            p = next((p for p in levels if p.config == config and p.concurrency == c), None)
+            p = next(
+                (
+                    p
+                    for p in levels
+                    if p.config == config and p.concurrency == c and p.context_tokens == depth
+                ),
+                None,
+            )
             if p is None or p.tokens_per_second is None:
                 row += [p.status if p is not None else "", ""]
                 continue
@@ -52,8 +62,9 @@ def points(title: str, levels: list[LevelPoint]) -> None:
     out.print(table)
 
 
-def fit(stored: StoredFit) -> None:
-    """`tuner fit`: where the data came from, then the fit quality table."""
+def fit(stored: StoredFit, by_depth: Mapping[int, Crossover] | None = None) -> None:
+    """`tuner fit`: where the data came from, then the fit quality table, then (with several
+    depths measured) the crossover at each depth."""
     inputs = stored.inputs
     reused = " (reused: same data)" if stored.reused else ""
     out.print(
@@ -61,7 +72,12 @@ def fit(stored: StoredFit) -> None:
         f"{inputs.get('host') or '(none)'}, runs {', '.join(map(str, inputs['runs']))} "
         f"({', '.join(inputs['sources'])}), -np {inputs['n_parallel']}, n_max {inputs['n_max']}, "
         f"{inputs['kernel_rows']} kernel rows"
-        + (f"; workload: {inputs['workload']}" if inputs.get("workload") else ""),
+        + (f"; workload: {inputs['workload']}" if inputs.get("workload") else "")
+        + (
+            f"; context depth {inputs['context_tokens']} tokens"
+            if inputs.get("context_tokens")
+            else ""
+        ),
         highlight=False,
     )
     table = tables.fit_quality_table(stored.quality, stored.model.crossover())
@@ -70,6 +86,14 @@ def fit(stored: StoredFit) -> None:
     out.print(rich_table(table))
     for line in table.notes:
         out.print(line, highlight=False)
+    if by_depth:
+        out.print(
+            "crossover by context depth: "
+            + "; ".join(
+                f"{depth} tokens: {tables.crossover_text(x)}" for depth, x in by_depth.items()
+            ),
+            highlight=False,
+        )
 
 
 def predict(model: str, report: PredictReport) -> None:

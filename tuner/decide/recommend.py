@@ -35,13 +35,23 @@ def recommend(
     min_single_stream: float | None = None,
     seed: int = 0,
     fit_id: int | None = None,
+    context: int | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
+    context: the depth whose measurements to use (default the shallowest).
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
     """
-    stored = current_fit(store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed)
+    stored = current_fit(
+        store,
+        model,
+        host,
+        host_explicit=host_explicit,
+        fit_id=fit_id,
+        seed=seed,
+        context=context,
+    )
     if not tune_n_max and min_single_stream is None:
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
@@ -245,9 +255,12 @@ def predict(
     n_max: int | None = None,
     host_explicit: bool = False,
     fit_id: int | None = None,
+    context: int | None = None,
 ) -> PredictReport:
     """Predicted tok/s under --spec-draft-max-slots N (0: always draft) at every concurrency."""
-    stored = current_fit(store, model, host, host_explicit=host_explicit, fit_id=fit_id)
+    stored = current_fit(
+        store, model, host, host_explicit=host_explicit, fit_id=fit_id, context=context
+    )
     cm = stored.model
     if not 0 <= max_slots <= cm.n_parallel:
         raise ConfigError(f"--max-slots {max_slots}: expected 0..{cm.n_parallel} (-np of the fit)")

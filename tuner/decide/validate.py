@@ -55,7 +55,10 @@ def validation_spec(
     profile made with a stock server can be validated with --set server.binary=PATCHED."""
     data = dict(stored)
     data["name"] = f"{data['name']}-validate"
-    data["workload"] = {**data.get("workload", {}), "concurrency": levels}
+    workload = data.get("workload", {})
+    # Live runs measure at the shallowest profiled depth: the one recommend decides at.
+    depth = min(workload.get("context_tokens") or [0])
+    data["workload"] = {**workload, "concurrency": levels, "context_tokens": [depth]}
     data["speculative"] = {**data.get("speculative", {}), "threshold": None}
     if n_max:
         data["speculative"]["n_max"] = n_max

@@ -51,8 +51,16 @@ def attach(
     slots = int(props.get("total_slots") or 1)
     model_path = Path(props.get("model_path") or "unknown")
     name = model_name or (spec.model_name if spec else model_path.stem)
+    slot_context = (props.get("default_generation_settings") or {}).get("n_ctx")
     attached = attached_spec(
-        label, name, model_path, slots, f"attached server {url} ({slots} slots)", spec, overrides
+        label,
+        name,
+        model_path,
+        slots,
+        f"attached server {url} ({slots} slots)",
+        spec,
+        overrides,
+        slot_context=int(slot_context) if slot_context else None,
     )
     context = Context(
         model_name=name,
@@ -64,11 +72,14 @@ def attach(
     profiler.create_run(context, kind="profile", label=label)
     target = Attached(label)
     levels = attached.levels
-    observer(ProgressEvent("plan", total=len(levels) * attached.workload.max_repeats))
+    depths = profiler.depths
+    total = len(depths) * len(levels) * attached.workload.max_repeats
+    observer(ProgressEvent("plan", total=total))
 
     def body() -> None:
         profiler.warm_up(url)
-        for concurrency in levels:
-            profiler.run_level(url, target, concurrency)
+        for depth in depths:
+            for concurrency in levels:
+                profiler.run_level(url, target, concurrency, depth=depth)
 
     return profiler.guarded(body)

@@ -134,6 +134,7 @@ class Workload:
     prompts: PromptSet | None = None  # None: the synthetic prompt of prompt_tokens tokens
     output: OutputLengths | None = None  # None: max_tokens for every request
     seed: int = 0
+    depth: int = 0  # context tokens each stream holds when it starts decoding (0: the prompt)
 
 
 @dataclass(frozen=True)
@@ -166,16 +167,44 @@ class LoadGenerator:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._prompts: dict[int, list[int]] = {}
 
-    async def _prompt_tokens(self, client: httpx.AsyncClient, stream: int) -> list[int]:
-        """Exactly workload.prompt_tokens tokens, found through the server's own tokenizer."""
+    async def _prompt_tokens(
+        self, client: httpx.AsyncClient, stream: int, length: int | None = None
+    ) -> list[int]:
+        """Exactly `length` (default workload.prompt_tokens) tokens of the stream's synthetic
+        text, found through the server's own tokenizer."""
+        length = length or self.workload.prompt_tokens
         if stream not in self._prompts:
-            response = await client.post(f"{self.url}/tokenize", json={"content": _prompt(stream)})
+            self._prompts[stream] = await self._tokenize(client, _prompt(stream), False)
+        tokens = self._prompts[stream]
+        return (tokens * (length // len(tokens) + 1))[:length]
+
+    async def _tokenize(self, client: httpx.AsyncClient, text: str, add_special: bool) -> list[int]:
+        response = await client.post(
+            f"{self.url}/tokenize", json={"content": text, "add_special": add_special}
+        )
+        response.raise_for_status()
+        return list(response.json()["tokens"])
+
+    async def _at_depth(
+        self, client: httpx.AsyncClient, prompt: Prompt | None, stream: int
+    ) -> list[int]:
+        """The stream's request as exactly workload.depth tokens: the stream's own synthetic
+        text in front, the prompt (a chat rendered by the server's template) at the end; a
+        prompt longer than the depth keeps its end."""
+        depth = self.workload.depth
+        if prompt is None:
+            return await self._prompt_tokens(client, stream, depth)
+        if prompt.messages is not None:
+            response = await client.post(
+                f"{self.url}/apply-template", json={"messages": list(prompt.messages)}
+            )
             response.raise_for_status()
-            tokens = response.json()["tokens"]
-            if len(tokens) < self.workload.prompt_tokens:
-                tokens = tokens * (self.workload.prompt_tokens // len(tokens) + 1)
-            self._prompts[stream] = tokens[: self.workload.prompt_tokens]
-        return self._prompts[stream]
+            tokens = await self._tokenize(client, response.json()["prompt"], False)
+        else:
+            tokens = await self._tokenize(client, prompt.text or "", True)
+        if len(tokens) >= depth:
+            return tokens[-depth:]
+        return await self._prompt_tokens(client, stream, depth - len(tokens)) + tokens
 
     async def _request(
         self, client: httpx.AsyncClient, concurrency: int, round_key: int, stream: int
@@ -188,9 +217,16 @@ class LoadGenerator:
         common = {
             "ignore_eos": True,  # every request generates its drawn length
             "temperature": 0.0,
-            "cache_prompt": False,
+            # At depth the stream's padding is the same every round: the server keeps it cached,
+            # so a deep level pays its prefill once per launch, not once per repeat. Prefill is
+            # outside the measured window either way.
+            "cache_prompt": w.depth > 0,
             "stream": w.stream,
         }
+        if w.depth > 0:
+            # Rendered and padded here, so every request holds exactly `depth` tokens.
+            tokens = await self._at_depth(client, prompt, stream)
+            return Request(COMPLETION_PATH, {"prompt": tokens, "n_predict": max_tokens, **common})
         if prompt is not None and prompt.messages is not None:
             # timings_per_token: each chunk says how many tokens are out, as /completion's do.
             body = {
@@ -286,7 +322,7 @@ class LoadGenerator:
                     for i in range(concurrency)
                 ]
             except (httpx.HTTPError, ValueError, KeyError) as exc:
-                raise LoadError(f"cannot tokenize the prompt on {self.url}: {exc}") from exc
+                raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
             barrier = asyncio.Barrier(concurrency)
             return list(
                 await asyncio.gather(

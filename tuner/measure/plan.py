@@ -70,6 +70,7 @@ class ProgressEvent:
     repeat: int = 0
     figures: LevelFigures | None = None
     text: str = ""
+    depth: int = 0  # context depth of the level (tokens per stream)
 
 
 Observer = Callable[[ProgressEvent], None]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from tuner.storage.orm import (
 
 # max-slots-2@n3: N=2 drafting up to 3 tokens, in a run whose spec drafts up to another n_max
 N_MAX_SUFFIX = "@n"
+Cell = tuple[int, int]  # (context depth, concurrency): what one level row measures
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 
 
@@ -137,6 +138,16 @@ class Profiler:
     run_id: int | None = None
     _server_deaths: list[str] = field(default_factory=list)
     _prompt_set: PromptSet | None = None
+    # The depth levels are measured at when a caller names concurrencies only (live runs,
+    # attach): the spec's shallowest. A profile measures (depth, concurrency) cells.
+    depth: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.depth = self.spec.workload.context_tokens[0]
+
+    @property
+    def depths(self) -> list[int]:
+        return list(self.spec.workload.context_tokens)
 
     # -- run lifecycle --
 
@@ -195,12 +206,15 @@ class Profiler:
             name += f"{N_MAX_SUFFIX}{config.n_max}"
         return name
 
-    def _level_row(self, config: Target, concurrency: int) -> Level:
+    def _level_row(self, config: Target, concurrency: int, depth: int | None = None) -> Level:
         """The level's row, created if new; a half-done level keeps its finished repeats."""
         name = self.level_name(config)
+        depth = self.depth if depth is None else depth
         with self.store.session() as session:
             level = session.scalars(
-                select(Level).filter_by(run_id=self.run_id, config=name, concurrency=concurrency)
+                select(Level).filter_by(
+                    run_id=self.run_id, config=name, concurrency=concurrency, context_tokens=depth
+                )
             ).first()
             if level is None:
                 own_n_max = config.n_max if isinstance(config, Policy) else None
@@ -210,6 +224,7 @@ class Profiler:
                     max_slots=config.max_slots if isinstance(config, Policy) else None,
                     n_max=own_n_max or self.spec.speculative.n_max,
                     concurrency=concurrency,
+                    context_tokens=depth,
                     status=RUNNING,
                     metrics={"repeats": []},
                 )
@@ -225,17 +240,20 @@ class Profiler:
             session.expunge(level)
         return level
 
-    def pending(self, policies: list[Policy], levels: list[int]) -> dict[str, list[int]]:
-        """Levels of each configuration that are not completed yet."""
+    def pending(self, policies: list[Policy], levels: list[int]) -> dict[str, list[Cell]]:
+        """(depth, concurrency) cells of each configuration that are not completed yet, at
+        every depth of the spec."""
         with self.store.session() as session:
             done = {
-                (row.config, row.concurrency)
+                (row.config, row.context_tokens, row.concurrency)
                 for row in session.scalars(
                     select(Level).filter_by(run_id=self.run_id, status=COMPLETED)
                 )
             }
+        cells = [(d, c) for d in self.depths for c in levels]
         return {
-            p.config_name: [c for c in levels if (p.config_name, c) not in done] for p in policies
+            self.level_name(p): [cell for cell in cells if (self.level_name(p), *cell) not in done]
+            for p in policies
         }
 
     def _store_repeat(
@@ -283,10 +301,11 @@ class Profiler:
         config: Target,
         concurrency: int,
         repeats: list[tuple[list[RequestSample], dict[str, Any]]],
+        depth: int | None = None,
     ) -> int:
         """Store a level measured elsewhere (replayed, simulated) through the same rows and
         commits as run_level: one transaction per repeat, then the level marked completed."""
-        level = self._level_row(config, concurrency)
+        level = self._level_row(config, concurrency, depth)
         done = list(level.metrics.get("repeats", []))
         first = max((r["repeat"] for r in done), default=-1) + 1
         for offset, (samples, drafting) in enumerate(repeats):
@@ -308,19 +327,24 @@ class Profiler:
         concurrency: int,
         server: ManagedServer | None = None,
         pass_index: int | None = None,
+        depth: int | None = None,
     ) -> int:
         """Repeat a level until its step time is stable or the repeat limit; store every repeat.
 
         With pass_index (an interleaved pass): one repeat, tagged with the pass; the level stays
-        open (closing it is the pass's decision, see `run_interleaved`)."""
+        open (closing it is the pass's decision, see `run_interleaved`). depth: the context
+        depth (default: the profiler's)."""
         workload = self.spec.workload
-        level = self._level_row(config, concurrency)
+        depth = self.depth if depth is None else depth
+        level = self._level_row(config, concurrency, depth)
         repeats = list(level.metrics.get("repeats", []))
         next_repeat = max((r["repeat"] for r in repeats), default=-1) + 1
-        generator = LoadGenerator(server_url, self._workload(), api_key=self.api_key)
+        generator = LoadGenerator(server_url, self._workload(depth), api_key=self.api_key)
         headers = generator.headers
         done_before = len(repeats)
-        where = f"during {self.level_name(config)} at concurrency {concurrency}"
+        where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
+            f", depth {depth}" if depth else ""
+        )
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
@@ -355,6 +379,7 @@ class Profiler:
                     concurrency=concurrency,
                     repeat=next_repeat,
                     figures=figures,
+                    depth=depth,
                 )
             )
             next_repeat += 1
@@ -389,7 +414,7 @@ class Profiler:
             return str(server.died(where, detail))
         return f"{server.name} stopped answering {where}: {detail}"
 
-    def _workload(self) -> Workload:
+    def _workload(self, depth: int = 0) -> Workload:
         w = self.spec.workload
         if w.prompts is not None and self._prompt_set is None:
             self._prompt_set = load_prompts(w.prompts)
@@ -401,6 +426,7 @@ class Profiler:
             prompts=self._prompt_set,
             output=w.output.lengths(w.max_tokens),
             seed=w.seed,
+            depth=depth,
         )
 
     def warm_up(self, server_url: str, server: ManagedServer | None = None) -> None:
@@ -427,8 +453,11 @@ class Profiler:
 
     # -- managed mode --
 
-    def run_config(self, policy: Policy, levels: list[int], pass_index: int | None = None) -> None:
-        """Launch the policy's server and measure the levels on it (one repeat each in a pass)."""
+    def run_config(
+        self, policy: Policy, levels: Sequence[int | Cell], pass_index: int | None = None
+    ) -> None:
+        """Launch the policy's server and measure the levels on it (one repeat each in a pass):
+        concurrencies at the profiler's depth, or (depth, concurrency) cells."""
         name = self.level_name(policy)
         log = self.log_dir / f"run-{self.run_id}" / f"{name}.log"
         # A new log per launch: earlier launches of the same config (resume) stay readable.
@@ -455,19 +484,36 @@ class Profiler:
             props = server.props()
             self._check_props(props)
             self.warm_up(server.url, server)
-            for concurrency in levels:
-                self.run_level(server.url, policy, concurrency, server, pass_index)
+            for depth, concurrency in self._cells(levels):
+                self.run_level(server.url, policy, concurrency, server, pass_index, depth)
+
+    def _cells(self, levels: Sequence[int | Cell]) -> list[Cell]:
+        return [(self.depth, c) if isinstance(c, int) else c for c in levels]
 
     # -- interleaved passes --
 
     def repeats_by_level(
         self, policies: list[Policy] | None = None
     ) -> dict[tuple[str, int], list[dict]]:
-        """The stored repeats of the run's levels (of these policies), by (config, concurrency)."""
+        """The stored repeats of the run's levels at the profiler's depth (of these policies),
+        by (config, concurrency)."""
+        return {
+            (config, c): reps
+            for (config, depth, c), reps in self.repeats_by_cell(policies).items()
+            if depth == self.depth
+        }
+
+    def repeats_by_cell(
+        self, policies: list[Policy] | None = None
+    ) -> dict[tuple[str, int, int], list[dict]]:
+        """The stored repeats of the run's levels (of these policies), by (config, depth,
+        concurrency)."""
         names = {self.level_name(p) for p in policies} if policies is not None else None
         with self.store.session() as session:
             return {
-                (row.config, row.concurrency): list((row.metrics or {}).get("repeats", []))
+                (row.config, row.context_tokens, row.concurrency): list(
+                    (row.metrics or {}).get("repeats", [])
+                )
                 for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
                 if names is None or row.config in names
             }
@@ -475,7 +521,7 @@ class Profiler:
     def last_pass(self) -> int | None:
         """The newest interleaved pass stored in the run (None: none yet)."""
         passes = [
-            r["pass"] for reps in self.repeats_by_level().values() for r in reps if "pass" in r
+            r["pass"] for reps in self.repeats_by_cell().values() for r in reps if "pass" in r
         ]
         return max(passes, default=None)
 
@@ -492,54 +538,62 @@ class Profiler:
             len(repeats) >= w.min_repeats and stable(repeats, w)
         )
 
-    def _close_levels(self, policies: list[Policy], concurrency: int, left: int) -> None:
+    def _close_levels(self, policies: list[Policy], cell: Cell, left: int) -> None:
+        depth, concurrency = cell
+        names = {self.level_name(p) for p in policies}
         with self.store.session() as session:
             for row in session.scalars(
-                select(Level).filter_by(run_id=self.run_id, concurrency=concurrency)
+                select(Level).filter_by(
+                    run_id=self.run_id, concurrency=concurrency, context_tokens=depth
+                )
             ):
-                if row.config in {p.config_name for p in policies}:
+                if row.config in names:
                     row.status, row.error = COMPLETED, None
         for policy in policies:
             self.observer(
                 ProgressEvent(
-                    "level", advance=left, config=policy.config_name, concurrency=concurrency
+                    "level", advance=left, config=self.level_name(policy), concurrency=concurrency
                 )
             )
 
-    def run_interleaved(self, policies: list[Policy], levels: list[int]) -> None:
+    def run_interleaved(self, policies: list[Policy], cells: list[Cell]) -> None:
         """Passes over the policies in alternating order, one launch and one repeat per open
-        level each; a level closes for all policies at once (see the module docstring).
+        (depth, concurrency) cell each; a cell closes for all policies at once (see the module
+        docstring).
 
-        A resumed run starts again at its newest pass: a policy that measured a level in it
-        already is not launched for that level again."""
+        A resumed run starts again at its newest pass: a policy that measured a cell in it
+        already is not launched for that cell again."""
         w = self.spec.workload
-        state = self.repeats_by_level(policies)
+        state = self.repeats_by_cell(policies)
         first = self.last_pass() or 0
-        open_levels = list(levels)
+        open_cells = list(cells)
 
-        def needs(policy: Policy, c: int, p: int) -> bool:
-            reps = state.get((policy.config_name, c), [])
+        def reps_of(policy: Policy, cell: Cell) -> list[dict]:
+            return state.get((self.level_name(policy), *cell), [])
+
+        def needs(policy: Policy, cell: Cell, p: int) -> bool:
+            reps = reps_of(policy, cell)
             return len(reps) < w.max_repeats and all(r.get("pass") != p for r in reps)
 
         for p in range(first, first + w.max_repeats + 1):
             order = policies if p % 2 == 0 else list(reversed(policies))
             for policy in order:
-                todo = [c for c in open_levels if needs(policy, c, p)]
+                todo = [cell for cell in open_cells if needs(policy, cell, p)]
                 if todo:
                     self.run_config(policy, todo, pass_index=p)
-            state = self.repeats_by_level(policies)
+            state = self.repeats_by_cell(policies)
             still_open = []
-            for c in open_levels:
-                runs = [state.get((policy.config_name, c), []) for policy in policies]
+            for cell in open_cells:
+                runs = [reps_of(policy, cell) for policy in policies]
                 if all(self._level_done(reps) for reps in runs):
-                    self._close_levels(policies, c, max(0, w.max_repeats - min(map(len, runs))))
+                    self._close_levels(policies, cell, max(0, w.max_repeats - min(map(len, runs))))
                 else:
-                    still_open.append(c)
-            open_levels = still_open
-            if not open_levels:
+                    still_open.append(cell)
+            open_cells = still_open
+            if not open_cells:
                 return
-        for c in open_levels:  # cannot happen: max_repeats passes fill every level
-            self._close_levels(policies, c, 0)
+        for cell in open_cells:  # cannot happen: max_repeats passes fill every cell
+            self._close_levels(policies, cell, 0)
 
     def _check_props(self, props: dict[str, Any]) -> None:
         slots = props.get("total_slots")
@@ -592,19 +646,19 @@ class Profiler:
         """Run every pending level of every configuration (interleaved unless the spec says
         otherwise); record the outcome; return the run id."""
         todo = self.pending(policies, levels or self.spec.levels)
-        open_levels = sorted({c for pending in todo.values() for c in pending})
+        open_cells = sorted({cell for pending in todo.values() for cell in pending})
         interleave = self.spec.workload.interleave and len(policies) > 1
-        planned = len(policies) * len(open_levels) if interleave else sum(map(len, todo.values()))
+        planned = len(policies) * len(open_cells) if interleave else sum(map(len, todo.values()))
         self.observer(ProgressEvent("plan", total=planned * self.spec.workload.max_repeats))
 
         def body() -> None:
             if interleave:
-                if open_levels:
-                    self.run_interleaved(policies, open_levels)
+                if open_cells:
+                    self.run_interleaved(policies, open_cells)
             else:
                 for policy in policies:
-                    if todo[policy.config_name]:
-                        self.run_config(policy, todo[policy.config_name])
+                    if todo[self.level_name(policy)]:
+                        self.run_config(policy, todo[self.level_name(policy)])
             if kernel_level:
                 self.run_kernel()
 

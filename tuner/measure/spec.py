@@ -103,6 +103,11 @@ class WorkloadSpec(_Strict):
     )
     seed: int = Field(0, description="seed of the prompt and output-length draws")
     output: OutputSpec = OutputSpec()
+    context_tokens: list[int] = Field(
+        default_factory=lambda: [0],
+        description="context depths: tokens each stream already holds when it starts decoding "
+        "(its prompt, padded to reach the depth); every level is measured at each",
+    )
     concurrency: list[int] | None = Field(
         None, description="levels; default 1, 2, 4, ... up to and including n_parallel"
     )
@@ -136,6 +141,22 @@ class WorkloadSpec(_Strict):
         if any(c < 1 for c in levels):
             raise ValueError("every concurrency level must be at least 1")
         return sorted(set(levels))
+
+    @field_validator("context_tokens")
+    @classmethod
+    def _depths_valid(cls, depths: list[int]) -> list[int]:
+        if not depths:
+            raise ValueError("needs at least one depth (0: the prompt alone)")
+        if any(d < 0 for d in depths):
+            raise ValueError("context depths are token counts, 0 or more")
+        return sorted(set(depths))
+
+    @property
+    def longest_output(self) -> int:
+        o = self.output
+        if o.distribution in ("uniform", "lognormal"):
+            return o.max or 4 * (o.median or self.max_tokens)
+        return self.max_tokens
 
     @field_validator("weights")
     @classmethod
@@ -191,7 +212,30 @@ class ProfileSpec(_Strict):
                 f"speculative.threshold: {self.speculative.threshold} exceeds server.n_parallel "
                 f"({self.server.n_parallel})"
             )
+        self._depths_fit_context()
         return self
+
+    def _depths_fit_context(self) -> None:
+        """The deepest stream, its output included, must fit its share of the KV cache: a slot's
+        ctx_size / n_parallel, or with --kv-unified the whole cache shared by the largest level.
+        (A user prompt longer than the depth is checked when it is drawn.)"""
+        w = self.workload
+        deepest = max(max(w.context_tokens), w.prompt_tokens) + w.longest_output
+        unified = "--kv-unified" in self.server.args or "-kvu" in self.server.args
+        streams = max(self.levels) if unified else self.server.n_parallel
+        room = self.server.ctx_size // streams
+        if deepest > room:
+            share = (
+                f"{self.server.ctx_size} shared by {streams} streams (--kv-unified)"
+                if unified
+                else f"{self.server.ctx_size} over {streams} slots"
+            )
+            raise ValueError(
+                f"workload.context_tokens: depth {max(w.context_tokens)} plus up to "
+                f"{w.longest_output} output tokens needs {deepest} tokens per stream; "
+                f"server.ctx_size {share} gives {room}: raise server.ctx_size to at least "
+                f"{deepest * streams} or ask for less depth"
+            )
 
     @property
     def levels(self) -> list[int]:
@@ -331,13 +375,18 @@ def attached_spec(
     source: str,
     base: ProfileSpec | None = None,
     overrides: list[tuple[str, Any]] | None = None,
+    slot_context: int | None = None,
 ) -> ProfileSpec:
-    """The spec an attached server is measured under: its own slots and model, the workload of
-    base (a spec file) or of the overrides; a level above its slots is an error."""
+    """The spec an attached server is measured under: its own slots, context per slot and model,
+    the workload of base (a spec file) or of the overrides; a level above its slots or a depth
+    beyond its context is an error."""
+    server: dict[str, Any] = {"binary": "(attached)", "model": str(model_path), "n_parallel": slots}
+    if slot_context:
+        server["ctx_size"] = slot_context * slots
     data: dict[str, Any] = {
         "name": f"attach-{label}",
         "model_name": model_name,
-        "server": {"binary": "(attached)", "model": str(model_path), "n_parallel": slots},
+        "server": server,
         "speculative": {"args": []},
         "kernel": {"enabled": False},
     }

@@ -120,6 +120,11 @@ def _data_lines(facts: Facts, inputs: dict[str, Any]) -> list[str]:
         f"- sources: {', '.join(inputs.get('sources') or []) or 'unknown'}",
         f"- -np {inputs.get('n_parallel')}, n_max {inputs.get('n_max')}",
         f"- workload: {_md(inputs.get('workload') or 'unknown')}",
+        f"- context depth of the fit: {inputs.get('context_tokens') or 0} tokens per stream",
+        *(
+            f"- crossover at depth {depth}: {_md(text)}"
+            for depth, text in (inputs.get("crossover_by_depth") or {}).items()
+        ),
         "- workload weights: "
         + (
             ", ".join(f"{k} streams: {v:g}" for k, v in sorted(weights.items(), key=_weight_key))

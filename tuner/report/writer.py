@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,14 @@ from tuner.decide import recommend, validate
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.errors import ConfigError, NothingToDoError, TunerError
+from tuner.model.costmodel import Crossover
+from tuner.report import tables
 from tuner.report.figure import PNG_NAME, SVG_NAME, render_figure, save_figure
 from tuner.report.series import report_data
 from tuner.report.summary import Facts, RunFact, render_summary
 from tuner.storage import validations
 from tuner.storage.engine import Store
-from tuner.storage.fits import StoredFit, current_fit
+from tuner.storage.fits import StoredFit, crossovers_by_depth, current_fit
 from tuner.storage.orm import Fit, Run
 from tuner.storage.queries import LevelPoint, model_points, run_points
 
@@ -41,6 +43,7 @@ class ReportInputs:
     facts: Facts
     validation: ValidationReport | None = None
     validation_problem: str | None = None
+    crossover_by_depth: dict[int, Crossover] = field(default_factory=dict)
 
 
 def _facts(store: Store, fit_id: int, run_ids: Sequence[int]) -> Facts:
@@ -146,7 +149,10 @@ def load_inputs(
     run_ids = set(int(r) for r in fit.inputs.get("runs") or [])
     if val_run is not None:
         run_ids.add(val_run)
-    points = [p for p in model_points(store, model) if p.run_id in run_ids]
+    depth = fit.inputs.get("context_tokens") or 0
+    points = [
+        p for p in model_points(store, model) if p.run_id in run_ids and p.context_tokens == depth
+    ]
     with store.session() as session:
         validation_runs = sorted(
             session.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.kind == "validate"))
@@ -156,7 +162,8 @@ def load_inputs(
             f"model {model!r} has no completed levels to report; run `tuner profile SPEC.toml`"
         )
     facts = _facts(store, fit.id, sorted(run_ids))
-    return ReportInputs(fit, rec, points, validation_runs, facts, validation, problem)
+    by_depth = crossovers_by_depth(store, model, host, host_explicit=host_explicit, seed=seed)
+    return ReportInputs(fit, rec, points, validation_runs, facts, validation, problem, by_depth)
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -231,7 +238,12 @@ def write_report(
         data,
         inputs.facts,
         fit.quality,
-        fit.inputs,
+        {
+            **fit.inputs,
+            "crossover_by_depth": {
+                d: tables.crossover_text(x) for d, x in inputs.crossover_by_depth.items()
+            },
+        },
         inputs.validation,
         inputs.validation_problem,
         fit.host_note,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
 from tuner.model import fitting
-from tuner.model.costmodel import VERSION, CostModel
+from tuner.model.costmodel import VERSION, CostModel, Crossover
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.quality import FitQuality
 from tuner.storage.engine import Store
@@ -61,6 +61,8 @@ class Selection:
     data_hash: str
     host_note: str | None = None
     workload: str | None = None  # what the requests were: the synthetic prompt or a prompt file
+    context_tokens: int = 0  # the context depth of the levels fitted
+    depths: list[int] = field(default_factory=lambda: [0])  # every depth the runs measured
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -77,6 +79,8 @@ class Selection:
             "measured": self.measured,
             "data_hash": self.data_hash,
             "workload": self.workload,
+            "context_tokens": self.context_tokens,
+            "depths": self.depths,
         }
 
 
@@ -160,9 +164,14 @@ def prompt_set_of(run: Run) -> str | None:
 
 
 def select_data(
-    store: Store, model: str, host: str | None, host_explicit: bool = False
+    store: Store,
+    model: str,
+    host: str | None,
+    host_explicit: bool = False,
+    context: int | None = None,
 ) -> tuple[FitData, Selection]:
-    """The fit's data: the newest complete run's host, build, -np and n_max, and runs like it.
+    """The fit's data: the newest complete run's host, build, -np and n_max, and runs like it,
+    at one context depth (context; default the shallowest measured).
 
     host is the one asked about (the CLI passes this machine's name); without its own data the
     newest host's is used, with a note, unless host_explicit.
@@ -199,6 +208,16 @@ def select_data(
             ),
             key=lambda run: run.id,
         )
+        depths = sorted(
+            {lv.context_tokens for run in group for lv in run.levels if lv.status == "completed"}
+        ) or [0]
+        depth = depths[0] if context is None else context
+        if depth not in depths:
+            raise NothingToDoError(
+                f"model {model!r} has no levels measured at a context depth of {depth} tokens "
+                f"(measured: {', '.join(map(str, depths))}); profile it there with "
+                f"--set 'workload.context_tokens=[{depth}]'"
+            )
         levels: list[LevelObs] = []
         level_ids: list[int] = []
         digest_rows: list[Any] = []
@@ -206,7 +225,7 @@ def select_data(
         for run in group:
             for level in run.levels:
                 policy = level.policy
-                if level.status != "completed" or policy is None:
+                if level.status != "completed" or policy is None or level.context_tokens != depth:
                     continue
                 if policy.drafting and level.n_max not in (None, basis.n_max):
                     continue
@@ -255,6 +274,8 @@ def select_data(
             data_hash=digest,
             host_note=note,
             workload=workload_of(spec),
+            context_tokens=depth,
+            depths=depths,
         )
     data = FitData(
         n_parallel=n_parallel,
@@ -332,9 +353,10 @@ def fit_model(
     host_explicit: bool = False,
     seed: int = 0,
     replicates: int = fitting.DEFAULT_REPLICATES,
+    context: int | None = None,
 ) -> StoredFit:
-    """`tuner fit`: fit the model's data anew and store the fit."""
-    data, selection = select_data(store, model, host, host_explicit)
+    """`tuner fit`: fit the model's data (at one context depth) anew and store the fit."""
+    data, selection = select_data(store, model, host, host_explicit, context)
     return _save_fit(store, data, selection, seed, replicates)
 
 
@@ -394,8 +416,10 @@ def current_fit(
     fit_id: int | None = None,
     seed: int = 0,
     replicates: int = fitting.DEFAULT_REPLICATES,
+    context: int | None = None,
 ) -> StoredFit:
-    """A given fit, else the newest fit of exactly the current data, else a new fit (stored)."""
+    """A given fit, else the newest fit of exactly the current data (at the context depth),
+    else a new fit (stored)."""
     if fit_id is not None:
         with store.session() as session:
             row = session.get(Fit, fit_id)
@@ -406,8 +430,29 @@ def current_fit(
             if row.model.name != model:
                 raise ConfigError(f"fit {fit_id} is of model {row.model.name!r}, not {model!r}")
             return _stored(row, True, None)
-    data, selection = select_data(store, model, host, host_explicit)
+    data, selection = select_data(store, model, host, host_explicit, context)
     with store.session() as session:
         if existing := _equal_fit(session, selection, seed, replicates):
             return _stored(existing, True, selection.host_note)
     return _save_fit(store, data, selection, seed, replicates, reuse_equal=True)
+
+
+def crossovers_by_depth(
+    store: Store,
+    model: str,
+    host: str | None = None,
+    *,
+    host_explicit: bool = False,
+    seed: int = 0,
+) -> dict[int, Crossover]:
+    """The crossover at every context depth the model's runs measured (each depth's own fit,
+    made or reused): how the answer moves with depth. Empty when only one depth was measured."""
+    _, selection = select_data(store, model, host, host_explicit)
+    if len(selection.depths) < 2:
+        return {}
+    return {
+        depth: current_fit(
+            store, model, host, host_explicit=host_explicit, seed=seed, context=depth
+        ).model.crossover()
+        for depth in selection.depths
+    }

@@ -117,7 +117,15 @@ class Level(Base):
     """One configuration at one concurrency within a run: medians over repeats, with spreads."""
 
     __tablename__ = "tuner_levels"
-    __table_args__ = (UniqueConstraint("run_id", "config", "concurrency"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "run_id",
+            "config",
+            "concurrency",
+            "context_tokens",
+            name="uq_tuner_levels_run_config_concurrency_depth",
+        ),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
@@ -125,6 +133,8 @@ class Level(Base):
     max_slots: Mapped[int | None]  # None: plain (no drafting); 0: always draft; N: threshold
     n_max: Mapped[int | None]
     concurrency: Mapped[int]
+    # tokens each stream held when it started decoding (its prompt, padded); 0: the prompt alone
+    context_tokens: Mapped[int] = mapped_column(default=0, server_default="0")
     status: Mapped[str] = mapped_column(String(32), default="running")  # running|completed|failed
     repeats: Mapped[int] = mapped_column(default=0)
     tokens_per_second: Mapped[float | None] = mapped_column(Float)

@@ -57,10 +57,12 @@ class LevelPoint:
     ttft_ms: float | None
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    context_tokens: int = 0
 
 
 def _point(level: Level) -> LevelPoint:
     return LevelPoint(
+        context_tokens=level.context_tokens,
         run_id=level.run_id,
         config=level.config,
         policy=level.policy,

@@ -1,0 +1,144 @@
+"""Context depth on the bench: what it costs to profile, how the answer moves, how well the
+model predicts a depth it was not fitted on.
+
+In one run, into fresh databases, as a user runs it:
+1. the default profile as shipped (`tuner profile profiles/bench-smollm2-cpu.toml`: one depth,
+   adaptive levels within the default budget): what a profile costs now;
+2. the same spec at one depth and at three (--depths, default 0, 1024, 2048), both with
+   `--budget 0` and a context big enough for the deepest, back to back: the cost ratio
+   (target: at most 3);
+3. from the three-depth profile: the crossover at every depth (`tuner fit`) and the recommended
+   N at depth 0 and at the deepest (`tuner recommend --context D`);
+4. the held-out depth: fits at the other depths predict the middle one (interpolation, the
+   model `tuner.model.depth` uses), against every measured repeat there; per point the median
+   error over its repeats, then the mean absolute over points (target: at most 8 %).
+
+    .venv/bin/python benchmarks/depth.py [--depths 0,1024,2048] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from tuner.model.depth import tps_at_depth
+from tuner.model.fitting import fit
+from tuner.storage.engine import Store
+from tuner.storage.fits import select_data
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
+
+
+def tuner(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
+    )
+    if result.returncode != 0:
+        sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def profiled(workdir: Path, name: str, *args: str) -> tuple[float, dict[str, str]]:
+    env = {
+        **os.environ,
+        "TUNER_DB": f"sqlite:///{workdir / f'{name}.db'}",
+        "TUNER_CACHE_DIR": str(workdir / "cache"),
+    }
+    started = time.monotonic()
+    tuner(env, "profile", str(SPEC), *args)
+    return time.monotonic() - started, env
+
+
+def held_out_error(db_url: str, model: str, depths: list[int], held: int) -> tuple[float, int]:
+    """Mean over points of the median (over repeats) absolute error, predicting depth `held`
+    from fits at the other depths; and the number of points."""
+    store = Store(db_url)
+    try:
+        models = {
+            d: fit(select_data(store, model, None, context=d)[0]).model for d in depths if d != held
+        }
+        data = select_data(store, model, None, context=held)[0]
+    finally:
+        store.dispose()
+    errors = []
+    for level in data.levels:
+        if not (level.policy.is_plain or level.policy.is_always) or not level.repeats:
+            continue
+        policy = level.policy if level.policy.is_plain else level.policy.with_n_max(None)
+        predicted = float(tps_at_depth(models, policy, [level.concurrency], held)[0])
+        errors.append(
+            statistics.median(
+                abs(predicted / r.tokens_per_second - 1)
+                for r in level.repeats
+                if r.tokens_per_second
+            )
+        )
+    return 100 * statistics.fmean(errors), len(errors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", default="0,1024,2048", help="three depths, comma-separated")
+    parser.add_argument("--keep", type=Path, help="keep the databases and logs here")
+    args = parser.parse_args()
+    depths = sorted(int(d) for d in args.depths.split(","))
+    model = tomllib.loads(SPEC.read_text())["model_name"]
+    spec = tomllib.loads(SPEC.read_text())
+    deepest = max(depths) + spec["workload"]["max_tokens"]
+    ctx = f"server.ctx_size={deepest * spec['server']['n_parallel']}"
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        default_s, _ = profiled(workdir, "default")
+        print(
+            f"default profile (as shipped, adaptive levels included): {default_s:.0f} s", flush=True
+        )
+        one_s, _ = profiled(workdir, "one", "--budget", "0", "--set", ctx)
+        print(f"one depth (0), --budget 0: {one_s:.0f} s", flush=True)
+        three_s, env = profiled(
+            workdir,
+            "three",
+            "--budget",
+            "0",
+            "--set",
+            ctx,
+            "--set",
+            f"workload.context_tokens=[{','.join(map(str, depths))}]",
+        )
+        print(
+            f"{len(depths)} depths ({', '.join(map(str, depths))}), --budget 0: {three_s:.0f} s; "
+            f"ratio {three_s / one_s:.2f} (target: at most {len(depths)})",
+            flush=True,
+        )
+        fitted = json.loads(tuner(env, "fit", "--model", model, "--format", "json"))
+        for depth, cross in fitted["crossover_by_depth"].items():
+            streams = cross["streams"]
+            where = (
+                f"{streams:.1f} streams [{cross['lower']:.1f}, {cross['upper']:.1f}]"
+                if streams is not None
+                else f"none (spec ahead up to {cross['spec_wins_upto']})"
+            )
+            print(f"crossover at depth {depth}: {where}")
+        for depth in (depths[0], depths[-1]):
+            line = tuner(env, "recommend", "--model", model, "--context", str(depth), "-q")
+            print(f"recommended at depth {depth}: {line.strip()}")
+        held = depths[len(depths) // 2]
+        error, points = held_out_error(env["TUNER_DB"], model, depths, held)
+        print(
+            f"held-out depth {held} predicted from {[d for d in depths if d != held]}: mean "
+            f"absolute error {error:.1f} % over {points} points (median over each point's "
+            f"repeats; target: at most 8 %)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Context depth on the real bench: every level measured at each depth in the same launches,
+stored with its depth, fitted per depth, and recommend answering for a depth it measured.
+
+A decode step reads every slot's KV cache: at 3072 tokens of context the bench's 135M F32
+target reads a fifth more per step at 2 streams than at none, and attention over the cache comes
+on top. Both depths are measured in the same launches, so the slowdown is a contrast noise does
+not flip; the test asserts only its sign and a 5 % floor.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PROFILES, tuner_cmd, tuner_env
+from sqlalchemy import select
+
+from tuner.storage.engine import Store
+from tuner.storage.orm import Level
+
+pytestmark = pytest.mark.bench
+
+MODEL = "smollm2-135m-f32"
+DEEP = 3072
+
+
+def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    env = tuner_env(db_url, tmp_path / "cache")
+    profile = subprocess.run(
+        tuner_cmd(
+            "profile",
+            str(PROFILES / "bench-smollm2-cpu.toml"),
+            "--levels",
+            "1,2",
+            "--budget",
+            "0",
+            "--set",
+            f"workload.context_tokens=[0, {DEEP}]",
+            "--set",
+            "server.ctx_size=8192",
+            "--set",
+            "workload.max_tokens=64",
+            "--set",
+            "workload.max_repeats=2",
+            "--set",
+            "kernel.enabled=false",
+        ),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert profile.returncode == 0, profile.stderr[-3000:]
+
+    store = Store(db_url)
+    with store.session() as session:
+        levels = session.scalars(select(Level).where(Level.status == "completed")).all()
+        step = {(lv.config, lv.concurrency, lv.context_tokens): lv.step_ms for lv in levels}
+        passes = {
+            (lv.config, lv.concurrency, lv.context_tokens): {
+                r["pass"] for r in lv.metrics["repeats"]
+            }
+            for lv in levels
+        }
+    store.dispose()
+    cells = {(config, c, d) for config in ("plain", "spec") for c in (1, 2) for d in (0, DEEP)}
+    assert set(step) == cells
+    # Each pass's launch measured both depths: the same passes at both.
+    for config in ("plain", "spec"):
+        assert passes[(config, 2, 0)] == passes[(config, 2, DEEP)]
+    # Deeper context, slower steps.
+    for config in ("plain", "spec"):
+        assert step[(config, 2, DEEP)] > 1.05 * step[(config, 2, 0)], step
+
+    fitted = subprocess.run(
+        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data = json.loads(fitted.stdout)
+    assert data["inputs"]["context_tokens"] == 0 and data["inputs"]["depths"] == [0, DEEP]
+    assert set(data["crossover_by_depth"]) == {"0", str(DEEP)}
+
+    deep = subprocess.run(
+        tuner_cmd("recommend", "--model", MODEL, "--context", str(DEEP), "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(deep.stdout)["fit_id"] != data["fit_id"]  # its own fit, of the deep levels
+    missing = subprocess.run(
+        tuner_cmd("recommend", "--model", MODEL, "--context", "1000"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode != 0
+    assert f"measured: 0, {DEEP}" in missing.stderr and "Traceback" not in missing.stderr
