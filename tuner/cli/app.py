@@ -425,6 +425,13 @@ def recommend(
     fit_id: FitOption = None,
     seed: SeedOption = 0,
     context: ContextOption = None,
+    traffic: Annotated[
+        str | None,
+        typer.Option(
+            "--traffic",
+            help="weight the objective by this observed traffic profile (`tuner observe`)",
+        ),
+    ] = None,
 ) -> None:
     """Recommend --spec-draft-max-slots N: one line on stdout, e.g. for `>> server.env`.
 
@@ -444,6 +451,7 @@ def recommend(
         seed=seed,
         fit_id=fit_id,
         context=context,
+        traffic=traffic,
     )
     typer.echo(rec.render(output))
     if explain:
@@ -453,6 +461,40 @@ def recommend(
 
 
 # --- validate, report ---------------------------------------------------------------------------
+
+
+@app.command()
+@reports_errors
+def observe(
+    url: Annotated[str, typer.Option(help="the running llama-server, e.g. http://127.0.0.1:8080")],
+    duration: Annotated[
+        str, typer.Option(help="how long to observe: 600, 600s, 10m or 1h")
+    ] = "10m",
+    name: Annotated[
+        str | None,
+        typer.Option(help="traffic profile name (default host:port/model); again adds to it"),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="TUNER_API_KEY", show_envvar=True, help="bearer token (never stored)"),
+    ] = None,
+) -> None:
+    """Learn a running server's traffic: how many slots generate, over time, and request lengths.
+
+    Polls /slots (or /metrics where /slots is off) four times a second over one connection; never
+    changes the server; keeps what it has when the server goes away and goes on when it is back.
+    The profile is saved every 10 s; `tuner recommend --traffic NAME` weights the objective by it.
+    """
+    from tuner.measure.observe import observe as run_observe
+    from tuner.storage.traffic import TrafficSaver
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")
+    seconds = duration_option(duration, "--duration")
+    saver = TrafficSaver(open_store(), name)
+    with terminate_as_interrupt(), ProgressDisplay() as display:
+        view, profile = run_observe(url, seconds, saver, display, api_key=api_key)
+    render.traffic(saver.name or "", view, profile)
 
 
 @app.command()

@@ -13,6 +13,7 @@ from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
+from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.model.costmodel import Crossover
 from tuner.policy import Policy
 from tuner.report import tables
@@ -216,3 +217,32 @@ def tuning(report: TuneReport) -> None:
         out.print(report.standing_text(), highlight=False, markup=False)
     else:
         out.print("no trial completed: the recommendation is unchanged", highlight=False)
+
+
+def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
+    """What observe saw: time at each number of generating slots, and request lengths."""
+    table = Table(
+        title=f"traffic {name}: {view.model} on {view.url} ({view.n_slots} slots, from "
+        f"/{view.source}), {profile.covered_s:.0f} s this time"
+    )
+    for column in ("generating", "seconds", "share"):
+        table.add_column(column, justify="right")
+    shares = profile.shares()
+    for k, seconds in sorted(profile.seconds.items()):
+        table.add_row(str(k), f"{seconds:.1f}", f"{100 * shares[k]:.1f}%")
+    out.print(table)
+    data = profile.to_dict()
+    for what in ("prompt_tokens", "output_tokens"):
+        summary = data[what]
+        if summary:
+            out.print(
+                f"{what.replace('_', ' ')}: median {summary['median']:.0f}, p90 "
+                f"{summary['p90']:.0f} over {summary['n']} finished requests",
+                highlight=False,
+            )
+    out.print(
+        f"mean generating slots {profile.mean_generating():.2f}; "
+        f"`tuner recommend --model M --traffic {name}` weights the objective by it",
+        highlight=False,
+        markup=False,
+    )

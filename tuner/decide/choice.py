@@ -40,6 +40,7 @@ class ReasonCode(StrEnum):
     OTHER_HOST = "other-host"  # the data are from another host
     LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
     PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
+    TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
     UNCODED = "uncoded"  # stored before reasons had codes
 
 

@@ -21,6 +21,7 @@ from tuner.errors import ConfigError
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
 from tuner.storage import recommendations
+from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.fits import StoredFit, current_fit
 
@@ -36,9 +37,12 @@ def recommend(
     seed: int = 0,
     fit_id: int | None = None,
     context: int | None = None,
+    traffic: str | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
-    context: the depth whose measurements to use (default the shallowest).
+    context: the depth whose measurements to use (default the shallowest). traffic: weight the
+    objective by an observed traffic profile (share of busy time at each number of generating
+    slots) instead of the spec's workload weights.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
@@ -52,16 +56,32 @@ def recommend(
         seed=seed,
         context=context,
     )
-    if not tune_n_max and min_single_stream is None:
+    if not tune_n_max and min_single_stream is None and traffic is None:
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
     cm = stored.model
+    source = stored.weights
+    reasons_first: list[Reason] = []
+    if traffic is not None:
+        profile = traffic_store.load(store, traffic)
+        source = {str(c): w for c, w in profile.weights(cm.n_parallel).items()}
+        reasons_first.append(
+            Reason(
+                ReasonCode.TRAFFIC,
+                f"weighted by traffic {traffic!r}: {profile.covered_s:.0f} s observed, mean "
+                f"{profile.mean_generating():.2f} slots generating; busy-time shares "
+                + ", ".join(f"{c}: {w:.2f}" for c, w in profile.weights(cm.n_parallel).items())
+                + " (first order: occupancy as observed under the server's N then)",
+            )
+        )
     try:
-        weights = search.objective_weights(cm.n_parallel, stored.weights)
+        weights = search.objective_weights(cm.n_parallel, source)
     except ValueError as exc:
-        raise ConfigError(f"workload weights of {model}: {exc}") from exc
+        what = f"traffic {traffic!r}" if traffic else f"workload weights of {model}"
+        raise ConfigError(f"{what}: {exc}") from exc
     options = {
+        "traffic": traffic,
         "tune_n_max": tune_n_max,
         "min_single_stream": min_single_stream,
         "weights": [round(float(w), 12) for w in weights],
@@ -91,6 +111,7 @@ def recommend(
             f"(the best the model predicts at 1 stream is {best_single:.1f})"
         ) from exc
     choice = choose(cm, result, stored.quality.measured_gains())
+    choice.reasons[:0] = reasons_first
     if stored.host_note:
         choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
     rec = Recommendation(

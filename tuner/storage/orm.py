@@ -254,6 +254,24 @@ class FileHash(Base):
     hashed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class Traffic(Base):
+    """A running server's traffic as `tuner observe` learnt it: seconds at each number of
+    generating slots, and request lengths. One row per name; observing again adds to it."""
+
+    __tablename__ = "tuner_traffic"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    server: Mapped[str] = mapped_column(String(255))  # host:port of the URL (no credentials)
+    model: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(16))  # slots | metrics
+    n_slots: Mapped[int]
+    status: Mapped[str] = mapped_column(String(32))  # observing | complete
+    profile: Mapped[dict[str, Any]] = mapped_column(default=dict)  # TrafficProfile.to_dict()
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 T = TypeVar("T", bound=Base)
 
 

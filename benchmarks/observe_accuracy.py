@@ -1,0 +1,71 @@
+"""How close `tuner observe`'s histogram of generating slots is to the traffic offered.
+
+A bench llama-server (-np 8, the F32 target, plain) serves a load generator that runs a fixed
+cycle of rounds (1, 4, 2 and 6 streams, all starting together, 128 tokens each) for the whole
+run; `observe` polls /slots meanwhile. The offered histogram comes from the load generator's own
+first- and last-token times over the same seconds. Prints both histograms and their
+total-variation distance (target: at most 5 %).
+
+    .venv/bin/python benchmarks/observe_accuracy.py [--seconds 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tuner.bench import load_bench
+from tuner.bench.traffic import offer_cycle
+from tuner.measure.observe import generating_histogram, observe, total_variation
+from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.settings import Settings
+
+CYCLE = [(1, 128), (4, 128), (2, 128), (6, 128)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=120.0)
+    args = parser.parse_args()
+    bench = load_bench(Settings().bench_manifest_path)
+    config = LaunchConfig(
+        binary=bench.server,
+        model=bench.target,
+        n_parallel=8,
+        ctx_size=4096,
+        threads=2,
+        args=["--poll", "0"],
+    )
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ManagedServer(config, Path(tmp) / "server.log", start_timeout_s=120) as server,
+    ):
+        intervals: list[tuple[float, float]] = []
+        stop = threading.Event()
+        load = threading.Thread(
+            target=offer_cycle, args=(server.url, CYCLE, stop, intervals), daemon=True
+        )
+        load.start()
+        time.sleep(3.0)
+        started = time.perf_counter()
+        _, profile = observe(server.url, args.seconds, lambda *_: None, clock=time.perf_counter)
+        ended = time.perf_counter()
+        stop.set()
+        load.join(timeout=300)
+    offered = generating_histogram(intervals, started, ended)
+    total = sum(offered.values())
+    offered_shares = {k: v / total for k, v in sorted(offered.items())}
+    seen = profile.shares()
+    print(f"observed {profile.covered_s:.0f} s in {profile.samples} polls")
+    print("slots generating   offered   observed")
+    for k in sorted(set(offered_shares) | set(seen)):
+        print(f"{k:>16} {100 * offered_shares.get(k, 0):>8.1f}% {100 * seen.get(k, 0):>9.1f}%")
+    distance = total_variation(seen, offered_shares)
+    print(f"total-variation distance: {100 * distance:.1f} % (target: at most 5 %)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""`tuner observe`: learn a running llama-server's traffic without touching it.
+
+It polls `/slots` (how many slots are generating: processing with at least one token decoded;
+a slot still reading its prompt is not generating yet) every SAMPLE_INTERVAL_S over one kept-alive
+connection, and adds the time between two polls to the histogram bin of the count seen. Where
+`/slots` is off (`--no-slots`) it reads the `requests_processing` gauge from `/metrics` instead,
+which counts slots reading their prompt too (said so in the stored profile). From `/slots` it
+also records, per finished request, its prompt and output length.
+
+It never changes the server. When the server goes away it says so, keeps what it has, polls
+until the server is back and goes on; time without an answer counts nowhere. The profile is
+written to the database every FLUSH_S, so a kill loses at most that much.
+
+Pure parts (counting, the histogram and its distances) are functions and a dataclass here; the
+loop (`observe`) is the only part that does I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tuner.errors import ConfigError, ServerError
+from tuner.measure.metrics import parse_metrics
+from tuner.measure.plan import Observer, ProgressEvent, quiet
+
+SAMPLE_INTERVAL_S = 0.25  # 4 polls a second: slots change at request, not token, rate
+FLUSH_S = 10.0
+RETRY_S = 2.0
+SOURCE_SLOTS = "slots"
+SOURCE_METRICS = "metrics"
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+
+def slot_generating(slot: Mapping[str, Any]) -> bool:
+    """A slot is generating once it processes a request and has decoded a token."""
+    if not slot.get("is_processing"):
+        return False
+    nxt = slot.get("next_token") or [{}]
+    return int((nxt[0] if isinstance(nxt, list) and nxt else {}).get("n_decoded") or 0) > 0
+
+
+def generating_slots(slots: list[Mapping[str, Any]]) -> int:
+    return sum(slot_generating(s) for s in slots)
+
+
+@dataclass
+class TrafficProfile:
+    """Seconds spent at each number of generating slots, and the lengths of finished requests."""
+
+    n_slots: int
+    seconds: dict[int, float] = field(default_factory=dict)
+    prompt_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    samples: int = 0
+    source: str = SOURCE_SLOTS
+
+    def add(self, generating: int, dt: float) -> None:
+        self.seconds[generating] = self.seconds.get(generating, 0.0) + dt
+        self.samples += 1
+
+    @property
+    def covered_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def shares(self, busy_only: bool = False) -> dict[int, float]:
+        """Share of the time at each count (busy_only: of the time at least one generated)."""
+        items = {k: v for k, v in self.seconds.items() if k > 0 or not busy_only}
+        total = sum(items.values())
+        return {k: v / total for k, v in sorted(items.items())} if total > 0 else {}
+
+    def weights(self, n_parallel: int) -> dict[int, float]:
+        """Workload weights for the objective: the share of busy time at each 1..n_parallel
+        (the time nothing generates serves no tokens under any N)."""
+        shares = self.shares(busy_only=True)
+        return {c: shares.get(c, 0.0) for c in range(1, n_parallel + 1)}
+
+    def mean_generating(self) -> float:
+        total = self.covered_s
+        return sum(k * v for k, v in self.seconds.items()) / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        def summary(values: list[int]) -> dict[str, float] | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return {
+                "n": len(ordered),
+                "median": float(statistics.median(ordered)),
+                "p90": float(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]),
+                "max": float(ordered[-1]),
+            }
+
+        return {
+            "n_slots": self.n_slots,
+            "seconds": {str(k): v for k, v in sorted(self.seconds.items())},
+            "samples": self.samples,
+            "source": self.source,
+            "covered_s": self.covered_s,
+            "mean_generating": self.mean_generating(),
+            "prompt_tokens": summary(self.prompt_tokens),
+            "output_tokens": summary(self.output_tokens),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrafficProfile:
+        return cls(
+            n_slots=int(data["n_slots"]),
+            seconds={int(k): float(v) for k, v in (data.get("seconds") or {}).items()},
+            samples=int(data.get("samples") or 0),
+            source=str(data.get("source") or SOURCE_SLOTS),
+        )
+
+
+def total_variation(p: Mapping[int, float], q: Mapping[int, float]) -> float:
+    """Half the L1 distance between two distributions over counts (each summing to 1)."""
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
+
+
+def generating_histogram(
+    intervals: list[tuple[float, float]], start: float, end: float
+) -> dict[int, float]:
+    """Seconds at each number of overlapping (first token, last token) intervals within
+    [start, end]: what a load generator offered, to set beside what observe saw."""
+    events = sorted(
+        [(max(a, start), 1) for a, b in intervals if b > start and a < end]
+        + [(min(b, end), -1) for a, b in intervals if b > start and a < end]
+    )
+    seconds: dict[int, float] = {}
+    count, last = 0, start
+    for t, step in events:
+        seconds[count] = seconds.get(count, 0.0) + (t - last)
+        count, last = count + step, t
+    seconds[count] = seconds.get(count, 0.0) + (end - last)
+    return {k: v for k, v in seconds.items() if v > 0}
+
+
+@dataclass
+class FinishedRequests:
+    """Follows each slot's task from poll to poll; a task that left its slot has finished."""
+
+    current: dict[int, tuple[Any, int, int]] = field(default_factory=dict)  # slot: task, p, o
+
+    def update(self, slots: list[Mapping[str, Any]]) -> list[tuple[int, int]]:
+        """(prompt tokens, output tokens) of the requests seen finishing since the last poll."""
+        done = []
+        for slot in slots:
+            sid = int(slot.get("id", -1))
+            task = slot.get("id_task")
+            nxt = (slot.get("next_token") or [{}])[0]
+            seen = (int(slot.get("n_prompt_tokens") or 0), int(nxt.get("n_decoded") or 0))
+            before = self.current.get(sid)
+            if before is not None and before[0] != task:
+                # The slot took another request: the one followed ended after the last poll.
+                done.append(before[1:])
+                del self.current[sid]
+                before = None
+            if slot.get("is_processing"):
+                self.current[sid] = (task, *seen)
+            elif before is not None:
+                # Same request, now finished: the slot shows its final counts.
+                done.append(seen)
+                del self.current[sid]
+        return done
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ServerView:
+    """What observe learnt about the server when it attached."""
+
+    url: str
+    model: str
+    n_slots: int
+    source: str
+
+
+def _client(api_key: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # One connection, kept alive: observing must not load the server.
+    return httpx.Client(
+        headers=headers,
+        timeout=httpx.Timeout(5.0),
+        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+    )
+
+
+def attach_view(client: httpx.Client, url: str) -> ServerView:
+    """Check the URL is a llama-server this key may read, and which endpoint tells the slots."""
+    try:
+        response = client.get(f"{url}/props")
+    except httpx.HTTPError as exc:
+        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
+    if response.status_code == 401:
+        raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
+    try:
+        props = response.json() if response.status_code == 200 else None
+    except ValueError:
+        props = None
+    if not isinstance(props, dict) or "total_slots" not in props:
+        raise ServerError(
+            f"{url} is not a llama-server (GET /props answered HTTP {response.status_code} "
+            f"without total_slots)"
+        )
+    n_slots = int(props["total_slots"])
+    model = str(props.get("model_alias") or props.get("model_path") or "unknown").rsplit("/", 1)[-1]
+    slots = client.get(f"{url}/slots")
+    if slots.status_code == 200:
+        return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS)
+    metrics = client.get(f"{url}/metrics")
+    if metrics.status_code == 200:
+        return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_METRICS)
+    raise ServerError(
+        f"{url} exposes neither /slots (HTTP {slots.status_code}) nor /metrics (HTTP "
+        f"{metrics.status_code}): start llama-server with --slots or --metrics"
+    )
+
+
+def poll(client: httpx.Client, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:
+    """Generating slots now (and the slots, from /slots); raises httpx errors when gone."""
+    if view.source == SOURCE_SLOTS:
+        response = client.get(f"{view.url}/slots")
+        response.raise_for_status()
+        slots = response.json()
+        return generating_slots(slots), slots
+    response = client.get(f"{view.url}/metrics")
+    response.raise_for_status()
+    return int(parse_metrics(response.text).get("requests_processing", 0)), []
+
+
+def observe(
+    url: str,
+    duration_s: float,
+    save: Callable[[ServerView, TrafficProfile, bool], None],
+    observer: Observer = quiet,
+    *,
+    api_key: str | None = None,
+    interval_s: float = SAMPLE_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[ServerView, TrafficProfile]:
+    """Poll the server for duration_s; save(view, profile, final) every FLUSH_S and at the end
+    (also when interrupted: the caller's KeyboardInterrupt passes through after the save)."""
+    if duration_s <= 0:
+        raise ConfigError("--duration must be above 0")
+    url = url.rstrip("/")
+    with _client(api_key) as client:
+        view = attach_view(client, url)
+        profile = TrafficProfile(view.n_slots, source=view.source)
+        finished = FinishedRequests()
+        observer(
+            ProgressEvent(
+                "message",
+                text=f"observing {url} ({view.model}, {view.n_slots} slots) from /{view.source}"
+                f", every {interval_s * 1000:.0f} ms for {duration_s:.0f} s",
+            )
+        )
+        start = last = last_flush = clock()
+        gone_since: float | None = None
+        try:
+            while clock() - start < duration_s:
+                sleep(max(0.0, interval_s - (clock() - last)))
+                try:
+                    count, slots = poll(client, view)
+                except (httpx.HTTPError, ValueError) as exc:
+                    if gone_since is None:
+                        gone_since = clock()
+                        observer(
+                            ProgressEvent(
+                                "message",
+                                text=f"the server stopped answering ({exc.__class__.__name__}); "
+                                f"keeping {profile.covered_s:.0f} s observed, retrying every "
+                                f"{RETRY_S:.0f} s",
+                            )
+                        )
+                    sleep(RETRY_S)
+                    last = clock()
+                    continue
+                now = clock()
+                if gone_since is not None:
+                    observer(
+                        ProgressEvent(
+                            "message",
+                            text=f"the server is back after {now - gone_since:.0f} s; observing",
+                        )
+                    )
+                    gone_since = None
+                    finished = FinishedRequests()  # a restarted server numbers tasks anew
+                else:
+                    profile.add(count, now - last)
+                for prompt, output in finished.update(slots):
+                    profile.prompt_tokens.append(prompt)
+                    profile.output_tokens.append(output)
+                last = now
+                if now - last_flush >= FLUSH_S:
+                    save(view, profile, False)
+                    last_flush = now
+                    observer(
+                        ProgressEvent(
+                            "message",
+                            text=f"{profile.covered_s:.0f} s observed, mean "
+                            f"{profile.mean_generating():.2f} slots generating",
+                        )
+                    )
+        finally:
+            save(view, profile, True)
+    return view, profile
