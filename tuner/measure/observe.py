@@ -248,8 +248,8 @@ def observe(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[ServerView, TrafficProfile]:
-    """Poll the server for duration_s; save(view, profile, final) every FLUSH_S and at the end
-    (also when interrupted: the caller's KeyboardInterrupt passes through after the save)."""
+    """Poll the server for duration_s (or until Ctrl-C); save(view, profile, final) every
+    FLUSH_S and at the end."""
     if duration_s <= 0:
         raise ConfigError("--duration must be above 0")
     url = url.rstrip("/")
@@ -311,6 +311,9 @@ def observe(
                             f"{profile.mean_generating():.2f} slots generating",
                         )
                     )
+        except KeyboardInterrupt:
+            # Ctrl-C (or SIGTERM) is how an open-ended observation ends: keep what it has.
+            observer(ProgressEvent("message", text="stopped: saving what was observed"))
         finally:
             save(view, profile, True)
     return view, profile
