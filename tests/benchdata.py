@@ -118,6 +118,7 @@ def store_profile(
     weights: dict[str, float] | None = None,
     build_sha: str = "b" * 64,
     workload: dict[str, Any] | None = None,
+    depth: int = 0,
 ) -> int:
     """Store a completed profile run (plain/spec/max-slots-N levels, kernel rows) the way `tuner
     profile` does (Profiler.create_run, record_level, record_kernel); returns its run id."""
@@ -131,11 +132,13 @@ def store_profile(
                 "binary": "/bench/llama-server",
                 "model": "/bench/target.gguf",
                 "n_parallel": n_parallel,
+                "ctx_size": max(4096, (depth + 256) * n_parallel),
             },
             "speculative": {"args": [], "n_max": n_max},
             "workload": {
                 "concurrency": sorted({c for _, c, _ in levels}),
                 "weights": weights,
+                "context_tokens": [depth],
                 **(workload or {}),
             },
         }

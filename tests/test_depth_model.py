@@ -53,3 +53,58 @@ def test_a_held_out_depth_is_predicted_from_its_neighbours() -> None:
         tps_at_depth(models, Policy.plain(), LEVELS, 0),
         models[0].policy_tps(LEVELS, Policy.plain()),
     )
+
+
+def _deeper(factor_per_stream: float) -> list:
+    """The bench levels with every step slower by factor_per_stream per stream (a KV read
+    that grows with concurrency at depth)."""
+    from benchdata import BENCH_LEVELS
+
+    out = []
+    for config, c, reps in BENCH_LEVELS:
+        slow = 1.0 + factor_per_stream * c
+        out.append(
+            (config, c, [(tps / slow, acc, ms * slow, d, per) for tps, acc, ms, d, per in reps])
+        )
+    return out
+
+
+def test_recommend_answers_for_a_depth_it_did_not_measure_without_storing_it(tmp_path) -> None:
+    from benchdata import store_profile
+    from sqlalchemy import func, select
+
+    from tuner.decide.choice import ReasonCode
+    from tuner.decide.recommend import parse_context, recommend
+    from tuner.errors import ConfigError
+    from tuner.storage.engine import Store
+    from tuner.storage.orm import RecommendationRow
+
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    store_profile(store)
+    with pytest.raises(ConfigError, match="measured at one depth only"):
+        recommend(store, "smollm2-bench", "bench-host", context=1024)
+    store_profile(store, levels=_deeper(0.08), depth=2048)
+
+    def stored() -> int:
+        with store.session() as session:
+            return session.scalar(select(func.count()).select_from(RecommendationRow))
+
+    shallow = recommend(store, "smollm2-bench", "bench-host")
+    deep = recommend(store, "smollm2-bench", "bench-host", context=2048)
+    assert deep.fit_id != shallow.fit_id and stored() == 2
+    middle = recommend(store, "smollm2-bench", "bench-host", context=1024)
+    assert middle.made_now and stored() == 2  # derived: printed, not stored
+    assert middle.reasons[0].code is ReasonCode.DERIVED_DEPTH
+    plain = {r.concurrency: r.plain for r in middle.table}
+    for rows in (shallow.table, deep.table):
+        assert all(r.plain for r in rows)
+    # the middle depth's plain speed lies between the measured depths' at every level
+    for lo, hi in zip(shallow.table, deep.table, strict=True):
+        assert min(lo.plain, hi.plain) <= plain[lo.concurrency] <= max(lo.plain, hi.plain)
+    mix = recommend(store, "smollm2-bench", "bench-host", context=parse_context("0:0.5,2048:0.5"))
+    assert mix.made_now and stored() == 2
+    assert parse_context("4096") == 4096
+    for bad in ("-1", "deep", "0:x", "0:0,10:0"):
+        with pytest.raises(ConfigError, match="--context"):
+            parse_context(bad)
+    store.dispose()

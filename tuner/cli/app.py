@@ -424,7 +424,15 @@ def recommend(
     ] = None,
     fit_id: FitOption = None,
     seed: SeedOption = 0,
-    context: ContextOption = None,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            help="context depth in tokens per stream (4096), or a mix of depths and shares "
+            "(0:0.5,8192:0.5); a depth not measured is interpolated between measured ones "
+            "(printed, not stored); default the shallowest measured",
+        ),
+    ] = None,
     traffic: Annotated[
         str | None,
         typer.Option(
@@ -438,6 +446,7 @@ def recommend(
     `eval "export $(tuner recommend --model M)"` sets it in a shell. The table and the reasons go
     to stderr (with --explain, to stdout after the line).
     """
+    from tuner.decide.recommend import parse_context
     from tuner.decide.recommend import recommend as make_recommendation
 
     name, explicit = model_host(host)
@@ -450,7 +459,7 @@ def recommend(
         min_single_stream=min_single_stream,
         seed=seed,
         fit_id=fit_id,
-        context=context,
+        context=parse_context(context) if context is not None else None,
         traffic=traffic,
     )
     typer.echo(rec.render(output))

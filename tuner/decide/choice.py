@@ -41,6 +41,7 @@ class ReasonCode(StrEnum):
     LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
     PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
     TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
+    DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths
     UNCODED = "uncoded"  # stored before reasons had codes
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +19,13 @@ from tuner.decide import search
 from tuner.decide.choice import Reason, ReasonCode, choose
 from tuner.decide.recommendation import Recommendation, TableRow
 from tuner.errors import ConfigError
+from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
 from tuner.storage import recommendations
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
-from tuner.storage.fits import StoredFit, current_fit
+from tuner.storage.fits import StoredFit, current_fit, select_data
 
 
 def recommend(
@@ -36,17 +38,24 @@ def recommend(
     min_single_stream: float | None = None,
     seed: int = 0,
     fit_id: int | None = None,
-    context: int | None = None,
+    context: int | Mapping[int, float] | None = None,
     traffic: str | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
-    context: the depth whose measurements to use (default the shallowest). traffic: weight the
-    objective by an observed traffic profile (share of busy time at each number of generating
-    slots) instead of the spec's workload weights.
+
+    context: the context depth whose measurements to use (default the shallowest), or a mix
+    {depth: share of time}. A depth that was not measured, or a mix, is answered by a model
+    combined from the fits at the measured depths (tuner.model.depth); that answer rests on no
+    measured level of its own, so it is printed, not stored. traffic: weight the objective by
+    an observed traffic profile (share of busy time at each number of generating slots)
+    instead of the spec's workload weights.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
     """
+    mix = {context: 1.0} if isinstance(context, int) else dict(context or {})
+    depths = measured_depths(store, model, host, host_explicit) if mix else [0]
+    derived = bool(mix) and (len(mix) > 1 or next(iter(mix)) not in depths)
     stored = current_fit(
         store,
         model,
@@ -54,15 +63,38 @@ def recommend(
         host_explicit=host_explicit,
         fit_id=fit_id,
         seed=seed,
-        context=context,
+        context=None if derived or not mix else next(iter(mix)),
     )
-    if not tune_n_max and min_single_stream is None and traffic is None:
+    if not tune_n_max and min_single_stream is None and traffic is None and not derived:
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
     cm = stored.model
-    source = stored.weights
+    measured_gains = stored.quality.measured_gains()
+    measured_levels = stored.measured
     reasons_first: list[Reason] = []
+    if derived:
+        if len(depths) < 2:
+            raise ConfigError(
+                f"--context {format_mix(mix)}: model {model!r} was measured at one depth only "
+                f"({depths[0]}); a depth it did not measure needs two measured depths to "
+                f"interpolate between (`workload.context_tokens`)"
+            )
+        fits = {
+            d: current_fit(store, model, host, host_explicit=host_explicit, seed=seed, context=d)
+            for d in depths
+        }
+        cm = depth_model.mixed({d: f.model for d, f in fits.items()}, mix)
+        measured_gains, measured_levels = {}, {}
+        reasons_first.append(
+            Reason(
+                ReasonCode.DERIVED_DEPTH,
+                f"context {format_mix(mix)}: predicted from the fits at depths "
+                f"{', '.join(map(str, depths))} (time per token linear in depth between them); "
+                "no level was measured there, so this answer is not stored",
+            )
+        )
+    source = stored.weights
     if traffic is not None:
         profile = traffic_store.load(store, traffic)
         source = {str(c): w for c, w in profile.weights(cm.n_parallel).items()}
@@ -81,6 +113,7 @@ def recommend(
         what = f"traffic {traffic!r}" if traffic else f"workload weights of {model}"
         raise ConfigError(f"{what}: {exc}") from exc
     options = {
+        "context": {str(d): w for d, w in sorted(mix.items())} if derived else None,
         "traffic": traffic,
         "tune_n_max": tune_n_max,
         "min_single_stream": min_single_stream,
@@ -110,7 +143,7 @@ def recommend(
             f"no setting reaches --min-single-stream {min_single_stream:g} tok/s "
             f"(the best the model predicts at 1 stream is {best_single:.1f})"
         ) from exc
-    choice = choose(cm, result, stored.quality.measured_gains())
+    choice = choose(cm, result, measured_gains)
     choice.reasons[:0] = reasons_first
     if stored.host_note:
         choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
@@ -130,13 +163,52 @@ def recommend(
         trials=result.trials,
         reasons=choice.reasons,
         measure_next=choice.measure_next,
-        table=prediction_table(cm, choice.policy, stored.measured),
+        table=prediction_table(cm, choice.policy, measured_levels),
         alternatives=choice.alternatives,
     )
+    if derived:
+        rec.made_now = True
+        return rec
     recommendations.save(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
     return rec
+
+
+def measured_depths(
+    store: Store, model: str, host: str | None, host_explicit: bool = False
+) -> list[int]:
+    """The context depths the model's current data were measured at."""
+    return select_data(store, model, host, host_explicit)[1].depths
+
+
+def format_mix(mix: Mapping[int, float]) -> str:
+    if len(mix) == 1:
+        return f"{next(iter(mix))} tokens"
+    total = sum(mix.values())
+    return ", ".join(f"{d}: {w / total:.0%}" for d, w in sorted(mix.items()))
+
+
+def parse_context(text: str) -> int | dict[int, float]:
+    """`4096` (one depth) or `0:0.5,8192:0.5` (depth: share of time)."""
+    try:
+        if ":" not in text:
+            depth = int(text)
+            if depth < 0:
+                raise ValueError
+            return depth
+        mix = {}
+        for part in text.split(","):
+            d, w = part.split(":")
+            mix[int(d)] = float(w)
+        if any(d < 0 for d in mix) or any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+            raise ValueError
+        return mix
+    except ValueError:
+        raise ConfigError(
+            f"--context {text!r}: expected a depth in tokens (4096) or a mix of depths and "
+            "shares (0:0.5,8192:0.5)"
+        ) from None
 
 
 @dataclass

@@ -4,12 +4,16 @@ Every decode step reads the KV cache of every generating slot, so at a given con
 step time, and with it the time per generated token, grows about linearly with the depth the
 streams hold. Given cost models fitted at measured depths, the time per token of a policy at
 another depth is interpolated linearly between the two nearest measured depths (extrapolated
-from the two nearest on one side beyond them). Pure: numpy over fitted models.
+from the two nearest on one side beyond them). A mix of depths (the share of time the server
+spends at each) averages the depths' throughputs. `CombinedCostModel` presents either as a cost
+model, replicates included, so recommend's search and choice run on it unchanged. Pure: numpy
+over fitted models.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,10 +39,78 @@ def tps_at_depth(
     models: Mapping[int, CostModel], policy: Policy, concurrency: Sequence[int], depth: int
 ) -> np.ndarray:
     """Predicted aggregate tok/s of policy at each concurrency, at a context depth."""
+    return model_at(models, depth).policy_tps(np.asarray(concurrency, dtype=float), policy)
+
+
+class CombinedCostModel(CostModel):
+    """A cost model made of models fitted at measured depths, for a depth that was not
+    measured or a mix of depths. Every throughput is combined from its parts' at the same
+    concurrency: `harmonic` (time per token interpolated in depth, weights may reach beyond
+    0..1 to extrapolate) or arithmetic (a mix: the share of time spent at each depth). Replicate
+    i combines the parts' replicates i, so intervals and the search's spread carry over."""
+
+    def __init__(self, parts: Sequence[CostModel], weights: Sequence[float], harmonic: bool):
+        first = parts[0]
+        super().__init__(
+            first.n_parallel,
+            first.n_max,
+            first.plain,
+            first.spec,
+            first.acceptance,
+            first.verify,
+            [],
+            first.interval,
+            first.version,
+            first.threshold_overhead,
+            first.threshold_rows,
+        )
+        self.parts, self.weights, self.harmonic = list(parts), list(weights), harmonic
+
+    def _combine(self, values: list[np.ndarray]) -> np.ndarray:
+        if self.harmonic:
+            per_token = sum(w / v for w, v in zip(self.weights, values, strict=True))
+            return 1.0 / np.asarray(per_token)
+        return np.asarray(sum(w * v for w, v in zip(self.weights, values, strict=True)))
+
+    def n_values(self) -> list[int]:
+        return sorted(set.intersection(*(set(p.n_values()) for p in self.parts)))
+
+    def plain_tps(self, c: Any) -> np.ndarray:
+        return self._combine([p.plain_tps(c) for p in self.parts])
+
+    def spec_tps(self, c: Any, n: int | None = None) -> np.ndarray:
+        return self._combine([p.spec_tps(c, n) for p in self.parts])
+
+    def threshold_tps(self, c: Any) -> np.ndarray:
+        return self._combine([p.threshold_tps(c) for p in self.parts])
+
+    @property
+    def replicate_models(self) -> list[CostModel]:  # type: ignore[override]
+        reps = [p.replicate_models for p in self.parts]
+        if not all(reps) or len({len(r) for r in reps}) != 1:
+            return []
+        return [
+            CombinedCostModel(list(group), self.weights, self.harmonic)
+            for group in zip(*reps, strict=True)
+        ]
+
+
+def model_at(models: Mapping[int, CostModel], depth: int) -> CostModel:
+    """The model at a depth: the fitted one where it was measured, else interpolated (time per
+    token linear in depth) from the two nearest measured depths."""
     if depth in models:
-        return models[depth].policy_tps(concurrency, policy)
+        return models[depth]
     lo, hi = bracket(list(models), depth)
-    per_token_lo = 1.0 / models[lo].policy_tps(concurrency, policy)
-    per_token_hi = 1.0 / models[hi].policy_tps(concurrency, policy)
     t = (depth - lo) / (hi - lo)
-    return 1.0 / (per_token_lo + t * (per_token_hi - per_token_lo))
+    return CombinedCostModel([models[lo], models[hi]], [1.0 - t, t], harmonic=True)
+
+
+def mixed(models: Mapping[int, CostModel], mix: Mapping[int, float]) -> CostModel:
+    """The model of a mix of depths (depth: share of time), each at its own model_at."""
+    total = sum(mix.values())
+    if len(mix) == 1:
+        return model_at(models, next(iter(mix)))
+    depths = sorted(mix)
+    return CombinedCostModel(
+        [model_at(models, d) for d in depths], [mix[d] / total for d in depths], harmonic=False
+    )
