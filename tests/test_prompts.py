@@ -193,7 +193,7 @@ def test_a_fit_never_mixes_two_prompt_sets(tmp_path: Path) -> None:
     from benchdata import store_profile
 
     from tuner.storage.engine import Store
-    from tuner.storage.fits import select_data
+    from tuner.storage.fits import acceptance_by_prompt_set, select_data
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     code = {"prompts": "/p/code.jsonl", "prompts_sha256": "c" * 64}
@@ -206,6 +206,10 @@ def test_a_fit_never_mixes_two_prompt_sets(tmp_path: Path) -> None:
     third = store_profile(store, workload=code)
     _, selection = select_data(store, "smollm2-bench", None)
     assert selection.run_ids == [first, third]
+    # Acceptance is shown per prompt set, each from its own runs.
+    by_set = acceptance_by_prompt_set(store, "smollm2-bench")
+    assert sorted(by_set) == ["prompts code.jsonl (cccccccc)", "prompts prose.jsonl (dddddddd)"]
+    assert all(3.0 < v < 4.5 for v in by_set.values()), by_set  # the bench table's spec levels
     store.dispose()
 
 

@@ -352,19 +352,21 @@ def fit(
 ) -> None:
     """Fit the cost model (step time + acceptance) to a model's results and store it; with
     several context depths measured, also the crossover at each."""
-    from tuner.storage.fits import crossovers_by_depth, fit_model
+    from tuner.storage.fits import acceptance_by_prompt_set, crossovers_by_depth, fit_model
 
     name, explicit = model_host(host)
     store = open_store()
     stored = fit_model(store, model, name, host_explicit=explicit, seed=seed, context=context)
     by_depth = crossovers_by_depth(store, model, name, host_explicit=explicit, seed=seed)
+    by_set = acceptance_by_prompt_set(store, model)
     note(stored.host_note)
     if output is TableFormat.JSON:
         data = stored.as_dict()
         data["crossover_by_depth"] = {str(d): x.to_dict() for d, x in by_depth.items()}
+        data["acceptance_by_prompt_set"] = by_set
         typer.echo(json.dumps(data, default=str))
     else:
-        render.fit(stored, by_depth)
+        render.fit(stored, by_depth, by_set)
 
 
 @app.command()

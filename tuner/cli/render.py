@@ -63,7 +63,11 @@ def points(title: str, levels: list[LevelPoint]) -> None:
     out.print(table)
 
 
-def fit(stored: StoredFit, by_depth: Mapping[int, Crossover] | None = None) -> None:
+def fit(
+    stored: StoredFit,
+    by_depth: Mapping[int, Crossover] | None = None,
+    by_prompt_set: Mapping[str, float] | None = None,
+) -> None:
     """`tuner fit`: where the data came from, then the fit quality table, then (with several
     depths measured) the crossover at each depth."""
     inputs = stored.inputs
@@ -87,6 +91,12 @@ def fit(stored: StoredFit, by_depth: Mapping[int, Crossover] | None = None) -> N
     out.print(rich_table(table))
     for line in table.notes:
         out.print(line, highlight=False)
+    if by_prompt_set:
+        out.print(
+            "acceptance by prompt set (always draft, tokens per stream per step, median over "
+            "levels): " + "; ".join(f"{name}: {v:.2f}" for name, v in by_prompt_set.items()),
+            highlight=False,
+        )
     if by_depth:
         out.print(
             "crossover by context depth: "

@@ -125,6 +125,11 @@ def _data_lines(facts: Facts, inputs: dict[str, Any]) -> list[str]:
             f"- crossover at depth {depth}: {_md(text)}"
             for depth, text in (inputs.get("crossover_by_depth") or {}).items()
         ),
+        *(
+            f"- acceptance with {_md(name)}: {value:.2f} tokens per stream per step (always "
+            "draft, median over levels)"
+            for name, value in (inputs.get("acceptance_by_prompt_set") or {}).items()
+        ),
         "- workload weights: "
         + (
             ", ".join(f"{k} streams: {v:g}" for k, v in sorted(weights.items(), key=_weight_key))

@@ -24,7 +24,12 @@ from tuner.report.series import report_data
 from tuner.report.summary import Facts, RunFact, render_summary
 from tuner.storage import validations
 from tuner.storage.engine import Store
-from tuner.storage.fits import StoredFit, crossovers_by_depth, current_fit
+from tuner.storage.fits import (
+    StoredFit,
+    acceptance_by_prompt_set,
+    crossovers_by_depth,
+    current_fit,
+)
 from tuner.storage.orm import Fit, Run
 from tuner.storage.queries import LevelPoint, model_points, run_points
 
@@ -44,6 +49,7 @@ class ReportInputs:
     validation: ValidationReport | None = None
     validation_problem: str | None = None
     crossover_by_depth: dict[int, Crossover] = field(default_factory=dict)
+    acceptance_by_prompt_set: dict[str, float] = field(default_factory=dict)
 
 
 def _facts(store: Store, fit_id: int, run_ids: Sequence[int]) -> Facts:
@@ -163,7 +169,17 @@ def load_inputs(
         )
     facts = _facts(store, fit.id, sorted(run_ids))
     by_depth = crossovers_by_depth(store, model, host, host_explicit=host_explicit, seed=seed)
-    return ReportInputs(fit, rec, points, validation_runs, facts, validation, problem, by_depth)
+    return ReportInputs(
+        fit,
+        rec,
+        points,
+        validation_runs,
+        facts,
+        validation,
+        problem,
+        by_depth,
+        acceptance_by_prompt_set(store, model),
+    )
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -243,6 +259,7 @@ def write_report(
             "crossover_by_depth": {
                 d: tables.crossover_text(x) for d, x in inputs.crossover_by_depth.items()
             },
+            "acceptance_by_prompt_set": inputs.acceptance_by_prompt_set,
         },
         inputs.validation,
         inputs.validation_problem,

@@ -456,3 +456,23 @@ def crossovers_by_depth(
         ).model.crossover()
         for depth in selection.depths
     }
+
+
+def acceptance_by_prompt_set(store: Store, model: str) -> dict[str, float]:
+    """Tokens per stream per step of always-draft levels, median per prompt set the model's
+    runs measured (the workload named as `tuner fit` names it): how acceptance follows the
+    text. Empty when only one prompt set was measured."""
+    by_set: dict[str, list[float]] = {}
+    with store.session() as session:
+        runs = session.scalars(select(Run).join(Model).where(Model.name == model)).all()
+        for run in runs:
+            name = workload_of(run.spec or {})
+            if name is None:
+                continue
+            for level in run.levels:
+                policy = level.policy
+                if level.status == "completed" and policy and policy.is_always and level.accept_len:
+                    by_set.setdefault(name.split(",")[0], []).append(float(level.accept_len))
+    if len(by_set) < 2:
+        return {}
+    return {name: float(np.median(values)) for name, values in sorted(by_set.items())}
