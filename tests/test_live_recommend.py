@@ -260,3 +260,41 @@ def test_tune_n_max_measures_draft_lengths_live(
         f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={report['standing']}",
         f"LLAMA_ARG_SPEC_DRAFT_N_MAX={report['standing_n_max']}",
     ]
+
+
+def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals(
+    bench_profile: ProfiledBench, tmp_path: Path
+) -> None:
+    from tuner.decide.openloop import stored_results
+
+    db_url = copy_db(bench_profile, tmp_path)
+    env = tuner_env(db_url, tmp_path / "cache")
+    report = _live_json(
+        env,
+        "validate",
+        "--model",
+        MODELS["bench_profile"],
+        "--arrivals",
+        "poisson",
+        "--rate",
+        "0.5,4",
+        "--window",
+        "12s",
+        "--set",
+        "workload.max_tokens=48",
+    )
+    results = report["results"]
+    assert set(results) == {"0.5", "4.0"}
+    configs = set(results["0.5"])
+    assert {"plain", "spec"} <= configs and len(configs) >= 4  # and N, its neighbours
+    for by_config in results.values():
+        for f in by_config.values():
+            assert f["completed"] == f["offered"] > 0 and f["failed"] == 0
+            assert f["ttft_ms"][0] > 0 and f["tpot_ms"][0] <= f["tpot_ms"][1] <= f["tpot_ms"][2]
+    # Eight times the arrivals keep more slots generating, whatever the machine's speed.
+    for config in configs:
+        assert results["4.0"][config]["mean_generating"] > results["0.5"][config]["mean_generating"]
+    # Stored as shown.
+    stored = stored_results(Store(db_url), report["run_id"])
+    assert {str(rate) for rate in stored} == set(results)
+    assert stored[4.0]["plain"].offered == results["4.0"]["plain"]["offered"]

@@ -525,15 +525,67 @@ def validate(
     overrides: OverridesOption = None,
     output: TableFormatOption = TableFormat.TABLE,
     skip_preflight: SkipPreflightOption = False,
+    arrivals: Annotated[
+        str | None,
+        typer.Option(
+            "--arrivals",
+            help="poisson: open loop, requests arriving at random at each --rate instead of "
+            "closed levels of streams that start together",
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None, typer.Option(help="open loop: arrival rates, requests per second, e.g. 0.5,1,2")
+    ] = None,
+    window: Annotated[
+        str, typer.Option(help="open loop: arrivals per configuration and rate, e.g. 60s or 2m")
+    ] = "60s",
+    seed: SeedOption = 0,
 ) -> None:
     """Measure the recommended N, N-1, N+1, 0 (always draft) and plain live; report regret, and
     the recommendation that stands once these points are part of the fit.
+
+    With --arrivals poisson --rate R1,R2: the same configurations under open-loop load (seeded
+    Poisson arrivals, output lengths from the profile's workload): throughput, TTFT and time per
+    output token at p50/p95/p99, mean generating slots, per rate.
 
     Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
     model's newest profile. The new points are stored and feed the next `tuner fit`.
     """
     from tuner.decide.validate import validate as run_validation
 
+    if arrivals is not None or rate is not None:
+        if arrivals != "poisson":
+            raise ConfigError(f"--arrivals {arrivals!r}: poisson is the arrival process offered")
+        if not rate:
+            raise ConfigError("--arrivals poisson needs --rate, e.g. --rate 0.5,1,2")
+        from tuner.decide.openloop import check_options, validate_open_loop
+
+        try:
+            rates = [float(r) for r in rate.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"--rate {rate!r}: expected requests per second, e.g. 0.5,1,2"
+            ) from None
+        window_s = duration_option(window, "--window")
+        check_options(rates, window_s)
+        with terminate_as_interrupt(), ProgressDisplay() as display:
+            open_report = validate_open_loop(
+                open_store(),
+                model,
+                this_host(),
+                settings().log_dir,
+                display,
+                rates=rates,
+                window_s=window_s,
+                seed=seed,
+                overrides=parsed_overrides(overrides),
+                skip_preflight=skip_preflight,
+            )
+        if output is TableFormat.JSON:
+            typer.echo(json.dumps(open_report.as_dict(), default=str))
+        else:
+            render.open_loop(open_report)
+        return
     with terminate_as_interrupt(), ProgressDisplay() as display:
         report = run_validation(
             open_store(),

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
+from tuner.decide.openloop import OpenLoopReport
 from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
@@ -256,3 +257,31 @@ def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
         highlight=False,
         markup=False,
     )
+
+
+def open_loop(report: OpenLoopReport) -> None:
+    """Per arrival rate: each configuration's throughput, latencies and occupancy."""
+    for rate, by_config in report.results.items():
+        table = Table(
+            title=f"open loop, run {report.run_id}: Poisson arrivals at {rate:g}/s for "
+            f"{report.window_s:.0f} s (recommended N={report.recommendation.max_slots})"
+        )
+        for column in (
+            "config",
+            "done",
+            "tok/s",
+            "TTFT p50/p95 ms",
+            "TPOT p50/p95/p99 ms",
+            "generating",
+        ):
+            table.add_column(column, justify="left" if column == "config" else "right")
+        for config, f in by_config.items():
+            table.add_row(
+                config,
+                f"{f.completed}/{f.offered}",
+                f"{f.tokens_per_second:.1f}",
+                f"{f.ttft_ms[0]:.0f} / {f.ttft_ms[1]:.0f}",
+                f"{f.tpot_ms[0]:.1f} / {f.tpot_ms[1]:.1f} / {f.tpot_ms[2]:.1f}",
+                f"{f.mean_generating:.2f}",
+            )
+        out.print(table)

@@ -244,10 +244,20 @@ class LoadGenerator:
         return Request(COMPLETION_PATH, {"prompt": text, "n_predict": max_tokens, **common})
 
     async def _one(
-        self, client: httpx.AsyncClient, stream: int, request: Request, barrier: asyncio.Barrier
+        self,
+        client: httpx.AsyncClient,
+        stream: int,
+        request: Request,
+        barrier: asyncio.Barrier | None,
+        at: float | None = None,
     ) -> RequestSample:
+        """One request, released by the barrier (closed loop) or at perf_counter time `at`
+        (open loop)."""
         sample = RequestSample(stream=stream)
-        await barrier.wait()
+        if barrier is not None:
+            await barrier.wait()
+        if at is not None:
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
         sample.start = time.perf_counter()
         try:
             if self.workload.stream:
@@ -329,6 +339,40 @@ class LoadGenerator:
                     *(self._one(client, i, requests[i], barrier) for i in range(concurrency))
                 )
             )
+
+    async def run_arrivals_async(
+        self, offsets: list[float], round_key: int = 0, max_connections: int = 64
+    ) -> tuple[float, list[RequestSample]]:
+        """Open loop: request i starts offsets[i] seconds after the start, whether or not the
+        earlier ones finished (one shared client). Returns the start (perf_counter) and the
+        samples; failures are in the samples."""
+        timeout = httpx.Timeout(
+            connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=None
+        )
+        limits = httpx.Limits(max_connections=max_connections)
+        async with httpx.AsyncClient(
+            timeout=timeout, limits=limits, headers=self.headers
+        ) as client:
+            try:
+                # Prompts and lengths are drawn per request, keyed by its index in the schedule.
+                requests = [
+                    await self._request(client, 0, round_key, i) for i in range(len(offsets))
+                ]
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
+            start = time.perf_counter() + 0.05
+            samples = await asyncio.gather(
+                *(
+                    self._one(client, i, requests[i], None, start + off)
+                    for i, off in enumerate(offsets)
+                )
+            )
+            return start, list(samples)
+
+    def run_arrivals(
+        self, offsets: list[float], round_key: int = 0
+    ) -> tuple[float, list[RequestSample]]:
+        return asyncio.run(self.run_arrivals_async(offsets, round_key))
 
     def run(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
         """One round at a concurrency; round_key picks the round's prompts and lengths."""

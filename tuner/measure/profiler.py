@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,7 +339,7 @@ class Profiler:
         level = self._level_row(config, concurrency, depth)
         repeats = list(level.metrics.get("repeats", []))
         next_repeat = max((r["repeat"] for r in repeats), default=-1) + 1
-        generator = LoadGenerator(server_url, self._workload(depth), api_key=self.api_key)
+        generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
         headers = generator.headers
         done_before = len(repeats)
         where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
@@ -414,7 +414,7 @@ class Profiler:
             return str(server.died(where, detail))
         return f"{server.name} stopped answering {where}: {detail}"
 
-    def _workload(self, depth: int = 0) -> Workload:
+    def request_workload(self, depth: int = 0) -> Workload:
         w = self.spec.workload
         if w.prompts is not None and self._prompt_set is None:
             self._prompt_set = load_prompts(w.prompts)
@@ -458,6 +458,13 @@ class Profiler:
     ) -> None:
         """Launch the policy's server and measure the levels on it (one repeat each in a pass):
         concurrencies at the profiler's depth, or (depth, concurrency) cells."""
+        with self.launched(policy, pass_index) as server:
+            for depth, concurrency in self._cells(levels):
+                self.run_level(server.url, policy, concurrency, server, pass_index, depth)
+
+    @contextlib.contextmanager
+    def launched(self, policy: Policy, pass_index: int | None = None) -> Iterator[ManagedServer]:
+        """The policy's server, started, checked and warmed up; stopped on leaving."""
         name = self.level_name(policy)
         log = self.log_dir / f"run-{self.run_id}" / f"{name}.log"
         # A new log per launch: earlier launches of the same config (resume) stay readable.
@@ -484,8 +491,7 @@ class Profiler:
             props = server.props()
             self._check_props(props)
             self.warm_up(server.url, server)
-            for depth, concurrency in self._cells(levels):
-                self.run_level(server.url, policy, concurrency, server, pass_index, depth)
+            yield server
 
     def _cells(self, levels: Sequence[int | Cell]) -> list[Cell]:
         return [(self.depth, c) if isinstance(c, int) else c for c in levels]

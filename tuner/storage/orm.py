@@ -254,6 +254,21 @@ class FileHash(Base):
     hashed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class OpenLoopResult(Base):
+    """One configuration under one Poisson arrival rate in an open-loop validation run."""
+
+    __tablename__ = "tuner_openloop"
+    __table_args__ = (UniqueConstraint("run_id", "config", "rate"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
+    config: Mapped[str] = mapped_column(String(64))
+    max_slots: Mapped[int | None]
+    rate: Mapped[float] = mapped_column(Float)
+    figures: Mapped[dict[str, Any]] = mapped_column(default=dict)  # OpenLoopFigures.to_dict()
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Traffic(Base):
     """A running server's traffic as `tuner observe` learnt it: seconds at each number of
     generating slots, and request lengths. One row per name; observing again adds to it."""

@@ -1,0 +1,159 @@
+"""`tuner validate --arrivals poisson --rate R1,R2,...`: the recommendation under open-loop load.
+
+For each rate, every configuration validate checks (plain, always draft, the recommended N and
+its neighbours) is launched in turn (alternating order from rate to rate) and serves the same
+seeded Poisson arrivals for the window, output lengths from the profile's workload. Per
+configuration and rate it stores throughput, TTFT and time per output token at p50/p95/p99 and
+the mean number of generating slots (tuner.measure.openloop), in `tuner_openloop` with a run of
+kind "openloop".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from tuner.decide import recommend, validate
+from tuner.decide.recommendation import Recommendation
+from tuner.errors import ConfigError, LoadError
+from tuner.measure.load import LoadGenerator
+from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
+from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.measure.spec import ProfileSpec
+from tuner.policy import Policy
+from tuner.storage.engine import Store
+from tuner.storage.orm import OpenLoopResult
+
+
+@dataclass
+class OpenLoopReport:
+    """What an open-loop validation measured: per rate, per configuration, its figures."""
+
+    run_id: int
+    recommendation: Recommendation
+    window_s: float
+    results: dict[float, dict[str, OpenLoopFigures]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "recommended": self.recommendation.max_slots,
+            "window_s": self.window_s,
+            "results": {
+                str(rate): {config: f.to_dict() for config, f in by_config.items()}
+                for rate, by_config in self.results.items()
+            },
+        }
+
+
+def check_options(rates: list[float], window_s: float) -> None:
+    """Rates above 0 and a window above 0, before anything starts."""
+    if not rates or any(r <= 0 for r in rates):
+        raise ConfigError(f"--rate: every arrival rate must be above 0 (got {rates})")
+    if window_s <= 0:
+        raise ConfigError("--window must be above 0")
+
+
+def validate_open_loop(
+    store: Store,
+    model: str,
+    host: str,
+    log_dir: Path,
+    observer: Observer = quiet,
+    *,
+    rates: list[float],
+    window_s: float = 60.0,
+    seed: int = 0,
+    overrides: list[tuple[str, Any]] | None = None,
+    skip_preflight: bool = False,
+) -> OpenLoopReport:
+    """Measure the standing recommendation and its neighbours under Poisson arrivals."""
+    check_options(rates, window_s)
+    rec = recommend.standing(store, model, host)
+    stored_spec = validate.profile_spec_of(store, model, host)
+    spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides)
+    spec = ProfileSpec.model_validate(
+        {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-openloop"}
+    )
+    policies = validate.candidates(rec.max_slots, spec.server.n_parallel)
+    profiler = validate.open_live_run(
+        store,
+        spec,
+        model,
+        host,
+        rec,
+        "openloop",
+        policies,
+        log_dir,
+        observer,
+        skip_preflight=skip_preflight,
+    )
+    assert profiler.run_id is not None
+    report = OpenLoopReport(profiler.run_id, rec, window_s)
+
+    def body() -> None:
+        for k, rate in enumerate(rates):
+            offsets = poisson_offsets(rate, window_s, seed)
+            order = policies if k % 2 == 0 else list(reversed(policies))
+            for policy in order:
+                figures = _one(profiler, policy, rate, offsets, k, observer)
+                report.results.setdefault(rate, {})[policy.config_name] = figures
+
+    profiler.guarded(body)
+    return report
+
+
+def _one(
+    profiler: Any,
+    policy: Policy,
+    rate: float,
+    offsets: list[float],
+    round_key: int,
+    observer: Observer,
+) -> OpenLoopFigures:
+    observer(
+        ProgressEvent(
+            "message",
+            text=f"{policy.config_name}: {len(offsets)} Poisson arrivals at {rate:g}/s",
+        )
+    )
+    with profiler.launched(policy) as server:
+        generator = LoadGenerator(server.url, profiler.request_workload(), api_key=profiler.api_key)
+        _, samples = generator.run_arrivals(offsets, round_key)
+    figures = summarize_open_loop(samples, rate)
+    if figures.failed:
+        first = next(s.error for s in samples if not s.ok)
+        raise LoadError(
+            f"{figures.failed} of {figures.offered} requests failed under {policy.config_name} "
+            f"at {rate:g}/s ({first})"
+        )
+    with profiler.store.session() as session:
+        session.add(
+            OpenLoopResult(
+                run_id=profiler.run_id,
+                config=policy.config_name,
+                max_slots=policy.max_slots,
+                rate=rate,
+                figures=figures.to_dict(),
+            )
+        )
+    observer(
+        ProgressEvent(
+            "message",
+            text=f"  {policy.config_name} at {rate:g}/s: {figures.tokens_per_second:.1f} tok/s, "
+            f"TPOT p95 {figures.tpot_ms[1]:.1f} ms, {figures.mean_generating:.2f} generating",
+        )
+    )
+    return figures
+
+
+def stored_results(store: Store, run_id: int) -> dict[float, dict[str, OpenLoopFigures]]:
+    """An open-loop run's figures as stored."""
+    out: dict[float, dict[str, OpenLoopFigures]] = {}
+    with store.session() as session:
+        for row in session.scalars(select(OpenLoopResult).where(OpenLoopResult.run_id == run_id)):
+            out.setdefault(row.rate, {})[row.config] = OpenLoopFigures.from_dict(row.figures)
+    return out

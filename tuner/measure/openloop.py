@@ -1,0 +1,101 @@
+"""Open-loop load: requests arrive as a seeded Poisson process, whether or not earlier ones have
+finished, as a served box sees them; and the pure summary serving benchmarks report (vLLM's
+benchmark_serving): throughput, time to first token and time per output token at p50/p95/p99,
+and how many slots were generating on average.
+
+Slots coming and going at random is where `--spec-draft-max-slots` shows what it does (no new
+drafts while more than N generate; a draft in flight is still used), which closed loops of
+streams that start together cannot show.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.measure.load import RequestSample
+from tuner.measure.observe import generating_histogram
+
+
+def poisson_offsets(rate_per_s: float, duration_s: float, seed: int) -> list[float]:
+    """Arrival times (seconds from the start) of a Poisson process of this rate, seeded: every
+    configuration measured at a rate gets the same arrivals."""
+    if rate_per_s <= 0:
+        raise ValueError(f"arrival rate must be above 0, got {rate_per_s}")
+    rng = random.Random(f"poisson:{seed}:{rate_per_s}")
+    t, out = 0.0, []
+    while True:
+        t += rng.expovariate(rate_per_s)
+        if t >= duration_s:
+            return out
+        out.append(t)
+
+
+@dataclass(frozen=True)
+class OpenLoopFigures:
+    """One configuration under one arrival rate."""
+
+    rate: float  # offered requests per second
+    offered: int
+    completed: int
+    failed: int
+    span_s: float  # from the first arrival to the last token
+    tokens_per_second: float  # output tokens of completed requests / span
+    ttft_ms: tuple[float, float, float]  # p50, p95, p99
+    tpot_ms: tuple[float, float, float]  # time per output token after the first, p50/p95/p99
+    mean_generating: float  # time-averaged slots generating over the span
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OpenLoopFigures:
+        return cls(
+            **{
+                **data,
+                "ttft_ms": tuple(data["ttft_ms"]),
+                "tpot_ms": tuple(data["tpot_ms"]),
+            }
+        )
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    if not values:
+        return (float("nan"),) * 3  # type: ignore[return-value]
+    p = np.percentile(np.asarray(values), [50, 95, 99])
+    return (float(p[0]), float(p[1]), float(p[2]))
+
+
+def summarize_open_loop(samples: list[RequestSample], rate: float) -> OpenLoopFigures:
+    """Turn one open-loop run's samples into its figures; pure."""
+    good = [s for s in samples if s.ok and len(s.token_times) >= 1]
+    ttft = [s.ttft_ms for s in good if s.ttft_ms is not None]
+    tpot = [
+        1000 * (s.token_times[-1] - s.token_times[0]) / (len(s.token_times) - 1)
+        for s in good
+        if len(s.token_times) >= 2
+    ]
+    if good:
+        begin = min(s.start for s in samples)
+        end = max(s.token_times[-1] for s in good)
+        span = max(end - begin, 1e-9)
+        intervals = [(s.token_times[0], s.token_times[-1]) for s in good]
+        hist = generating_histogram(intervals, begin, end)
+        mean_generating = sum(k * v for k, v in hist.items()) / span
+        tps = sum(s.tokens for s in good) / span
+    else:
+        span, tps, mean_generating = 0.0, 0.0, 0.0
+    return OpenLoopFigures(
+        rate=rate,
+        offered=len(samples),
+        completed=len(good),
+        failed=len(samples) - len(good),
+        span_s=span,
+        tokens_per_second=tps,
+        ttft_ms=_percentiles(ttft),
+        tpot_ms=_percentiles(tpot),
+        mean_generating=mean_generating,
+    )
