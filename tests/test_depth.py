@@ -95,8 +95,20 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
         check=True,
     )
     assert json.loads(deep.stdout)["fit_id"] != data["fit_id"]  # its own fit, of the deep levels
-    missing = subprocess.run(
+    # A depth not measured is interpolated between the measured ones: printed, said, not stored.
+    between = subprocess.run(
         tuner_cmd("recommend", "--model", MODEL, "--context", "1000"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert between.stdout.startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    assert f"predicted from the fits at depths 0, {DEEP}" in between.stderr
+    assert "not stored" in between.stderr
+    # fit answers for measured depths only, and names them.
+    missing = subprocess.run(
+        tuner_cmd("fit", "--model", MODEL, "--context", "1000"),
         env=env,
         capture_output=True,
         text=True,

@@ -65,5 +65,7 @@ def test_observe_sees_the_offered_concurrency(server: ManagedServer, tmp_path: P
     # It was saved, and finished requests' lengths were recorded from /slots.
     stored = load(store, "bench-test")
     assert stored.covered_s == pytest.approx(profile.covered_s)
-    assert profile.output_tokens and max(profile.output_tokens) == 96
+    # Lengths as last seen: at most one poll's worth of tokens short of the 96 generated.
+    lengths = profile.output_tokens
+    assert lengths and all(48 <= n <= 97 for n in lengths), lengths
     store.dispose()

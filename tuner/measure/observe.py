@@ -5,7 +5,8 @@ a slot still reading its prompt is not generating yet) every SAMPLE_INTERVAL_S o
 connection, and adds the time between two polls to the histogram bin of the count seen. Where
 `/slots` is off (`--no-slots`) it reads the `requests_processing` gauge from `/metrics` instead,
 which counts slots reading their prompt too (said so in the stored profile). From `/slots` it
-also records, per finished request, its prompt and output length.
+also records, per finished request, its prompt and output length (as last seen: a request
+that finishes between two polls may be a poll's worth of tokens longer).
 
 It never changes the server. When the server goes away it says so, keeps what it has, polls
 until the server is back and goes on; time without an answer counts nowhere. The profile is
@@ -158,17 +159,19 @@ class FinishedRequests:
             seen = (int(slot.get("n_prompt_tokens") or 0), int(nxt.get("n_decoded") or 0))
             before = self.current.get(sid)
             if before is not None and before[0] != task:
-                # The slot took another request: the one followed ended after the last poll.
+                # The slot took another request: the one followed ended after the last poll,
+                # at least as long as last seen.
                 done.append(before[1:])
                 del self.current[sid]
                 before = None
             if slot.get("is_processing"):
                 self.current[sid] = (task, *seen)
             elif before is not None:
-                # Same request, now finished: the slot shows its final counts.
-                done.append(seen)
+                # Same request, now finished. A released slot may show its counts reset: the
+                # longest seen stands.
+                done.append((max(before[1], seen[0]), max(before[2], seen[1])))
                 del self.current[sid]
-        return done
+        return [(p, o) for p, o in done if o > 0]  # one only seen reading its prompt: unknown
 
 
 # --- the loop ---------------------------------------------------------------------------------
