@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tuner.model.depth import tps_at_depth
 from tuner.model.fitting import fit
+from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.fits import select_data
 
@@ -52,6 +53,8 @@ def profiled(workdir: Path, name: str, *args: str) -> tuple[float, dict[str, str
         **os.environ,
         "TUNER_DB": f"sqlite:///{workdir / f'{name}.db'}",
         "TUNER_CACHE_DIR": str(workdir / "cache"),
+        # the bench stays where `tuner bench setup` put it
+        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
     }
     started = time.monotonic()
     tuner(env, "profile", str(SPEC), *args)

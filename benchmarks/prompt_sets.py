@@ -27,6 +27,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from tuner.settings import Settings
+
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu-ngram.toml"
 SETS = ("code-edit", "stories")
@@ -46,6 +48,8 @@ def one_set(name: str, workdir: Path, extra: list[str]) -> dict:
         **os.environ,
         "TUNER_DB": f"sqlite:///{workdir / f'{name}.db'}",
         "TUNER_CACHE_DIR": str(workdir / "cache"),
+        # the bench stays where `tuner bench setup` put it
+        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
     }
     model = tomllib.loads(SPEC.read_text())["model_name"]
     started = time.monotonic()
@@ -66,9 +70,9 @@ def one_set(name: str, workdir: Path, extra: list[str]) -> dict:
         "recommended": rec["max_slots"],
         "objective": rec["objective"],
         "ratio": {
-            c: points[("spec", c)] / points[("plain", c)]
+            c: points[("N=0", c)] / points[("plain", c)]
             for c in (1, 2, 4, 8)
-            if ("spec", c) in points and ("plain", c) in points
+            if ("N=0", c) in points and ("plain", c) in points
         },
         "workload": fitted["inputs"].get("workload"),
     }
