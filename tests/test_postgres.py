@@ -52,13 +52,14 @@ COMMANDS: dict[str, list[str]] = {
     "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
 LIVE = {"profile", "validate", "tune"}  # need the bench: test_live_commands_on_postgres
+OBSERVED = {"observe"}  # needs a server; what it stores: test_traffic_profiles_on_postgres
 NO_DATABASE = {"bench"}
 
 
 def test_every_command_is_covered_here() -> None:
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
     names |= {g.name for g in app.registered_groups}
-    missing = names - set(COMMANDS) - LIVE - NO_DATABASE
+    missing = names - set(COMMANDS) - LIVE - OBSERVED - NO_DATABASE
     assert not missing, f"add a PostgreSQL case for: {', '.join(sorted(missing))}"
 
 
@@ -137,3 +138,23 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
         (1,)
     ]
     assert_no_servers(f"TUNER_CACHE_DIR={cache}")
+
+
+def test_traffic_profiles_on_postgres(pg_url: str) -> None:
+    """What `tuner observe` saves (every 10 s and at the end, adding to an earlier observation of
+    the same name) and `recommend --traffic` reads, on PostgreSQL."""
+    from tuner.measure.observe import ServerView, TrafficProfile
+    from tuner.storage.traffic import TrafficSaver, load
+
+    view = ServerView("http://127.0.0.1:8080", "m", 4, "slots")
+    store = Store(pg_url)
+    first = TrafficProfile(4, {0: 5.0, 2: 10.0})
+    saver = TrafficSaver(store, None)
+    saver(view, first, False)
+    saver(view, first, True)
+    assert saver.name == "127.0.0.1:8080/m"
+    again = TrafficSaver(store, saver.name)
+    again(view, TrafficProfile(4, {2: 10.0, 4: 5.0}), True)
+    assert load(store, saver.name).seconds == {0: 5.0, 2: 20.0, 4: 5.0}
+    assert peek(pg_url, "SELECT COUNT(*) FROM tuner_traffic") == [(1,)]
+    store.dispose()
