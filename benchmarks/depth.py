@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import tomllib
 from pathlib import Path
 
+from common import fresh_env, tuner
+
 from tuner.model.depth import tps_at_depth
 from tuner.model.fitting import fit
-from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.fits import select_data
 
@@ -39,23 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
 
 
-def tuner(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
-    )
-    if result.returncode != 0:
-        sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
 def profiled(workdir: Path, name: str, *args: str) -> tuple[float, dict[str, str]]:
-    env = {
-        **os.environ,
-        "TUNER_DB": f"sqlite:///{workdir / f'{name}.db'}",
-        "TUNER_CACHE_DIR": str(workdir / "cache"),
-        # the bench stays where `tuner bench setup` put it
-        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-    }
+    env = fresh_env(workdir / f"{name}.db", workdir / "cache")
     started = time.monotonic()
     tuner(env, "profile", str(SPEC), *args)
     return time.monotonic() - started, env

@@ -19,38 +19,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import tomllib
 from pathlib import Path
 
-from tuner.settings import Settings
+from common import fresh_env, tuner
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu-ngram.toml"
 SETS = ("code-edit", "stories")
 
 
-def tuner(env: dict[str, str], *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
-    )
-    if result.returncode != 0:
-        sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
 def one_set(name: str, workdir: Path, extra: list[str]) -> dict:
-    env = {
-        **os.environ,
-        "TUNER_DB": f"sqlite:///{workdir / f'{name}.db'}",
-        "TUNER_CACHE_DIR": str(workdir / "cache"),
-        # the bench stays where `tuner bench setup` put it
-        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-    }
+    env = fresh_env(workdir / f"{name}.db", workdir / "cache")
     model = tomllib.loads(SPEC.read_text())["model_name"]
     started = time.monotonic()
     tuner(env, "profile", str(SPEC), "--set", f'workload.prompts="prompts/{name}.jsonl"', *extra)

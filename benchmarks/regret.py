@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import tomllib
 from pathlib import Path
+
+from common import fresh_env, tuner
 
 from tuner.bench import load_bench
 from tuner.measure.profiler import Profiler, gather_context
@@ -67,36 +66,22 @@ N_PARALLEL = 8
 LEVELS = range(1, N_PARALLEL + 1)
 
 
-def tuner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
-    )
-    if result.returncode != 0:
-        sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result
-
-
 def tuner_way(spec: Path, model: str, workdir: Path, method: str) -> tuple[float, dict]:
     """The method's steps as a user runs them, timed: profile and recommend, and for "new" the
     live trials (`tuner tune`) too. Returns the timed wall seconds and what the method answered,
     with the profile's model and its held-out coverage (the sweep grades the answer)."""
-    db = f"sqlite:///{workdir / f'tuner-{method}.db'}"
-    env = {
-        **os.environ,
-        "TUNER_DB": db,
-        "TUNER_CACHE_DIR": str(workdir / "cache"),
-        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-    }
+    env = fresh_env(workdir / f"tuner-{method}.db", workdir / "cache")
+    db = env["TUNER_DB"]
     started = time.monotonic()
     tuner(env, "profile", str(spec), *METHODS[method])
-    line = tuner(env, "recommend", "--model", model, "-q").stdout.strip()
+    line = tuner(env, "recommend", "--model", model, "-q").strip()
     store = Store(db)
     data = select_data(store, model, None)[0]
     store.dispose()
     coverage = leave_one_level_out(data)
     profiled = fit(data).model
     if method == "new":
-        tuned = json.loads(tuner(env, "tune", "--model", model, "--format", "json").stdout)
+        tuned = json.loads(tuner(env, "tune", "--model", model, "--format", "json"))
         line = f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={tuned['standing']}"
     wall = time.monotonic() - started
     report: dict = {"env_line": line, "recommended": int(line.rpartition("=")[2])}

@@ -7,6 +7,7 @@ another process, a real full filesystem.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -194,6 +195,13 @@ def start_tuner(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 def run_tuner(args: list[str], env: dict[str, str], timeout_s: float = 600.0) -> Finished:
     return finish(start_tuner(args, env), timeout_s)
+
+
+def tuner_json(env: dict[str, str], *args: str, timeout_s: float = 1200.0) -> Any:
+    """A command with --format json: it must succeed; what it printed."""
+    result = run_tuner([*args, "--format", "json"], env, timeout_s)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
 
 
 # --- database peeks (read-only; a WAL reader never waits for the writer) ----------------------

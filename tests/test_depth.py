@@ -9,12 +9,11 @@ not flip; the test asserts only its sign and a 5 % floor.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, tuner_cmd, tuner_env
+from conftest import PROFILES, tuner_env
+from fleetkit import run_tuner, tuner_json
 from sqlalchemy import select
 
 from tuner.storage.engine import Store
@@ -29,8 +28,8 @@ DEEP = 3072
 def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path / 'tuner.db'}"
     env = tuner_env(db_url, tmp_path / "cache")
-    profile = subprocess.run(
-        tuner_cmd(
+    profile = run_tuner(
+        [
             "profile",
             str(PROFILES / "bench-smollm2-cpu.toml"),
             "--levels",
@@ -47,12 +46,9 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
             "workload.max_repeats=2",
             "--set",
             "kernel.enabled=false",
-        ),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        ],
+        env,
+        timeout_s=900,
     )
     assert profile.returncode == 0, profile.stderr[-3000:]
 
@@ -76,43 +72,19 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     for config in ("plain", "spec"):
         assert step[(config, 2, DEEP)] > 1.05 * step[(config, 2, 0)], step
 
-    fitted = subprocess.run(
-        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    data = json.loads(fitted.stdout)
+    data = tuner_json(env, "fit", "--model", MODEL)
     assert data["inputs"]["context_tokens"] == 0 and data["inputs"]["depths"] == [0, DEEP]
     assert set(data["crossover_by_depth"]) == {"0", str(DEEP)}
 
-    deep = subprocess.run(
-        tuner_cmd("recommend", "--model", MODEL, "--context", str(DEEP), "--format", "json"),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert json.loads(deep.stdout)["fit_id"] != data["fit_id"]  # its own fit, of the deep levels
+    deep = tuner_json(env, "recommend", "--model", MODEL, "--context", str(DEEP))
+    assert deep["fit_id"] != data["fit_id"]  # its own fit, of the deep levels
     # A depth not measured is interpolated between the measured ones: printed, said, not stored.
-    between = subprocess.run(
-        tuner_cmd("recommend", "--model", MODEL, "--context", "1000"),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    between = run_tuner(["recommend", "--model", MODEL, "--context", "1000"], env)
+    assert between.returncode == 0, between.stderr[-3000:]
     assert between.stdout.startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
     assert f"predicted from the fits at depths 0, {DEEP}" in between.stderr
     assert "not stored" in between.stderr
     # fit answers for measured depths only, and names them.
-    missing = subprocess.run(
-        tuner_cmd("fit", "--model", MODEL, "--context", "1000"),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    missing = run_tuner(["fit", "--model", MODEL, "--context", "1000"], env)
     assert missing.returncode != 0
     assert f"measured: 0, {DEEP}" in missing.stderr and "Traceback" not in missing.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ProfiledBench, copy_db, tuner_cmd, tuner_env
+from fleetkit import tuner_json
 from sqlalchemy import select
 
 from tuner.storage.engine import Store
@@ -28,19 +29,6 @@ def _measured(store: Store, run_id: int) -> dict[str, dict[int, float]]:
         for level in session.scalars(select(Level).filter_by(run_id=run_id)):
             table.setdefault(level.config, {})[level.concurrency] = level.tokens_per_second
     return table
-
-
-def _live_json(env: dict[str, str], *args: str) -> dict:
-    """A live command (validate, tune) with --format json: it must succeed; its report."""
-    result = subprocess.run(
-        tuner_cmd(*args, "--format", "json"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("profile_fixture", list(MODELS))
@@ -93,7 +81,7 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     subprocess.run(
         tuner_cmd("recommend", "--model", model, "-q"), env=env, check=True, capture_output=True
     )
-    report = _live_json(
+    report = tuner_json(
         env,
         "validate",
         "--model",
@@ -160,7 +148,7 @@ def test_tune_measures_the_models_candidates_live_and_its_best_trial_stands(
         ).stdout.strip()
 
     before = recommended()
-    report = _live_json(
+    report = tuner_json(
         env,
         "tune",
         "--model",
@@ -218,7 +206,7 @@ def test_tune_n_max_measures_draft_lengths_live(
     db_url = copy_db(bench_profile_nmax3, tmp_path)
     env = tuner_env(db_url, tmp_path / "cache")
     model = MODELS["bench_profile_nmax3"]
-    report = _live_json(
+    report = tuner_json(
         env,
         "tune",
         "--model",
@@ -271,7 +259,7 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
 
     db_url = copy_db(bench_profile, tmp_path)
     env = tuner_env(db_url, tmp_path / "cache")
-    report = _live_json(
+    report = tuner_json(
         env,
         "validate",
         "--model",

@@ -9,12 +9,11 @@ accepts a large share of its drafts; "write a new story" has nothing to copy.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, tuner_cmd, tuner_env
+from conftest import PROFILES, tuner_env
+from fleetkit import run_tuner, tuner_json
 from sqlalchemy import select
 
 from tuner.measure.prompts import load_prompts
@@ -45,23 +44,9 @@ def profile_set(tmp_path: Path, name: str) -> tuple[str, dict]:
     db_url = f"sqlite:///{tmp_path / f'{name}.db'}"
     env = tuner_env(db_url, tmp_path / "cache")
     prompts = f'workload.prompts="prompts/{name}.jsonl"'
-    result = subprocess.run(
-        tuner_cmd("profile", str(SPEC), "--set", prompts, *QUICK),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    result = run_tuner(["profile", str(SPEC), "--set", prompts, *QUICK], env, timeout_s=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    fitted = subprocess.run(
-        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return db_url, json.loads(fitted.stdout)
+    return db_url, tuner_json(env, "fit", "--model", MODEL)
 
 
 def test_acceptance_follows_the_prompt_set(tmp_path: Path) -> None:

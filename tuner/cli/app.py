@@ -554,20 +554,9 @@ def validate(
     from tuner.decide.validate import validate as run_validation
 
     if arrivals is not None or rate is not None:
-        if arrivals != "poisson":
-            raise ConfigError(f"--arrivals {arrivals!r}: poisson is the arrival process offered")
-        if not rate:
-            raise ConfigError("--arrivals poisson needs --rate, e.g. --rate 0.5,1,2")
-        from tuner.decide.openloop import check_options, validate_open_loop
+        from tuner.decide.openloop import open_loop_options, validate_open_loop
 
-        try:
-            rates = [float(r) for r in rate.split(",")]
-        except ValueError:
-            raise ConfigError(
-                f"--rate {rate!r}: expected requests per second, e.g. 0.5,1,2"
-            ) from None
-        window_s = duration_option(window, "--window")
-        check_options(rates, window_s)
+        rates, window_s = open_loop_options(arrivals, rate, duration_option(window, "--window"))
         with terminate_as_interrupt(), ProgressDisplay() as display:
             open_report = validate_open_loop(
                 open_store(),

@@ -22,7 +22,6 @@ from tuner.errors import ConfigError, LoadError
 from tuner.measure.load import LoadGenerator
 from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
 from tuner.measure.plan import Observer, ProgressEvent, quiet
-from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.orm import OpenLoopResult
@@ -49,8 +48,25 @@ class OpenLoopReport:
         }
 
 
+def open_loop_options(
+    arrivals: str | None, rate: str | None, window_s: float
+) -> tuple[list[float], float]:
+    """--arrivals, --rate and --window read and checked before anything starts: the rates and
+    the window."""
+    if arrivals != "poisson":
+        raise ConfigError(f"--arrivals {arrivals!r}: poisson is the arrival process offered")
+    if not rate:
+        raise ConfigError("--arrivals poisson needs --rate, e.g. --rate 0.5,1,2")
+    try:
+        rates = [float(r) for r in rate.split(",")]
+    except ValueError:
+        raise ConfigError(f"--rate {rate!r}: expected requests per second, e.g. 0.5,1,2") from None
+    check_options(rates, window_s)
+    return rates, window_s
+
+
 def check_options(rates: list[float], window_s: float) -> None:
-    """Rates above 0 and a window above 0, before anything starts."""
+    """Rates above 0 and a window above 0."""
     if not rates or any(r <= 0 for r in rates):
         raise ConfigError(f"--rate: every arrival rate must be above 0 (got {rates})")
     if window_s <= 0:
@@ -74,10 +90,7 @@ def validate_open_loop(
     check_options(rates, window_s)
     rec = recommend.standing(store, model, host)
     stored_spec = validate.profile_spec_of(store, model, host)
-    spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides)
-    spec = ProfileSpec.model_validate(
-        {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-openloop"}
-    )
+    spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides, kind="openloop")
     policies = validate.candidates(rec.max_slots, spec.server.n_parallel)
     profiler = validate.open_live_run(
         store,

@@ -40,7 +40,6 @@ from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Profiler
-from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.storage import recommendations
@@ -507,10 +506,7 @@ def tune(
     candidates = live_candidates(study_now.result.candidates, started, cm.n_parallel, trials)
 
     stored_spec = validate.profile_spec_of(store, model_name, host)
-    spec = validate.validation_spec(stored_spec, [1], cm.n_max, overrides)
-    spec = ProfileSpec.model_validate(
-        {**spec.model_dump(mode="json"), "name": f"{stored_spec['name']}-tune"}
-    )
+    spec = validate.validation_spec(stored_spec, [1], cm.n_max, overrides, kind="tune")
     profiler = validate.open_live_run(
         store,
         spec,

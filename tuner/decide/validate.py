@@ -24,8 +24,13 @@ from tuner.measure.fingerprint import probe_build, probe_host, probe_model
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.preflight import preflight
 from tuner.measure.profiler import Context, Profiler, find_resumable_run
-from tuner.measure.prompts import load_prompts
-from tuner.measure.spec import ProfileSpec, check_spec_files, set_dotted, validation_message
+from tuner.measure.spec import (
+    ProfileSpec,
+    check_spec_files,
+    prompt_file,
+    set_dotted,
+    validation_message,
+)
 from tuner.policy import Policy
 from tuner.storage import validations
 from tuner.storage.engine import Store
@@ -50,11 +55,13 @@ def validation_spec(
     levels: list[int],
     n_max: int | None,
     overrides: list[tuple[str, Any]] | None = None,
+    kind: str = "validate",
 ) -> ProfileSpec:
-    """The profile's spec with the validation's levels and n_max; overrides come last, so a
-    profile made with a stock server can be validated with --set server.binary=PATCHED."""
+    """The profile's spec with the live run's levels and n_max, named after the run's kind
+    (validate, tune, openloop); overrides come last, so a profile made with a stock server can be
+    validated with --set server.binary=PATCHED."""
     data = dict(stored)
-    data["name"] = f"{data['name']}-validate"
+    data["name"] = f"{data['name']}-{kind}"
     workload = data.get("workload", {})
     # Live runs measure at the shallowest profiled depth: the one recommend decides at.
     depth = min(workload.get("context_tokens") or [0])
@@ -78,11 +85,7 @@ def _check_prompts(stored: dict[str, Any], data: dict[str, Any]) -> None:
     workload = data.get("workload") or {}
     if not workload.get("prompts"):
         return
-    path = Path(workload["prompts"]).expanduser().resolve()
-    try:
-        sha = load_prompts(path).sha256
-    except ConfigError as exc:
-        raise ConfigError(f"workload.prompts of the profile: {exc}") from exc
+    path, sha = prompt_file(workload["prompts"], Path.cwd(), "workload.prompts of the profile")
     before = stored.get("workload") or {}
     if str(path) == before.get("prompts") and before.get("prompts_sha256") not in (None, sha):
         raise ConfigError(

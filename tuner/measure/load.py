@@ -315,24 +315,27 @@ class LoadGenerator:
             raise _RequestFailed("stream ended without a final chunk")
         return final
 
-    async def run_level(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
-        """Start `concurrency` requests together and wait for all; failures are in the samples."""
+    def _client(self, connections: int, pool_timeout: float | None) -> httpx.AsyncClient:
         # With streaming, `read` bounds the silence between two tokens, so a hung server is
         # noticed after request_timeout_s without cutting short a long, healthy generation.
         timeout = httpx.Timeout(
-            connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=10.0
+            connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=pool_timeout
         )
-        limits = httpx.Limits(max_connections=concurrency + 2)
-        async with httpx.AsyncClient(
-            timeout=timeout, limits=limits, headers=self.headers
-        ) as client:
-            try:
-                requests = [
-                    await self._request(client, concurrency, round_key, i)
-                    for i in range(concurrency)
-                ]
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
+        limits = httpx.Limits(max_connections=connections)
+        return httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers)
+
+    async def _requests(
+        self, client: httpx.AsyncClient, concurrency: int, round_key: int, n: int
+    ) -> list[Request]:
+        try:
+            return [await self._request(client, concurrency, round_key, i) for i in range(n)]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
+
+    async def run_level(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
+        """Start `concurrency` requests together and wait for all; failures are in the samples."""
+        async with self._client(concurrency + 2, pool_timeout=10.0) as client:
+            requests = await self._requests(client, concurrency, round_key, concurrency)
             barrier = asyncio.Barrier(concurrency)
             return list(
                 await asyncio.gather(
@@ -346,20 +349,10 @@ class LoadGenerator:
         """Open loop: request i starts offsets[i] seconds after the start, whether or not the
         earlier ones finished (one shared client). Returns the start (perf_counter) and the
         samples; failures are in the samples."""
-        timeout = httpx.Timeout(
-            connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=None
-        )
-        limits = httpx.Limits(max_connections=max_connections)
-        async with httpx.AsyncClient(
-            timeout=timeout, limits=limits, headers=self.headers
-        ) as client:
-            try:
-                # Prompts and lengths are drawn per request, keyed by its index in the schedule.
-                requests = [
-                    await self._request(client, 0, round_key, i) for i in range(len(offsets))
-                ]
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
+        # A request waiting for a free connection is late, not failed: no pool timeout.
+        async with self._client(max_connections, pool_timeout=None) as client:
+            # Prompts and lengths are drawn per request, keyed by its index in the schedule.
+            requests = await self._requests(client, 0, round_key, len(offsets))
             start = time.perf_counter() + 0.05
             samples = await asyncio.gather(
                 *(

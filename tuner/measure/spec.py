@@ -350,14 +350,21 @@ def _resolve_prompts(data: dict[str, Any], spec_path: Path) -> None:
         return
     if not isinstance(workload["prompts"], str):
         raise ConfigError(f"{spec_path}: workload.prompts: expected a file path")
-    prompts = Path(workload["prompts"]).expanduser()
-    if not prompts.is_absolute():
-        prompts = (spec_path.parent / prompts).resolve()
-    workload["prompts"] = str(prompts)
+    prompts, sha = prompt_file(
+        workload["prompts"], spec_path.parent, f"{spec_path}: workload.prompts"
+    )
+    workload["prompts"], workload["prompts_sha256"] = str(prompts), sha
+
+
+def prompt_file(value: str, base: Path, where: str) -> tuple[Path, str]:
+    """A prompts file's absolute path (a relative one is base's) and its content hash, the file
+    read and checked; any problem is one ConfigError line that starts with where."""
+    path = Path(value).expanduser()
+    path = (path if path.is_absolute() else base / path).resolve()
     try:
-        workload["prompts_sha256"] = load_prompts(prompts).sha256
+        return path, load_prompts(path).sha256
     except ConfigError as exc:
-        raise ConfigError(f"{spec_path}: workload.prompts: {exc}") from exc
+        raise ConfigError(f"{where}: {exc}") from exc
 
 
 def check_spec_files(spec: ProfileSpec, source: str) -> None:

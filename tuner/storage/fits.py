@@ -146,16 +146,21 @@ def _repeats(level: Level) -> tuple[Repeat, ...]:
 
 
 def workload_of(spec: dict[str, Any]) -> str | None:
-    """The requests a run sent, in words: its prompt file (and hash) or the synthetic prompt."""
+    """The requests a run sent, in words: its prompt set and its output lengths."""
     workload = spec.get("workload")
     if not workload:
         return None
     output = (workload.get("output") or {}).get("distribution", "fixed")
     length = f"{workload.get('max_tokens')} tokens out" if output == "fixed" else f"{output} output"
+    return f"{prompt_set_label(workload)}, {length}"
+
+
+def prompt_set_label(workload: dict[str, Any]) -> str:
+    """A stored workload's prompt set in words: its file (and hash) or the synthetic prompt."""
     if workload.get("prompts"):
         name = Path(workload["prompts"]).name
-        return f"prompts {name} ({str(workload.get('prompts_sha256'))[:8]}), {length}"
-    return f"synthetic prompt of {workload.get('prompt_tokens')} tokens, {length}"
+        return f"prompts {name} ({str(workload.get('prompts_sha256'))[:8]})"
+    return f"synthetic prompt of {workload.get('prompt_tokens')} tokens"
 
 
 def prompt_set_of(run: Run) -> str | None:
@@ -460,19 +465,20 @@ def crossovers_by_depth(
 
 def acceptance_by_prompt_set(store: Store, model: str) -> dict[str, float]:
     """Tokens per stream per step of always-draft levels, median per prompt set the model's
-    runs measured (the workload named as `tuner fit` names it): how acceptance follows the
+    runs measured (named as `tuner fit` names the workload): how acceptance follows the
     text. Empty when only one prompt set was measured."""
     by_set: dict[str, list[float]] = {}
     with store.session() as session:
         runs = session.scalars(select(Run).join(Model).where(Model.name == model)).all()
         for run in runs:
-            name = workload_of(run.spec or {})
-            if name is None:
+            workload = (run.spec or {}).get("workload")
+            if not workload:
                 continue
+            name = prompt_set_label(workload)
             for level in run.levels:
                 policy = level.policy
                 if level.status == "completed" and policy and policy.is_always and level.accept_len:
-                    by_set.setdefault(name.split(",")[0], []).append(float(level.accept_len))
+                    by_set.setdefault(name, []).append(float(level.accept_len))
     if len(by_set) < 2:
         return {}
     return {name: float(np.median(values)) for name, values in sorted(by_set.items())}
