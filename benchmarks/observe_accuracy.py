@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from tuner.bench import load_bench
-from tuner.bench.traffic import offer_cycle
+from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.measure.observe import generating_histogram, observe, total_variation
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.server import ManagedServer
 from tuner.settings import Settings
 
 CYCLE = [(1, 128), (4, 128), (2, 128), (6, 128)]
@@ -31,14 +31,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     args = parser.parse_args()
     bench = load_bench(Settings().bench_manifest_path)
-    config = LaunchConfig(
-        binary=bench.server,
-        model=bench.target,
-        n_parallel=8,
-        ctx_size=4096,
-        threads=2,
-        args=["--poll", "0"],
-    )
+    config = plain_server(bench, n_parallel=8)
     with (
         tempfile.TemporaryDirectory() as tmp,
         ManagedServer(config, Path(tmp) / "server.log", start_timeout_s=120) as server,

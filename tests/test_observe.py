@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.measure.observe import (
+    LENGTHS_KEPT,
+    Finished,
     FinishedRequests,
     TrafficProfile,
     generating_histogram,
@@ -67,14 +69,33 @@ def test_the_offered_histogram_counts_overlapping_streams() -> None:
 
 def test_finished_requests_are_seen_when_they_leave_their_slot() -> None:
     seen = FinishedRequests()
-    assert seen.update([slot(0, True, 3, task=7, prompt=50), slot(1, False, 0)]) == []
-    assert seen.update([slot(0, True, 9, task=7, prompt=50)]) == []
-    # finished between polls: the idle slot still shows the request's final counts
-    assert seen.update([slot(0, False, 12, task=7, prompt=50)]) == [(50, 12)]
-    assert seen.update([slot(0, False, 12, task=7, prompt=50)]) == []  # counted once
-    seen.update([slot(1, True, 4, task=8, prompt=20)])
+    assert seen.update([slot(0, True, 3, task=7, prompt=50), slot(1, False, 0)], 100.0) == []
+    assert seen.update([slot(0, True, 9, task=7, prompt=50)], 100.25) == []
+    # finished between polls: the idle slot still shows the request's final counts, and it
+    # arrived when first seen
+    assert seen.update([slot(0, False, 12, task=7, prompt=50)], 100.5) == [Finished(100.0, 50, 12)]
+    assert seen.update([slot(0, False, 12, task=7, prompt=50)], 100.75) == []  # counted once
+    seen.update([slot(1, True, 4, task=8, prompt=20)], 101.0)
     # the slot took another request before the next poll: the first ended at its last sight
-    assert seen.update([slot(1, True, 2, task=9, prompt=30)]) == [(20, 4)]
+    assert seen.update([slot(1, True, 2, task=9, prompt=30)], 101.25) == [Finished(101.0, 20, 4)]
+    assert seen.update([slot(1, False, 2, task=9, prompt=30)], 101.5) == [Finished(101.25, 30, 2)]
+
+
+def test_a_profile_counts_every_request_but_keeps_only_the_newest() -> None:
+    profile = TrafficProfile(4)
+    profile.add(1, 100.0)
+    for i in range(LENGTHS_KEPT + 10):
+        profile.add_finished(Finished(float(i), 10, 100 + (i % 2)))
+    assert profile.finished == LENGTHS_KEPT + 10
+    assert len(profile.requests) == LENGTHS_KEPT  # memory stays flat
+    assert profile.requests[0].arrival == 10.0
+    assert profile.arrival_rate == pytest.approx((LENGTHS_KEPT + 10) / 100.0)
+    assert profile.mean_output_tokens == pytest.approx(100.5, abs=0.01)
+    again = TrafficProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again.finished == profile.finished and again.output_total == profile.output_total
+    assert list(again.requests) == list(profile.requests)
+    both = again.plus(profile)
+    assert both.finished == 2 * profile.finished and len(both.requests) == LENGTHS_KEPT
 
 
 class _Fake(BaseHTTPRequestHandler):

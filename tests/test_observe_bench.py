@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tuner.bench import Bench
-from tuner.bench.traffic import offer_cycle
+from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.measure.observe import generating_histogram, observe, total_variation
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.server import ManagedServer
 from tuner.storage.engine import Store
 from tuner.storage.traffic import TrafficSaver, load
 
@@ -25,14 +25,7 @@ pytestmark = pytest.mark.bench
 
 @pytest.fixture
 def server(bench: Bench, tmp_path: Path) -> Iterator[ManagedServer]:
-    config = LaunchConfig(
-        binary=bench.server,
-        model=bench.target,
-        n_parallel=4,
-        ctx_size=4096,
-        threads=2,
-        args=["--poll", "0"],
-    )
+    config = plain_server(bench, n_parallel=4)
     with ManagedServer(config, tmp_path / "server.log", start_timeout_s=120) as running:
         yield running
 

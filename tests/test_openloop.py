@@ -61,7 +61,10 @@ def test_the_summary_gives_throughput_latencies_and_occupancy() -> None:
         (["--arrivals", "poisson", "--rate", "-1,2"], "every arrival rate must be above 0"),
         (["--arrivals", "poisson", "--rate", "fast"], "expected requests per second"),
         (["--arrivals", "poisson"], "needs --rate"),
-        (["--arrivals", "uniform", "--rate", "1"], "poisson is the arrival process offered"),
+        (["--arrivals", "uniform", "--rate", "1"], "poisson (random arrivals at each --rate)"),
+        (["--arrivals", "trace"], "--arrivals trace needs --traffic NAME"),
+        (["--arrivals", "trace", "--traffic", "t", "--rate", "1"], "drop --rate"),
+        (["--arrivals", "trace", "--traffic", "nope"], "no traffic profile named 'nope'"),
         (["--arrivals", "poisson", "--rate", "1", "--window", "0"], "--window must be above 0"),
     ],
 )
@@ -72,5 +75,17 @@ def test_bad_open_loop_options_are_one_line(args: list[str], fragment: str) -> N
 
     result = CliRunner().invoke(app, ["validate", "--model", "m", *args])
     assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "━" not in line]
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_a_trace_replays_observed_offsets_and_lengths() -> None:
+    from tuner.measure.observe import Finished
+    from tuner.measure.openloop import trace_schedule
+
+    seen = [Finished(1005.0, 20, 64), Finished(1000.0, 10, 32), Finished(1002.5, 5, 0)]
+    schedule = trace_schedule(seen, window_s=60.0)
+    assert schedule.offsets == [0.0, 2.5, 5.0]  # in arrival order, from the first
+    assert schedule.max_tokens == [32, 1, 64]  # at least one token each
+    assert schedule.rate == pytest.approx(2 / 5.0) and schedule.source == "trace"
+    assert trace_schedule(seen, window_s=3.0).offsets == [0.0, 2.5]

@@ -52,7 +52,8 @@ COMMANDS: dict[str, list[str]] = {
     "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
 LIVE = {"profile", "validate", "tune"}  # need the bench: test_live_commands_on_postgres
-OBSERVED = {"observe"}  # needs a server; what it stores: test_traffic_profiles_on_postgres
+# need a server; what they store: test_traffic_profiles_on_postgres, test_watch_state_on_postgres
+OBSERVED = {"observe", "watch"}
 NO_DATABASE = {"bench"}
 
 
@@ -157,4 +158,31 @@ def test_traffic_profiles_on_postgres(pg_url: str) -> None:
     again(view, TrafficProfile(4, {2: 10.0, 4: 5.0}), True)
     assert load(store, saver.name).seconds == {0: 5.0, 2: 20.0, 4: 5.0}
     assert peek(pg_url, "SELECT COUNT(*) FROM tuner_traffic") == [(1,)]
+    store.dispose()
+
+
+def test_watch_state_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    """What `tuner watch` saves every 10 s (its rolling buckets) and a restarted watcher reads
+    back, on PostgreSQL."""
+    import time
+    from types import SimpleNamespace
+
+    from tuner.decide.watch import EnvFile, Watcher, WatchOptions
+    from tuner.measure.observe import ServerView
+
+    view = ServerView("http://127.0.0.1:8080", "m", 8, "slots")
+    poller = SimpleNamespace(view=view, interval_s=0.25)
+    options = WatchOptions(every_s=60.0, window_s=180.0)
+    store = Store(pg_url)
+    env = EnvFile(tmp_path / "server.env")
+    first = Watcher(store, poller, env, "watch-pg", options, lambda name: None)  # type: ignore[arg-type]
+    now = time.time()
+    first.rolling.open(now - 120.0).profile.add(2, 60.0)
+    first.rolling.open(now - 60.0).profile.add(5, 60.0)
+    first.save()
+    again = Watcher(store, poller, env, "watch-pg", options, lambda name: None)  # type: ignore[arg-type]
+    assert again.rolling.total().seconds == {2: 60.0, 5: 60.0}
+    assert peek(pg_url, "SELECT status FROM tuner_traffic WHERE name = 'watch-pg'") == [
+        ("watching",)
+    ]
     store.dispose()

@@ -26,7 +26,7 @@ from tuner.model.quality import PointFit
 from tuner.policy import Policy
 from tuner.report.figure import PNG_NAME, SVG_NAME, points_gid
 from tuner.report.series import group_points, report_data
-from tuner.report.writer import SUMMARY_NAME, write_report
+from tuner.report.writer import SUMMARY_NAME, load_inputs, write_report
 from tuner.storage import validations
 from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
@@ -559,3 +559,75 @@ def test_out_that_is_a_file_is_refused(bench_store: Store, db: str, tmp_path: Pa
     assert result.exit_code == 2
     assert "not a folder" in result.stderr
     assert target.read_text() == "keep me"
+
+
+# --- the other dimensions: open loop, depth, prompt sets --------------------------------------
+
+
+def store_open_loop(store: Store, profile_run: int) -> int:
+    """An open-loop run beside a profile, stored as `validate --arrivals poisson` stores one."""
+    from tuner.measure.openloop import OpenLoopFigures
+    from tuner.storage.orm import COMPLETED, OpenLoopResult
+
+    with store.session() as session:
+        base = session.get(Run, profile_run)
+        run = Run(
+            kind="openloop",
+            status=COMPLETED,
+            model_id=base.model_id,
+            host_id=base.host_id,
+            build_id=base.build_id,
+            spec=base.spec,
+        )
+        session.add(run)
+        session.flush()
+        for rate, slow in ((0.5, 1.0), (2.0, 1.6)):
+            for config, tpot in (("plain", 14.0), ("max-slots-2", 11.0)):
+                figures = OpenLoopFigures(
+                    rate, 30, 30, 0, 60.0, 100.0 * rate, (80.0, 120.0, 150.0),
+                    (tpot * slow, tpot * slow * 1.3, tpot * slow * 1.5), 1.2 * rate,
+                )  # fmt: skip
+                session.add(
+                    OpenLoopResult(
+                        run_id=run.id,
+                        config=config,
+                        max_slots=None,
+                        rate=rate,
+                        figures=figures.to_dict(),
+                    )
+                )
+        return run.id
+
+
+def test_the_report_plots_and_tables_the_open_loop_run(db: str, tmp_path: Path) -> None:
+    store = Store(db)
+    run_id = store_open_loop(store, store_profile(store, host=BENCH_HOST))
+    files = write_report(store, BENCH_MODEL, tmp_path / "out", BENCH_HOST, host_explicit=True)
+    svg = ET.parse(files.svg)
+    gids = {el.get("id") for el in svg.iter() if el.get("id")}
+    for name in ("openloop-tpot-plain", "openloop-tpot-max-slots-2", "openloop-openloop-tps-plain"):
+        assert name in gids, sorted(g for g in gids if "openloop" in g)
+    text = files.summary.read_text()
+    assert f"Open-loop run {run_id}" in text
+    # p95 TPOT of max-slots-2 at 2/s: 11 * 1.6 * 1.3 = 22.9 ms
+    assert "| 2 | max-slots-2 | 30/30 | 200.0 | 80 / 120 | 17.6 / 22.9 / 26.4 | 2.40 |" in text
+    # Without open-loop data (one depth, one prompt set) there is no extra row of panels.
+    other = Store(f"sqlite:///{tmp_path / 'other.db'}")
+    store_profile(other, host=BENCH_HOST)
+    bare = write_report(other, BENCH_MODEL, tmp_path / "bare", BENCH_HOST, host_explicit=True)
+    assert not any("openloop" in (el.get("id") or "") for el in ET.parse(bare.svg).iter())
+    assert "no open-loop validation yet" in bare.summary.read_text()
+
+
+def test_the_report_draws_the_crossover_against_depth(db: str, tmp_path: Path) -> None:
+    from tuner.report.dimensions import Dimensions
+
+    store = Store(db)
+    store_profile(store, host=BENCH_HOST)
+    store_profile(store, host=BENCH_HOST, depth=2048)
+    dims: Dimensions = load_inputs(store, BENCH_MODEL, BENCH_HOST, host_explicit=True).dimensions
+    assert sorted(dims.crossover_by_depth) == [0, 2048]
+    assert "depth" in dims.panels() and "tpot" not in dims.panels()
+    files = write_report(store, BENCH_MODEL, tmp_path / "out", BENCH_HOST, host_explicit=True)
+    gids = {el.get("id") for el in ET.parse(files.svg).iter() if el.get("id")}
+    assert "crossover-by-depth" in gids

@@ -1,6 +1,6 @@
-"""Known traffic for the bench: rounds of concurrent requests in a fixed cycle, and what they
-offered (each request's first- and last-token time). Used to check `tuner observe` against
-the truth (tests, benchmarks/observe_accuracy.py)."""
+"""Known traffic for the bench: a plain bench server to offer it to, rounds of concurrent
+requests in a fixed cycle, and what they offered (each request's first- and last-token time).
+Used to check `tuner observe` and `tuner watch` against the truth (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,21 @@ import threading
 import time
 from collections.abc import Sequence
 
+from tuner.bench import Bench
 from tuner.measure.load import LoadGenerator, Workload
+from tuner.measure.server import LaunchConfig
+
+
+def plain_server(bench: Bench, n_parallel: int = 8, ctx_size: int = 4096) -> LaunchConfig:
+    """A bench llama-server that does not draft: the F32 target on 2 threads, sleeping workers."""
+    return LaunchConfig(
+        binary=bench.server,
+        model=bench.target,
+        n_parallel=n_parallel,
+        ctx_size=ctx_size,
+        threads=2,
+        args=["--kv-unified", "--poll", "0"],
+    )
 
 
 def offer_cycle(

@@ -16,16 +16,20 @@ import typer
 from tuner import __version__
 from tuner.cli import render
 from tuner.cli.options import (
+    ApiKeyOption,
     ContextOption,
     FitOption,
     HostOption,
     ModelOption,
+    ObjectiveOption,
     OverridesOption,
     SeedOption,
     SkipPreflightOption,
+    SloOption,
     State,
     TableFormat,
     TableFormatOption,
+    TrafficOption,
     duration_option,
     err,
     levels_option,
@@ -40,7 +44,8 @@ from tuner.cli.options import (
     terminate_as_interrupt,
     this_host,
 )
-from tuner.cli.progress import ProgressDisplay
+from tuner.cli.progress import LogLines, ProgressDisplay
+from tuner.decide.objective import ObjectiveKind
 from tuner.decide.recommendation import OutputFormat
 from tuner.errors import ConfigError
 
@@ -435,11 +440,17 @@ def recommend(
             "(printed, not stored); default the shallowest measured",
         ),
     ] = None,
-    traffic: Annotated[
-        str | None,
+    traffic: TrafficOption = None,
+    objective: ObjectiveOption = ObjectiveKind.TPS,
+    slo_tpot_ms: SloOption = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="tpot: arrival rate (requests/s) instead of the traffic's"),
+    ] = None,
+    output_tokens: Annotated[
+        float | None,
         typer.Option(
-            "--traffic",
-            help="weight the objective by this observed traffic profile (`tuner observe`)",
+            help="tpot, capacity: mean output tokens per request instead of the traffic's"
         ),
     ] = None,
 ) -> None:
@@ -447,6 +458,10 @@ def recommend(
 
     `eval "export $(tuner recommend --model M)"` sets it in a shell. The table and the reasons go
     to stderr (with --explain, to stdout after the line).
+
+    Objectives: tps (served tok/s, weighted by the workload or --traffic), tpot (mean time per
+    output token under random arrivals at the traffic's rate: each N at the occupancy it causes),
+    capacity (the highest arrival rate whose p95 time per output token stays under --slo-tpot-ms).
     """
     from tuner.decide.recommend import parse_context
     from tuner.decide.recommend import recommend as make_recommendation
@@ -463,6 +478,10 @@ def recommend(
         fit_id=fit_id,
         context=parse_context(context) if context is not None else None,
         traffic=traffic,
+        objective=objective,
+        slo_tpot_ms=slo_tpot_ms,
+        rate=rate,
+        output_tokens=output_tokens,
     )
     typer.echo(rec.render(output))
     if explain:
@@ -485,10 +504,7 @@ def observe(
         str | None,
         typer.Option(help="traffic profile name (default host:port/model); again adds to it"),
     ] = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(envvar="TUNER_API_KEY", show_envvar=True, help="bearer token (never stored)"),
-    ] = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Learn a running server's traffic: how many slots generate, over time, and request lengths.
 
@@ -506,6 +522,89 @@ def observe(
     with terminate_as_interrupt(), ProgressDisplay() as display:
         view, profile = run_observe(url, seconds, saver, display, api_key=api_key)
     render.traffic(saver.name or "", view, profile)
+
+
+@app.command()
+@reports_errors
+def watch(
+    model: ModelOption,
+    url: Annotated[str, typer.Option(help="the running llama-server, e.g. http://127.0.0.1:8080")],
+    env_file: Annotated[
+        Path,
+        typer.Option(
+            help="KEY=VALUE file the server reads (systemd EnvironmentFile): its "
+            "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS line is replaced atomically, other lines kept"
+        ),
+    ],
+    on_change: Annotated[
+        str | None,
+        typer.Option(
+            help="shell command run after the env file changed, e.g. 'systemctl restart "
+            "llama-server' (at most once per --every; nothing is restarted without it)"
+        ),
+    ] = None,
+    every: Annotated[str, typer.Option(help="decide this often: 600, 600s, 10m or 1h")] = "1h",
+    window: Annotated[
+        str | None,
+        typer.Option(help="rolling traffic profile: the last this long (default 3 x --every)"),
+    ] = None,
+    drift: Annotated[
+        float,
+        typer.Option(
+            help="recommend again when the traffic's busy-time shares moved this far "
+            "(total-variation distance, 0..1) from what the standing answer was made for"
+        ),
+    ] = 0.1,
+    name: Annotated[
+        str | None, typer.Option(help="traffic profile name (default watch:host:port/model)")
+    ] = None,
+    host: HostOption = None,
+    objective: ObjectiveOption = ObjectiveKind.TPS,
+    slo_tpot_ms: SloOption = None,
+    api_key: ApiKeyOption = None,
+    duration: Annotated[
+        str | None, typer.Option(help="stop after this long (default: until SIGTERM)")
+    ] = None,
+) -> None:
+    """The service: observe a running server continuously and keep its N current.
+
+    Polls /slots (or /metrics) like `tuner observe`, keeps the traffic of the last --window
+    (saved every 10 s: a crash loses at most that), and at the end of every --every interval
+    runs `tuner recommend --traffic` when the traffic drifted. A new answer is written to the env
+    file atomically, then --on-change runs once. SIGTERM stops it cleanly.
+    """
+    from tuner.decide.watch import WatchOptions
+    from tuner.decide.watch import watch as run_watch
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")
+    every_s = duration_option(every, "--every")
+    name_of_host, explicit = model_host(host)
+    options = WatchOptions(
+        every_s=every_s,
+        window_s=duration_option(window, "--window") if window else 3 * every_s,
+        drift=drift,
+        on_change=on_change,
+        recommend={
+            "objective": objective,
+            "slo_tpot_ms": slo_tpot_ms,
+            "host_explicit": explicit,
+        },
+    )
+    with terminate_as_interrupt():
+        summary = run_watch(
+            open_store(),
+            model,
+            name_of_host,
+            url,
+            env_file,
+            options,
+            LogLines(),
+            name=name,
+            api_key=api_key,
+            duration_s=duration_option(duration, "--duration") if duration else None,
+        )
+    render.watch_summary(summary)
 
 
 @app.command()
@@ -530,7 +629,8 @@ def validate(
         typer.Option(
             "--arrivals",
             help="poisson: open loop, requests arriving at random at each --rate instead of "
-            "closed levels of streams that start together",
+            "closed levels of streams that start together; trace: replay the arrivals and "
+            "output lengths a `tuner observe` profile saw (--traffic NAME)",
         ),
     ] = None,
     rate: Annotated[
@@ -539,6 +639,9 @@ def validate(
     window: Annotated[
         str, typer.Option(help="open loop: arrivals per configuration and rate, e.g. 60s or 2m")
     ] = "60s",
+    traffic: Annotated[
+        str | None, typer.Option(help="--arrivals trace: the observed traffic profile to replay")
+    ] = None,
     seed: SeedOption = 0,
 ) -> None:
     """Measure the recommended N, N-1, N+1, 0 (always draft) and plain live; report regret, and
@@ -546,7 +649,8 @@ def validate(
 
     With --arrivals poisson --rate R1,R2: the same configurations under open-loop load (seeded
     Poisson arrivals, output lengths from the profile's workload): throughput, TTFT and time per
-    output token at p50/p95/p99, mean generating slots, per rate.
+    output token at p50/p95/p99, mean generating slots, per rate. With --arrivals trace
+    --traffic NAME: the arrivals and output lengths `tuner observe` saw, replayed.
 
     Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
     model's newest profile. The new points are stored and feed the next `tuner fit`.
@@ -556,7 +660,9 @@ def validate(
     if arrivals is not None or rate is not None:
         from tuner.decide.openloop import open_loop_options, validate_open_loop
 
-        rates, window_s = open_loop_options(arrivals, rate, duration_option(window, "--window"))
+        rates, window_s = open_loop_options(
+            arrivals, rate, duration_option(window, "--window"), traffic
+        )
         with terminate_as_interrupt(), ProgressDisplay() as display:
             open_report = validate_open_loop(
                 open_store(),
@@ -569,6 +675,7 @@ def validate(
                 seed=seed,
                 overrides=parsed_overrides(overrides),
                 skip_preflight=skip_preflight,
+                traffic=traffic if arrivals == "trace" else None,
             )
         if output is TableFormat.JSON:
             typer.echo(json.dumps(open_report.as_dict(), default=str))

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tuner.decide.objective import ObjectiveKind
 from tuner.errors import TunerError
 from tuner.settings import Settings, get_settings
 
@@ -189,4 +190,28 @@ SkipPreflightOption = Annotated[
         help="do not first launch each configuration for one short request (the preflight "
         "makes a server that cannot run here fail in seconds, with nothing stored)",
     ),
+]
+TrafficOption = Annotated[
+    str | None,
+    typer.Option(
+        "--traffic",
+        help="weight the objective by this observed traffic profile (`tuner observe`); tpot "
+        "and capacity take its arrival rate and output lengths",
+    ),
+]
+ObjectiveOption = Annotated[
+    ObjectiveKind,
+    typer.Option(
+        "--objective",
+        help="tps: served tok/s; tpot: mean time per output token under random arrivals; "
+        "capacity: highest arrival rate within --slo-tpot-ms at p95",
+    ),
+]
+SloOption = Annotated[
+    float | None,
+    typer.Option("--slo-tpot-ms", help="capacity: the p95 time per output token to keep (ms)"),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(envvar="TUNER_API_KEY", show_envvar=True, help="bearer token (never stored)"),
 ]

@@ -62,3 +62,15 @@ class ProgressDisplay:
             )
         elif event.kind == "level":
             self.progress.update(self.task, advance=event.advance)
+
+
+class LogLines:
+    """Renders messages as timestamped log lines on stderr: for a long-running service (`tuner
+    watch`) under systemd or docker, where a progress bar would only fill the journal."""
+
+    def __call__(self, event: ProgressEvent) -> None:
+        import datetime as dt
+
+        if event.kind in ("server", "kernel", "message") and event.text:
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            err.print(f"{stamp} {event.text}", highlight=False, markup=False, soft_wrap=True)

@@ -14,6 +14,7 @@ from tuner.decide.recommend import PredictReport
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
+from tuner.decide.watch import WatchSummary
 from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.model.costmodel import Crossover
 from tuner.policy import Policy
@@ -251,9 +252,21 @@ def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
                 f"{summary['p90']:.0f} over {summary['n']} finished requests",
                 highlight=False,
             )
+    rate = profile.arrival_rate
     out.print(
-        f"mean generating slots {profile.mean_generating():.2f}; "
-        f"`tuner recommend --model M --traffic {name}` weights the objective by it",
+        f"mean generating slots {profile.mean_generating():.2f}"
+        + (f", {rate:.3g} requests/s finished" if rate else "")
+        + f"; `tuner recommend --model M --traffic {name}` weights the objective by it",
+        highlight=False,
+        markup=False,
+    )
+
+
+def watch_summary(summary: WatchSummary) -> None:
+    """What a watch did before it stopped."""
+    out.print(
+        f"watched {summary.view.url} as {summary.name}: {len(summary.events)} intervals, "
+        f"{summary.changes} answer changes, {summary.writes} env-file writes",
         highlight=False,
         markup=False,
     )

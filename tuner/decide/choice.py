@@ -41,6 +41,7 @@ class ReasonCode(StrEnum):
     LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
     PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
     TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
+    OBJECTIVE = "objective"  # an objective other than tps: what it scores and from what
     DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths
     UNCODED = "uncoded"  # stored before reasons had codes
 
@@ -111,6 +112,7 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
     """
     npar = model.n_parallel
     best = result.best
+    unit = result.objective.unit if result.objective else "tok/s"
     n = best.policy.n_max or model.n_max
     reasons: list[Reason] = []
     values: dict[int, Evaluation] = {N: e for N, e in result.row(n).items() if e.feasible}
@@ -163,8 +165,8 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                 Reason(
                     ReasonCode.WITHIN_UNCERTAINTY,
                     f"N={N} and N={pick} are within the model's uncertainty of each other "
-                    f"(objective {values[N].value:.1f} vs {values[pick].value:.1f} tok/s, "
-                    f"difference {point:.2f} ± {sd:.2f}): preferring the smaller N",
+                    f"(objective {values[N].value:.4g} vs {values[pick].value:.4g} {unit}, "
+                    f"difference {point:.3g} ± {sd:.3g}): preferring the smaller N",
                 )
             )
             break

@@ -1,8 +1,11 @@
-"""`tuner validate --arrivals poisson --rate R1,R2,...`: the recommendation under open-loop load.
+"""`tuner validate --arrivals poisson --rate R1,R2,...` (or `--arrivals trace --traffic NAME`):
+the recommendation under open-loop load.
 
 For each rate, every configuration validate checks (plain, always draft, the recommended N and
 its neighbours) is launched in turn (alternating order from rate to rate) and serves the same
-seeded Poisson arrivals for the window, output lengths from the profile's workload. Per
+seeded Poisson arrivals for the window, output lengths from the profile's workload. A trace
+replays the requests `tuner observe` (or `watch`) saw arrive, at their observed offsets and with
+their observed output lengths, the first --window of them. Per
 configuration and rate it stores throughput, TTFT and time per output token at p50/p95/p99 and
 the mean number of generating slots (tuner.measure.openloop), in `tuner_openloop` with a run of
 kind "openloop".
@@ -20,11 +23,20 @@ from tuner.decide import recommend, validate
 from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError, LoadError
 from tuner.measure.load import LoadGenerator
-from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
+from tuner.measure.openloop import (
+    OpenLoopFigures,
+    Schedule,
+    poisson_schedule,
+    summarize_open_loop,
+    trace_schedule,
+)
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.policy import Policy
+from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.orm import OpenLoopResult
+
+MIN_TRACE_REQUESTS = 5
 
 
 @dataclass
@@ -49,12 +61,22 @@ class OpenLoopReport:
 
 
 def open_loop_options(
-    arrivals: str | None, rate: str | None, window_s: float
+    arrivals: str | None, rate: str | None, window_s: float, traffic: str | None = None
 ) -> tuple[list[float], float]:
-    """--arrivals, --rate and --window read and checked before anything starts: the rates and
-    the window."""
-    if arrivals != "poisson":
-        raise ConfigError(f"--arrivals {arrivals!r}: poisson is the arrival process offered")
+    """--arrivals, --rate, --traffic and --window read and checked before anything starts: the
+    rates (none for a trace) and the window."""
+    if arrivals not in ("poisson", "trace"):
+        raise ConfigError(
+            f"--arrivals {arrivals!r}: poisson (random arrivals at each --rate) or trace "
+            "(replay what `tuner observe` saw, --traffic NAME)"
+        )
+    if arrivals == "trace":
+        if not traffic:
+            raise ConfigError("--arrivals trace needs --traffic NAME (a `tuner observe` profile)")
+        if rate:
+            raise ConfigError("--arrivals trace replays the observed arrivals: drop --rate")
+        check_options([1.0], window_s)
+        return [], window_s
     if not rate:
         raise ConfigError("--arrivals poisson needs --rate, e.g. --rate 0.5,1,2")
     try:
@@ -73,6 +95,24 @@ def check_options(rates: list[float], window_s: float) -> None:
         raise ConfigError("--window must be above 0")
 
 
+def schedules(
+    store: Store, rates: list[float], window_s: float, seed: int, traffic: str | None
+) -> list[Schedule]:
+    """What each round sends: seeded Poisson arrivals per rate, or the observed trace."""
+    if traffic is None:
+        check_options(rates, window_s)
+        return [poisson_schedule(rate, window_s, seed) for rate in rates]
+    profile = traffic_store.load(store, traffic)
+    trace = trace_schedule(profile.requests, window_s)
+    if len(trace.offsets) < MIN_TRACE_REQUESTS:
+        raise ConfigError(
+            f"traffic {traffic!r} holds {len(trace.offsets)} requests seen arriving within "
+            f"{window_s:.0f} s, too few to replay (at least {MIN_TRACE_REQUESTS}); observe "
+            "longer, from /slots"
+        )
+    return [trace]
+
+
 def validate_open_loop(
     store: Store,
     model: str,
@@ -85,9 +125,11 @@ def validate_open_loop(
     seed: int = 0,
     overrides: list[tuple[str, Any]] | None = None,
     skip_preflight: bool = False,
+    traffic: str | None = None,
 ) -> OpenLoopReport:
-    """Measure the standing recommendation and its neighbours under Poisson arrivals."""
-    check_options(rates, window_s)
+    """Measure the standing recommendation and its neighbours under Poisson arrivals (or the
+    observed trace of traffic)."""
+    rounds = schedules(store, rates, window_s, seed, traffic)
     rec = recommend.standing(store, model, host)
     stored_spec = validate.profile_spec_of(store, model, host)
     spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides, kind="openloop")
@@ -108,12 +150,11 @@ def validate_open_loop(
     report = OpenLoopReport(profiler.run_id, rec, window_s)
 
     def body() -> None:
-        for k, rate in enumerate(rates):
-            offsets = poisson_offsets(rate, window_s, seed)
+        for k, schedule in enumerate(rounds):
             order = policies if k % 2 == 0 else list(reversed(policies))
             for policy in order:
-                figures = _one(profiler, policy, rate, offsets, k, observer)
-                report.results.setdefault(rate, {})[policy.config_name] = figures
+                figures = _one(profiler, policy, schedule, k, observer)
+                report.results.setdefault(schedule.rate, {})[policy.config_name] = figures
 
     profiler.guarded(body)
     return report
@@ -122,20 +163,21 @@ def validate_open_loop(
 def _one(
     profiler: Any,
     policy: Policy,
-    rate: float,
-    offsets: list[float],
+    schedule: Schedule,
     round_key: int,
     observer: Observer,
 ) -> OpenLoopFigures:
+    rate = schedule.rate
+    what = "Poisson arrivals" if schedule.source == "poisson" else "replayed arrivals"
     observer(
         ProgressEvent(
             "message",
-            text=f"{policy.config_name}: {len(offsets)} Poisson arrivals at {rate:g}/s",
+            text=f"{policy.config_name}: {len(schedule.offsets)} {what} at {rate:.3g}/s",
         )
     )
     with profiler.launched(policy) as server:
         generator = LoadGenerator(server.url, profiler.request_workload(), api_key=profiler.api_key)
-        _, samples = generator.run_arrivals(offsets, round_key)
+        _, samples = generator.run_arrivals(schedule.offsets, round_key, schedule.max_tokens)
     figures = summarize_open_loop(samples, rate)
     if figures.failed:
         first = next(s.error for s in samples if not s.ok)
@@ -156,7 +198,7 @@ def _one(
     observer(
         ProgressEvent(
             "message",
-            text=f"  {policy.config_name} at {rate:g}/s: {figures.tokens_per_second:.1f} tok/s, "
+            text=f"  {policy.config_name} at {rate:.3g}/s: {figures.tokens_per_second:.1f} tok/s, "
             f"TPOT p95 {figures.tpot_ms[1]:.1f} ms, {figures.mean_generating:.2f} generating",
         )
     )

@@ -17,8 +17,10 @@ import numpy as np
 
 from tuner.decide import search
 from tuner.decide.choice import Reason, ReasonCode, choose
+from tuner.decide.objective import Objective, ObjectiveKind
 from tuner.decide.recommendation import Recommendation, TableRow
 from tuner.errors import ConfigError
+from tuner.measure.observe import TrafficProfile
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
@@ -40,6 +42,10 @@ def recommend(
     fit_id: int | None = None,
     context: int | Mapping[int, float] | None = None,
     traffic: str | None = None,
+    objective: ObjectiveKind = ObjectiveKind.TPS,
+    slo_tpot_ms: float | None = None,
+    rate: float | None = None,
+    output_tokens: float | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
 
@@ -49,6 +55,11 @@ def recommend(
     measured level of its own, so it is printed, not stored. traffic: weight the objective by
     an observed traffic profile (share of busy time at each number of generating slots)
     instead of the spec's workload weights.
+
+    objective: what to maximise (tuner.decide.objective): tps (the default), tpot (mean time
+    per output token under Poisson arrivals at the traffic's rate, or `rate`) or capacity (the
+    highest arrival rate within slo_tpot_ms at p95). tpot and capacity take the arrival rate
+    and mean output length from the traffic profile unless rate and output_tokens are given.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
@@ -65,7 +76,14 @@ def recommend(
         seed=seed,
         context=None if derived or not mix else next(iter(mix)),
     )
-    if not tune_n_max and min_single_stream is None and traffic is None and not derived:
+    plain_question = objective is ObjectiveKind.TPS and rate is None and output_tokens is None
+    if (
+        not tune_n_max
+        and min_single_stream is None
+        and traffic is None
+        and not derived
+        and plain_question
+    ):
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
@@ -95,9 +113,11 @@ def recommend(
             )
         )
     source = stored.weights
+    profile: TrafficProfile | None = None
     if traffic is not None:
         profile = traffic_store.load(store, traffic)
         source = {str(c): w for c, w in profile.weights(cm.n_parallel).items()}
+    if traffic is not None and profile is not None and objective is ObjectiveKind.TPS:
         reasons_first.append(
             Reason(
                 ReasonCode.TRAFFIC,
@@ -112,6 +132,13 @@ def recommend(
     except ValueError as exc:
         what = f"traffic {traffic!r}" if traffic else f"workload weights of {model}"
         raise ConfigError(f"{what}: {exc}") from exc
+    goal = (
+        Objective.throughput(weights)
+        if objective is ObjectiveKind.TPS
+        else arrival_objective(objective, profile, traffic, slo_tpot_ms, rate, output_tokens)
+    )
+    if goal.kind is not ObjectiveKind.TPS:
+        reasons_first.append(Reason(ReasonCode.OBJECTIVE, objective_reason(goal, traffic)))
     options = {
         "context": {str(d): w for d, w in sorted(mix.items())} if derived else None,
         "traffic": traffic,
@@ -121,6 +148,8 @@ def recommend(
         "seed": seed,
         "version": VERSION,
     }
+    if goal.kind is not ObjectiveKind.TPS:
+        options |= goal.options()
     name = search.study_name(
         model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
     )
@@ -129,7 +158,7 @@ def recommend(
             store.url,
             name,
             cm,
-            weights,
+            goal,
             tune_n_max=tune_n_max,
             min_single_stream=min_single_stream,
             seed=seed,
@@ -143,6 +172,13 @@ def recommend(
             f"no setting reaches --min-single-stream {min_single_stream:g} tok/s "
             f"(the best the model predicts at 1 stream is {best_single:.1f})"
         ) from exc
+    if goal.kind is ObjectiveKind.CAPACITY and result.best.value <= 0:
+        raise ConfigError(
+            f"no setting keeps p95 time per output token under {goal.slo_tpot_ms:g} ms, even "
+            f"one stream alone (the fastest single stream the model predicts takes "
+            f"{1000.0 / max(c.single_stream for c in result.candidates):.1f} ms per token): "
+            "raise --slo-tpot-ms"
+        )
     choice = choose(cm, result, measured_gains)
     choice.reasons[:0] = reasons_first
     if stored.host_note:
@@ -165,6 +201,8 @@ def recommend(
         measure_next=choice.measure_next,
         table=prediction_table(cm, choice.policy, measured_levels),
         alternatives=choice.alternatives,
+        objective_kind=goal.kind.value,
+        objective_text=goal.describe(choice.objective),
     )
     if derived:
         rec.made_now = True
@@ -173,6 +211,65 @@ def recommend(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
     return rec
+
+
+def arrival_objective(
+    kind: ObjectiveKind,
+    profile: TrafficProfile | None,
+    traffic: str | None,
+    slo_tpot_ms: float | None,
+    rate: float | None,
+    output_tokens: float | None,
+) -> Objective:
+    """The tpot or capacity objective, its rate and output length from the options or the
+    observed traffic; one clear error when something it needs is missing."""
+    if rate is not None and rate <= 0:
+        raise ConfigError(f"--rate {rate:g}: an arrival rate must be above 0")
+    if output_tokens is not None and output_tokens <= 0:
+        raise ConfigError(f"--output-tokens {output_tokens:g}: must be above 0")
+    if kind is ObjectiveKind.CAPACITY and (slo_tpot_ms is None or slo_tpot_ms <= 0):
+        raise ConfigError(
+            "--objective capacity needs --slo-tpot-ms X above 0: the p95 time per output "
+            "token (ms) the highest served arrival rate must keep"
+        )
+    length = output_tokens or (profile.mean_output_tokens if profile is not None else None)
+    arrivals = rate or (profile.arrival_rate if profile is not None else None)
+    source = (
+        f"traffic {traffic!r} saw no request finish (observe sees them on /slots)"
+        if traffic
+        else "there is no --traffic"
+    )
+    if length is None:
+        raise ConfigError(
+            f"--objective {kind} needs a mean output length and {source}: pass "
+            "--output-tokens, or --traffic NAME"
+        )
+    if kind is ObjectiveKind.TPOT and arrivals is None:
+        raise ConfigError(
+            f"--objective tpot needs an arrival rate and {source}: pass --rate (requests/s), "
+            "or --traffic NAME"
+        )
+    return Objective(
+        kind,
+        rate=arrivals if kind is ObjectiveKind.TPOT else None,
+        mean_output_tokens=float(length),
+        slo_tpot_ms=slo_tpot_ms if kind is ObjectiveKind.CAPACITY else None,
+    )
+
+
+def objective_reason(goal: Objective, traffic: str | None) -> str:
+    where = f" (from traffic {traffic!r})" if traffic else ""
+    if goal.kind is ObjectiveKind.TPOT:
+        return (
+            f"objective: mean time per output token under Poisson arrivals at {goal.rate:.3g} "
+            f"req/s, {goal.mean_output_tokens:.0f} output tokens on average{where}; each N is "
+            "scored at the occupancy it would cause (a birth-death queue over generating slots)"
+        )
+    return (
+        f"objective: the highest arrival rate whose p95 time per output token stays under "
+        f"{goal.slo_tpot_ms:g} ms, {goal.mean_output_tokens:.0f} output tokens on average{where} "
+        "(a birth-death queue over generating slots; p95 over tokens served)"
+    )
 
 
 def measured_depths(

@@ -63,6 +63,8 @@ class Recommendation:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     made_now: bool = False  # made by the command that shows it (no stored one); not stored
     source: str = "model"  # "model": the cost model's choice; "live": the best live trial
+    objective_kind: str = "tps"  # tuner.decide.objective.ObjectiveKind
+    objective_text: str | None = None  # the objective as people read it (tpot in ms, ...)
 
     @property
     def max_slots(self) -> int:
@@ -110,9 +112,15 @@ class Recommendation:
         ]
         if self.objective is not None and self.objective_interval is not None:
             lo, hi = self.objective_interval
-            lines.append(
-                f"objective: {self.objective:.1f} tok/s workload-weighted [{lo:.1f}, {hi:.1f}]"
-            )
+            if self.objective_kind == "tps":
+                lines.append(
+                    f"objective: {self.objective:.1f} tok/s workload-weighted [{lo:.1f}, {hi:.1f}]"
+                )
+            else:
+                lines.append(
+                    f"objective ({self.objective_kind}): {self.objective_text} "
+                    f"(score {self.objective:.4g} [{lo:.4g}, {hi:.4g}])"
+                )
         return lines + [f"- {reason}" for reason in self.reasons]
 
     def as_dict(self) -> dict[str, Any]:
@@ -139,6 +147,8 @@ class Recommendation:
             "table": [asdict(row) for row in self.table],
             "alternatives": self.alternatives,
             "source": self.source,
+            "objective_kind": self.objective_kind,
+            "objective_text": self.objective_text,
         }
 
     @classmethod
@@ -179,4 +189,6 @@ class Recommendation:
             ],
             alternatives=list(details.get("alternatives") or []),
             source=str(details.get("source", "model")),
+            objective_kind=str(details.get("objective_kind") or "tps"),
+            objective_text=details.get("objective_text"),
         )

@@ -4,8 +4,9 @@ The study lives in the tuner's own database (Optuna's tables beside the `tuner_`
 model, host, build, fit and search options, so a rerun resumes it and the same data gives the same
 answer. Parameters: `spec_draft_max_slots` in 0..n_parallel (0 = always draft) and, when asked,
 `spec_draft_n_max` in 1..the profiled n_max. Objective: workload-weighted aggregate tok/s over
-concurrency 1..n_parallel (weights from the profile, default uniform), with an optional floor on
-single-stream tok/s (a constraint: trials below it are infeasible, not optimal).
+concurrency 1..n_parallel (weights from the profile, default uniform) or another of
+tuner.decide.objective's (mean time per output token, capacity under a latency limit), with an
+optional floor on single-stream tok/s (a constraint: trials below it are infeasible, not optimal).
 
 The space is small ((n_parallel + 1) x n_max points), so it is enumerated with Optuna's
 BruteForceSampler: the study's best feasible trial is the model's true optimum. Spaces above
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.decide.objective import Objective, as_objective
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.storage.engine import optuna_storage
@@ -60,8 +62,8 @@ def objective_weights(
 
 
 def policy_objective(model: CostModel, policy: Policy, weights: np.ndarray) -> float:
-    """sum_c w_c * tok/s at c under the policy (the point estimate)."""
-    return float(weights @ model.policy_tps(model.levels, policy))
+    """sum_c w_c * tok/s at c under the policy (the point estimate of the tps objective)."""
+    return Objective.throughput(weights).value(model, policy)
 
 
 def space_size(n_parallel: int, n_values: list[int]) -> int:
@@ -94,11 +96,16 @@ class Evaluation:
 
 
 def evaluate(
-    model: CostModel, policy: Policy, weights: np.ndarray, floor: float | None = None
+    model: CostModel,
+    policy: Policy,
+    objective: Objective | np.ndarray,
+    floor: float | None = None,
 ) -> Evaluation:
-    """The objective of a policy, its replicate spread, and whether it meets the floor."""
-    value = policy_objective(model, policy, weights)
-    samples = model.samples(lambda m: np.array(policy_objective(m, policy, weights)))
+    """The objective of a policy (an Objective, or tps weights), its replicate spread, and
+    whether it meets the floor."""
+    goal = as_objective(objective)
+    value = goal.value(model, policy)
+    samples = model.samples(lambda m: np.array(goal.value(m, policy)))
     single = float(model.policy_tps([1], policy)[0])
     return Evaluation(
         policy,
@@ -110,11 +117,14 @@ def evaluate(
 
 
 def enumerate_space(
-    model: CostModel, weights: np.ndarray, n_values: list[int], floor: float | None = None
+    model: CostModel,
+    objective: Objective | np.ndarray,
+    n_values: list[int],
+    floor: float | None = None,
 ) -> list[Evaluation]:
     """Every (N, n_max) through the same evaluator, without Optuna (a reference for tests)."""
     return [
-        evaluate(model, Policy.of_max_slots(max_slots, n), weights, floor)
+        evaluate(model, Policy.of_max_slots(max_slots, n), objective, floor)
         for n in n_values
         for max_slots in range(model.n_parallel + 1)
     ]
@@ -141,6 +151,7 @@ class SearchResult:
     best: Evaluation
     candidates: list[Evaluation] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
+    objective: Objective | None = None  # None: tps over weights
 
     def row(self, n_max: int) -> dict[int, Evaluation]:
         """Every evaluated N at one draft length, by N."""
@@ -162,6 +173,7 @@ class SearchResult:
                 "feasible": best.feasible,
             },
             "weights": self.weights,
+            "objective": self.objective.options() if self.objective else None,
         }
 
 
@@ -186,7 +198,7 @@ def run_study(
     storage_url: str | None,
     name: str,
     model: CostModel,
-    weights: np.ndarray,
+    objective: Objective | np.ndarray,
     *,
     tune_n_max: bool = False,
     min_single_stream: float | None = None,
@@ -197,9 +209,12 @@ def run_study(
 ) -> SearchResult:
     """Create or resume the study and run the trials it still needs; return its best candidate.
 
-    storage_url None keeps the study in memory (tests, benchmarks).
+    storage_url None keeps the study in memory (tests, benchmarks). objective: an Objective, or
+    the weights of the tps objective.
     """
     import optuna
+
+    goal = as_objective(objective)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -235,7 +250,7 @@ def run_study(
     def objective(trial: optuna.trial.Trial) -> float:
         max_slots = trial.suggest_int(MAX_SLOTS_PARAM, 0, model.n_parallel)
         n = trial.suggest_int(N_MAX_PARAM, n_values[0], n_values[-1]) if tune_n_max else n_values[0]
-        found = evaluate(model, Policy.of_max_slots(max_slots, n), weights, floor)
+        found = evaluate(model, Policy.of_max_slots(max_slots, n), goal, floor)
         for key, value in found.attrs().items():
             trial.set_user_attr(key, value)
         violation = (floor - found.single_stream) if floor is not None else 0.0
@@ -271,7 +286,8 @@ def run_study(
         remaining,
         best,
         candidates,
-        [float(v) for v in weights],
+        list(goal.weights),
+        goal,
     )
 
 

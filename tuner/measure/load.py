@@ -207,13 +207,21 @@ class LoadGenerator:
         return await self._prompt_tokens(client, stream, depth - len(tokens)) + tokens
 
     async def _request(
-        self, client: httpx.AsyncClient, concurrency: int, round_key: int, stream: int
+        self,
+        client: httpx.AsyncClient,
+        concurrency: int,
+        round_key: int,
+        stream: int,
+        length: int | None = None,
     ) -> Request:
-        """Stream i's request in this round: the same for every configuration measured here."""
+        """Stream i's request in this round: the same for every configuration measured here
+        (length: its output tokens, instead of the workload's draw)."""
         w = self.workload
         rng = draw_rng(w.seed, concurrency, round_key, stream)
         prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
         max_tokens = w.output.draw(rng, prompt) if w.output is not None else w.max_tokens
+        if length is not None:
+            max_tokens = length
         common = {
             "ignore_eos": True,  # every request generates its drawn length
             "temperature": 0.0,
@@ -325,10 +333,20 @@ class LoadGenerator:
         return httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers)
 
     async def _requests(
-        self, client: httpx.AsyncClient, concurrency: int, round_key: int, n: int
+        self,
+        client: httpx.AsyncClient,
+        concurrency: int,
+        round_key: int,
+        n: int,
+        lengths: list[int] | None = None,
     ) -> list[Request]:
         try:
-            return [await self._request(client, concurrency, round_key, i) for i in range(n)]
+            return [
+                await self._request(
+                    client, concurrency, round_key, i, lengths[i] if lengths else None
+                )
+                for i in range(n)
+            ]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
 
@@ -344,15 +362,19 @@ class LoadGenerator:
             )
 
     async def run_arrivals_async(
-        self, offsets: list[float], round_key: int = 0, max_connections: int = 64
+        self,
+        offsets: list[float],
+        round_key: int = 0,
+        max_connections: int = 64,
+        lengths: list[int] | None = None,
     ) -> tuple[float, list[RequestSample]]:
         """Open loop: request i starts offsets[i] seconds after the start, whether or not the
-        earlier ones finished (one shared client). Returns the start (perf_counter) and the
-        samples; failures are in the samples."""
+        earlier ones finished (one shared client), generating lengths[i] tokens where given.
+        Returns the start (perf_counter) and the samples; failures are in the samples."""
         # A request waiting for a free connection is late, not failed: no pool timeout.
         async with self._client(max_connections, pool_timeout=None) as client:
             # Prompts and lengths are drawn per request, keyed by its index in the schedule.
-            requests = await self._requests(client, 0, round_key, len(offsets))
+            requests = await self._requests(client, 0, round_key, len(offsets), lengths)
             start = time.perf_counter() + 0.05
             samples = await asyncio.gather(
                 *(
@@ -363,9 +385,9 @@ class LoadGenerator:
             return start, list(samples)
 
     def run_arrivals(
-        self, offsets: list[float], round_key: int = 0
+        self, offsets: list[float], round_key: int = 0, lengths: list[int] | None = None
     ) -> tuple[float, list[RequestSample]]:
-        return asyncio.run(self.run_arrivals_async(offsets, round_key))
+        return asyncio.run(self.run_arrivals_async(offsets, round_key, lengths=lengths))
 
     def run(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
         """One round at a concurrency; round_key picks the round's prompts and lengths."""

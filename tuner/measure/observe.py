@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -52,24 +53,63 @@ def generating_slots(slots: list[Mapping[str, Any]]) -> int:
     return sum(slot_generating(s) for s in slots)
 
 
+LENGTHS_KEPT = 4000  # the most recent finished requests a profile keeps (memory stays flat)
+
+
+class Finished(NamedTuple):
+    """A request seen finishing: when it was first seen in a slot (epoch seconds), its lengths."""
+
+    arrival: float
+    prompt: int
+    output: int
+
+
 @dataclass
 class TrafficProfile:
-    """Seconds spent at each number of generating slots, and the lengths of finished requests."""
+    """Seconds spent at each number of generating slots, and the requests seen finishing.
+
+    Counters cover the whole observation; of the requests themselves only the most recent
+    LENGTHS_KEPT are kept (their arrival times are the trace `validate --arrivals trace`
+    replays), so a profile observed for days stays the same size.
+    """
 
     n_slots: int
     seconds: dict[int, float] = field(default_factory=dict)
-    prompt_tokens: list[int] = field(default_factory=list)
-    output_tokens: list[int] = field(default_factory=list)
+    requests: deque[Finished] = field(default_factory=lambda: deque(maxlen=LENGTHS_KEPT))
     samples: int = 0
     source: str = SOURCE_SLOTS
+    finished: int = 0  # requests seen finishing, all of them
+    output_total: int = 0  # their output tokens, all of them
 
     def add(self, generating: int, dt: float) -> None:
         self.seconds[generating] = self.seconds.get(generating, 0.0) + dt
         self.samples += 1
 
+    def add_finished(self, request: Finished) -> None:
+        self.requests.append(request)
+        self.finished += 1
+        self.output_total += request.output
+
+    @property
+    def prompt_tokens(self) -> list[int]:
+        return [r.prompt for r in self.requests]
+
+    @property
+    def output_tokens(self) -> list[int]:
+        return [r.output for r in self.requests]
+
     @property
     def covered_s(self) -> float:
         return sum(self.seconds.values())
+
+    @property
+    def arrival_rate(self) -> float | None:
+        """Requests per observed second (those seen finishing); None before any finished."""
+        return self.finished / self.covered_s if self.finished and self.covered_s > 0 else None
+
+    @property
+    def mean_output_tokens(self) -> float | None:
+        return self.output_total / self.finished if self.finished else None
 
     def shares(self, busy_only: bool = False) -> dict[int, float]:
         """Share of the time at each count (busy_only: of the time at least one generated)."""
@@ -87,6 +127,23 @@ class TrafficProfile:
         total = self.covered_s
         return sum(k * v for k, v in self.seconds.items()) / total if total else 0.0
 
+    def plus(self, other: TrafficProfile) -> TrafficProfile:
+        """This profile and a later one together (the later one's slots and source)."""
+        seconds = dict(self.seconds)
+        for k, v in other.seconds.items():
+            seconds[k] = seconds.get(k, 0.0) + v
+        requests: deque[Finished] = deque(self.requests, maxlen=LENGTHS_KEPT)
+        requests.extend(other.requests)
+        return TrafficProfile(
+            other.n_slots,
+            seconds,
+            requests,
+            self.samples + other.samples,
+            other.source,
+            self.finished + other.finished,
+            self.output_total + other.output_total,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         def summary(values: list[int]) -> dict[str, float] | None:
             if not values:
@@ -95,6 +152,7 @@ class TrafficProfile:
             return {
                 "n": len(ordered),
                 "median": float(statistics.median(ordered)),
+                "mean": float(statistics.fmean(ordered)),
                 "p90": float(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]),
                 "max": float(ordered[-1]),
             }
@@ -106,17 +164,28 @@ class TrafficProfile:
             "source": self.source,
             "covered_s": self.covered_s,
             "mean_generating": self.mean_generating(),
+            "finished": self.finished,
+            "output_total": self.output_total,
+            "arrival_rate": self.arrival_rate,
             "prompt_tokens": summary(self.prompt_tokens),
             "output_tokens": summary(self.output_tokens),
+            "requests": [[round(r.arrival, 3), r.prompt, r.output] for r in self.requests],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrafficProfile:
+        requests: deque[Finished] = deque(
+            (Finished(float(a), int(p), int(o)) for a, p, o in data.get("requests") or []),
+            maxlen=LENGTHS_KEPT,
+        )
         return cls(
             n_slots=int(data["n_slots"]),
             seconds={int(k): float(v) for k, v in (data.get("seconds") or {}).items()},
+            requests=requests,
             samples=int(data.get("samples") or 0),
             source=str(data.get("source") or SOURCE_SLOTS),
+            finished=int(data.get("finished") or len(requests)),
+            output_total=int(data.get("output_total") or sum(r.output for r in requests)),
         )
 
 
@@ -147,11 +216,12 @@ def generating_histogram(
 class FinishedRequests:
     """Follows each slot's task from poll to poll; a task that left its slot has finished."""
 
-    current: dict[int, tuple[Any, int, int]] = field(default_factory=dict)  # slot: task, p, o
+    current: dict[int, tuple[Any, float, int, int]] = field(default_factory=dict)  # task, t, p, o
 
-    def update(self, slots: list[Mapping[str, Any]]) -> list[tuple[int, int]]:
-        """(prompt tokens, output tokens) of the requests seen finishing since the last poll."""
-        done = []
+    def update(self, slots: list[Mapping[str, Any]], now: float = 0.0) -> list[Finished]:
+        """The requests seen finishing since the last poll; now (epoch seconds) is when a task
+        first seen in this poll arrived, as near as polling tells."""
+        done: list[Finished] = []
         for slot in slots:
             sid = int(slot.get("id", -1))
             task = slot.get("id_task")
@@ -161,17 +231,18 @@ class FinishedRequests:
             if before is not None and before[0] != task:
                 # The slot took another request: the one followed ended after the last poll,
                 # at least as long as last seen.
-                done.append(before[1:])
+                done.append(Finished(*before[1:]))
                 del self.current[sid]
                 before = None
             if slot.get("is_processing"):
-                self.current[sid] = (task, *seen)
+                arrival = before[1] if before is not None else now
+                self.current[sid] = (task, arrival, *seen)
             elif before is not None:
                 # Same request, now finished. A released slot may show its counts reset: the
                 # longest seen stands.
-                done.append((max(before[1], seen[0]), max(before[2], seen[1])))
+                done.append(Finished(before[1], max(before[2], seen[0]), max(before[3], seen[1])))
                 del self.current[sid]
-        return [(p, o) for p, o in done if o > 0]  # one only seen reading its prompt: unknown
+        return [r for r in done if r.output > 0]  # one only seen reading its prompt: unknown
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -240,6 +311,79 @@ def poll(client: httpx.Client, view: ServerView) -> tuple[int, list[Mapping[str,
     return int(parse_metrics(response.text).get("requests_processing", 0)), []
 
 
+class Poller:
+    """One kept-alive connection to a llama-server, polled every interval_s into a profile.
+
+    `step` waits for the next poll and adds what it saw; when the server stops answering it
+    says so once, keeps what it has and retries every RETRY_S until the server is back (that
+    time counts nowhere). Shared by `tuner observe` and `tuner watch`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        observer: Observer = quiet,
+        *,
+        api_key: str | None = None,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.observer = observer
+        self.interval_s = interval_s
+        self.clock, self.sleep, self.wall = clock, sleep, wall
+        self.client = _client(api_key)
+        try:
+            self.view = attach_view(self.client, self.url)
+        except BaseException:
+            self.client.close()
+            raise
+        self.finished = FinishedRequests()
+        self.gone_since: float | None = None
+        self.last = clock()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Poller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def message(self, text: str) -> None:
+        self.observer(ProgressEvent("message", text=text))
+
+    def step(self, profile: TrafficProfile) -> bool:
+        """One poll into profile; False while the server does not answer."""
+        self.sleep(max(0.0, self.interval_s - (self.clock() - self.last)))
+        try:
+            count, slots = poll(self.client, self.view)
+        except (httpx.HTTPError, ValueError) as exc:
+            if self.gone_since is None:
+                self.gone_since = self.clock()
+                self.message(
+                    f"the server stopped answering ({exc.__class__.__name__}); keeping "
+                    f"{profile.covered_s:.0f} s observed, retrying every {RETRY_S:.0f} s"
+                )
+            self.sleep(RETRY_S)
+            self.last = self.clock()
+            return False
+        now = self.clock()
+        if self.gone_since is not None:
+            self.message(f"the server is back after {now - self.gone_since:.0f} s; observing")
+            self.gone_since = None
+            self.finished = FinishedRequests()  # a restarted server numbers tasks anew
+        else:
+            profile.add(count, now - self.last)
+        for request in self.finished.update(slots, self.wall()):
+            profile.add_finished(request)
+        self.last = now
+        return True
+
+
 def observe(
     url: str,
     duration_s: float,
@@ -255,68 +399,30 @@ def observe(
     FLUSH_S and at the end."""
     if duration_s <= 0:
         raise ConfigError("--duration must be above 0")
-    url = url.rstrip("/")
-    with _client(api_key) as client:
-        view = attach_view(client, url)
+    with Poller(
+        url, observer, api_key=api_key, interval_s=interval_s, clock=clock, sleep=sleep
+    ) as poller:
+        view = poller.view
         profile = TrafficProfile(view.n_slots, source=view.source)
-        finished = FinishedRequests()
-        observer(
-            ProgressEvent(
-                "message",
-                text=f"observing {url} ({view.model}, {view.n_slots} slots) from /{view.source}"
-                f", every {interval_s * 1000:.0f} ms for {duration_s:.0f} s",
-            )
+        poller.message(
+            f"observing {view.url} ({view.model}, {view.n_slots} slots) from /{view.source}, "
+            f"every {interval_s * 1000:.0f} ms for {duration_s:.0f} s"
         )
-        start = last = last_flush = clock()
-        gone_since: float | None = None
+        start = last_flush = clock()
         try:
             while clock() - start < duration_s:
-                sleep(max(0.0, interval_s - (clock() - last)))
-                try:
-                    count, slots = poll(client, view)
-                except (httpx.HTTPError, ValueError) as exc:
-                    if gone_since is None:
-                        gone_since = clock()
-                        observer(
-                            ProgressEvent(
-                                "message",
-                                text=f"the server stopped answering ({exc.__class__.__name__}); "
-                                f"keeping {profile.covered_s:.0f} s observed, retrying every "
-                                f"{RETRY_S:.0f} s",
-                            )
-                        )
-                    sleep(RETRY_S)
-                    last = clock()
+                if not poller.step(profile):
                     continue
-                now = clock()
-                if gone_since is not None:
-                    observer(
-                        ProgressEvent(
-                            "message",
-                            text=f"the server is back after {now - gone_since:.0f} s; observing",
-                        )
-                    )
-                    gone_since = None
-                    finished = FinishedRequests()  # a restarted server numbers tasks anew
-                else:
-                    profile.add(count, now - last)
-                for prompt, output in finished.update(slots):
-                    profile.prompt_tokens.append(prompt)
-                    profile.output_tokens.append(output)
-                last = now
-                if now - last_flush >= FLUSH_S:
+                if clock() - last_flush >= FLUSH_S:
                     save(view, profile, False)
-                    last_flush = now
-                    observer(
-                        ProgressEvent(
-                            "message",
-                            text=f"{profile.covered_s:.0f} s observed, mean "
-                            f"{profile.mean_generating():.2f} slots generating",
-                        )
+                    last_flush = clock()
+                    poller.message(
+                        f"{profile.covered_s:.0f} s observed, mean "
+                        f"{profile.mean_generating():.2f} slots generating"
                     )
         except KeyboardInterrupt:
             # Ctrl-C (or SIGTERM) is how an open-ended observation ends: keep what it has.
-            observer(ProgressEvent("message", text="stopped: saving what was observed"))
+            poller.message("stopped: saving what was observed")
         finally:
             save(view, profile, True)
     return view, profile

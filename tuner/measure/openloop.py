@@ -11,13 +11,14 @@ streams that start together cannot show.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from tuner.measure.load import RequestSample
-from tuner.measure.observe import generating_histogram
+from tuner.measure.observe import Finished, generating_histogram
 
 
 def poisson_offsets(rate_per_s: float, duration_s: float, seed: int) -> list[float]:
@@ -32,6 +33,34 @@ def poisson_offsets(rate_per_s: float, duration_s: float, seed: int) -> list[flo
         if t >= duration_s:
             return out
         out.append(t)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When requests arrive (seconds from the start) and, for a replayed trace, how many tokens
+    each generates (else the workload's lengths)."""
+
+    rate: float  # offered requests per second: what results are keyed by
+    offsets: list[float]
+    max_tokens: list[int] | None = None
+    source: str = "poisson"  # poisson | trace
+
+
+def poisson_schedule(rate_per_s: float, duration_s: float, seed: int) -> Schedule:
+    return Schedule(rate_per_s, poisson_offsets(rate_per_s, duration_s, seed))
+
+
+def trace_schedule(requests: Iterable[Finished], window_s: float) -> Schedule:
+    """An observed trace replayed: the requests that arrived within window_s of the first, at
+    their observed offsets, each generating its observed output length."""
+    ordered = sorted(requests, key=lambda r: r.arrival)
+    if not ordered:
+        return Schedule(0.0, [], [], "trace")
+    t0 = ordered[0].arrival
+    kept = [r for r in ordered if r.arrival - t0 < window_s]
+    span = max(kept[-1].arrival - t0, 1e-9)
+    rate = (len(kept) - 1) / span if len(kept) > 1 else 0.0
+    return Schedule(rate, [r.arrival - t0 for r in kept], [max(1, r.output) for r in kept], "trace")
 
 
 @dataclass(frozen=True)

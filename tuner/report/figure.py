@@ -1,6 +1,8 @@
 """The report's figure: aggregate tok/s (top) and per-stream tok/s (bottom) over concurrency,
 measured points with their spreads, model curves in their interval bands, the recommended policy,
-the crossover and validation points. matplotlib's object API on the Agg canvas, no pyplot state.
+the crossover and validation points; under them, where the data have them, the crossover against
+depth, acceptance per prompt set and the open-loop validation (tuner.report.dimensions).
+matplotlib's object API on the Agg canvas, no pyplot state.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.policy import Policy
+from tuner.report.dimensions import Dimensions
+from tuner.report.dimensions import draw as draw_dimensions
 from tuner.report.series import ReportData
 from tuner.report.tables import crossover_text
 
@@ -117,14 +121,22 @@ def _draw_panel(ax: Any, data: ReportData, per_stream: bool) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def render_figure(data: ReportData) -> Any:
-    """The two-panel figure (a matplotlib Figure on the Agg canvas; no pyplot state)."""
+def render_figure(data: ReportData, dims: Dimensions | None = None) -> Any:
+    """The two-panel figure (a matplotlib Figure on the Agg canvas; no pyplot state), with a row
+    of the other dimensions under it where the data have them (tuner.report.dimensions)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 11), dpi=110, layout="constrained")
+    extra = dims is not None and bool(dims.panels())
+    fig = Figure(figsize=(11, 15 if extra else 11), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, sharex=True)
+    if extra:
+        assert dims is not None
+        main, below = fig.subfigures(2, 1, height_ratios=[11, 4])
+        draw_dimensions(below, dims)
+    else:
+        main = fig
+    top, bottom = main.subplots(2, 1, sharex=True)
     _draw_panel(top, data, per_stream=False)
     _draw_panel(bottom, data, per_stream=True)
     rec = data.recommendation
@@ -142,7 +154,7 @@ def render_figure(data: ReportData) -> Any:
     bottom.set_xlabel("concurrency (streams generating at once)")
     handles, labels = top.get_legend_handles_labels()
     pct = f"{100 * data.interval:.0f}%"
-    fig.legend(
+    main.legend(
         handles,
         labels,
         loc="outside lower center",

@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.decide.regret import ValidationReport
 from tuner.model.quality import FitQuality
+from tuner.report.dimensions import Dimensions, open_loop_lines
 from tuner.report.figure import PNG_NAME, SVG_NAME
 from tuner.report.series import ReportData
 from tuner.report.tables import fit_quality_table, markdown, pct, streams
@@ -164,7 +165,9 @@ def _recommendation_lines(data: ReportData) -> list[str]:
         f"- {rec.policy.label}: {rec.policy.describe(data.n_parallel)}, "
         f"n_max {rec.n_max or data.n_max}"
     )
-    if rec.objective is not None:
+    if rec.objective is not None and rec.objective_kind != "tps":
+        lines.append(f"- objective ({rec.objective_kind}): {rec.objective_text}")
+    elif rec.objective is not None:
         interval = (
             f" [{rec.objective_interval[0]:.1f}, {rec.objective_interval[1]:.1f}]"
             if rec.objective_interval
@@ -245,8 +248,10 @@ def render_summary(
     validation_problem: str | None = None,
     host_note: str | None = None,
     generated_at: dt.datetime | None = None,
+    dims: Dimensions | None = None,
 ) -> str:
-    """summary.md: host, build, model, data, fit quality, recommendation, validation."""
+    """summary.md: host, build, model, data, fit quality, recommendation, validation, open
+    loop."""
     when = (generated_at or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     from tuner import __version__
 
@@ -258,6 +263,7 @@ def render_summary(
         ("Fit quality", _quality_lines(quality, data)),
         (f"Recommendation: N={data.recommendation.max_slots}", _recommendation_lines(data)),
         ("Validation", _validation_lines(validation, data.model, validation_problem)),
+        ("Open loop", open_loop_lines(dims or Dimensions())),
     ]
     lines = [
         f"# tuner report: {data.model}",

@@ -13,12 +13,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.decide import recommend, validate
+from tuner.decide import openloop, recommend, validate
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.errors import ConfigError, NothingToDoError, TunerError
 from tuner.model.costmodel import Crossover
 from tuner.report import tables
+from tuner.report.dimensions import Dimensions
 from tuner.report.figure import PNG_NAME, SVG_NAME, render_figure, save_figure
 from tuner.report.series import report_data
 from tuner.report.summary import Facts, RunFact, render_summary
@@ -50,6 +51,7 @@ class ReportInputs:
     validation_problem: str | None = None
     crossover_by_depth: dict[int, Crossover] = field(default_factory=dict)
     acceptance_by_prompt_set: dict[str, float] = field(default_factory=dict)
+    dimensions: Dimensions = field(default_factory=Dimensions)
 
 
 def _facts(store: Store, fit_id: int, run_ids: Sequence[int]) -> Facts:
@@ -169,16 +171,16 @@ def load_inputs(
         )
     facts = _facts(store, fit.id, sorted(run_ids))
     by_depth = crossovers_by_depth(store, model, host, host_explicit=host_explicit, seed=seed)
-    return ReportInputs(
-        fit,
-        rec,
-        points,
-        validation_runs,
-        facts,
-        validation,
-        problem,
+    by_prompts = acceptance_by_prompt_set(store, model)
+    open_run = validations.latest_validation(store, model, fit_host, kind="openloop")
+    dims = Dimensions(
         by_depth,
-        acceptance_by_prompt_set(store, model),
+        by_prompts,
+        open_run,
+        openloop.stored_results(store, open_run) if open_run is not None else {},
+    )
+    return ReportInputs(
+        fit, rec, points, validation_runs, facts, validation, problem, by_depth, by_prompts, dims
     )
 
 
@@ -264,8 +266,9 @@ def write_report(
         inputs.validation,
         inputs.validation_problem,
         fit.host_note,
+        dims=inputs.dimensions,
     )
-    fig = render_figure(data)
+    fig = render_figure(data, inputs.dimensions)
     out = _prepare_dir(out_dir)
     png = _replace_into(out, PNG_NAME, lambda p: save_figure(fig, p, "png"))
     svg = _replace_into(out, SVG_NAME, lambda p: save_figure(fig, p, "svg"))

@@ -24,19 +24,35 @@ def server_of(url: str) -> str:
 
 def merged(base: TrafficProfile | None, new: TrafficProfile) -> TrafficProfile:
     """An earlier observation under the same name plus this one."""
-    if base is None:
-        return new
-    seconds = dict(base.seconds)
-    for k, v in new.seconds.items():
-        seconds[k] = seconds.get(k, 0.0) + v
-    return TrafficProfile(
-        new.n_slots,
-        seconds,
-        base.prompt_tokens + new.prompt_tokens,
-        base.output_tokens + new.output_tokens,
-        base.samples + new.samples,
-        new.source,
-    )
+    return new if base is None else base.plus(new)
+
+
+def save(store: Store, name: str, view: ServerView, profile: dict, status: str) -> None:
+    """Write a traffic profile (as a dict) under its name, creating the row the first time."""
+    with store.session() as session:
+        row = session.scalars(select(Traffic).where(Traffic.name == name)).first()
+        if row is None:
+            row = Traffic(
+                name=name,
+                server=server_of(view.url),
+                model=view.model,
+                source=view.source,
+                n_slots=view.n_slots,
+                status=status,
+                profile={},
+            )
+            session.add(row)
+        row.profile = profile
+        row.n_slots = view.n_slots
+        row.status = status
+        row.updated_at = utcnow()
+
+
+def stored_dict(store: Store, name: str) -> dict | None:
+    """A traffic profile's row as stored, or None."""
+    with store.session() as session:
+        row = session.scalars(select(Traffic).where(Traffic.name == name)).first()
+        return dict(row.profile) if row is not None else None
 
 
 class TrafficSaver:
@@ -49,28 +65,13 @@ class TrafficSaver:
 
     def __call__(self, view: ServerView, profile: TrafficProfile, final: bool) -> None:
         name = self.name or default_name(view)
-        with self.store.session() as session:
-            row = session.scalars(select(Traffic).where(Traffic.name == name)).first()
-            if not self._loaded:
-                self._loaded = True
-                if row is not None:
-                    self._base = TrafficProfile.from_dict(row.profile)
-            total = merged(self._base, profile)
-            if row is None:
-                row = Traffic(
-                    name=name,
-                    server=server_of(view.url),
-                    model=view.model,
-                    source=view.source,
-                    n_slots=view.n_slots,
-                    status="observing",
-                    profile={},
-                )
-                session.add(row)
-            row.profile = total.to_dict()
-            row.n_slots = view.n_slots
-            row.status = "complete" if final else "observing"
-            row.updated_at = utcnow()
+        if not self._loaded:
+            self._loaded = True
+            before = stored_dict(self.store, name)
+            if before is not None:
+                self._base = TrafficProfile.from_dict(before)
+        total = merged(self._base, profile)
+        save(self.store, name, view, total.to_dict(), "complete" if final else "observing")
         self.name = name
 
 

@@ -16,13 +16,16 @@ from tuner.storage.orm import COMPLETED, Host, Level, Model, RecommendationRow, 
 from tuner.storage.recommendations import of_row
 
 
-def latest_validation(store: Store, model: str, host: str | None = None) -> int | None:
-    """The newest completed validation run of a model, on host when one is named."""
+def latest_validation(
+    store: Store, model: str, host: str | None = None, kind: str = "validate"
+) -> int | None:
+    """The newest completed validation run (or run of another kind: openloop) of a model, on
+    host when one is named."""
     with store.session() as session:
         query = (
             select(Run.id)
             .join(Model)
-            .where(Model.name == model, Run.kind == "validate", Run.status == COMPLETED)
+            .where(Model.name == model, Run.kind == kind, Run.status == COMPLETED)
             .order_by(Run.id.desc())
         )
         if host is not None:

@@ -1,0 +1,101 @@
+"""`tuner watch` against the real bench: a bench server serves light traffic (1 and 2 streams),
+then heavy traffic (6 and 8 streams); the watcher, deciding every 12 s on the profiled bench
+model, sees the shift as drift and recommends again for it, keeps the env file at its latest
+answer (other lines kept), and runs its on-change command exactly once per change.
+
+Whether the shift changes N depends on where this profile puts the crossover, which moves with
+the machine's spells, so the test does not insist on a change: it checks that the shift is
+detected and followed. benchmarks/watch_soak.py runs a 20-minute soak and prints the answers,
+the writes and the memory figures."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ProfiledBench, copy_db
+
+from tuner.bench import Bench
+from tuner.bench.traffic import offer_cycle, plain_server
+from tuner.decide.watch import EnvFile, WatchOptions, watch
+from tuner.measure.server import ManagedServer
+from tuner.storage.engine import Store
+from tuner.storage.traffic import load
+
+pytestmark = pytest.mark.bench
+
+LIGHT = [(1, 64), (2, 64)]
+HEAVY = [(6, 48), (8, 48)]
+PHASE_S = 40.0
+
+
+@pytest.fixture
+def server(bench: Bench, tmp_path: Path) -> Iterator[ManagedServer]:
+    config = plain_server(bench, n_parallel=8)
+    with ManagedServer(config, tmp_path / "server.log", start_timeout_s=120) as running:
+        yield running
+
+
+def offer(url: str, cycle: list[tuple[int, int]], seconds: float) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=offer_cycle, args=(url, cycle, stop, []), daemon=True)
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    thread.join(timeout=120)
+
+
+def test_watch_follows_the_traffic_and_reloads_once_per_change(
+    bench_profile: ProfiledBench, server: ManagedServer, tmp_path: Path
+) -> None:
+    store = Store(copy_db(bench_profile, tmp_path))
+    env_path = tmp_path / "server.env"
+    env_path.write_text("LLAMA_ARG_CTX_SIZE=4096\n")
+    reloads = tmp_path / "reloads"
+    options = WatchOptions(
+        every_s=12.0, window_s=12.0, drift=0.1, on_change=f"echo reload >> {reloads}"
+    )
+    load_thread = threading.Thread(
+        target=lambda: (offer(server.url, LIGHT, PHASE_S), offer(server.url, HEAVY, PHASE_S)),
+        daemon=True,
+    )
+    load_thread.start()
+    summary = watch(
+        store,
+        "smollm2-135m-f32",
+        socket.gethostname(),
+        server.url,
+        env_path,
+        options,
+        name="bench-watch",
+        duration_s=2 * PHASE_S - 2.0,  # the last window holds heavy traffic
+    )
+    load_thread.join(timeout=300)
+
+    events = summary.events
+    answers = [(round(e.mean_generating, 2), e.max_slots, e.decision.why) for e in events]
+    light = [e for e in events if e.at - events[0].at < PHASE_S - 12.0]
+    heavy = [e for e in events if e.at - events[0].at > PHASE_S + 12.0]
+    assert light and heavy, answers
+    # the first interval made an answer, and wrote it
+    assert events[0].decision.recommend and events[0].changed, answers
+    assert max(e.mean_generating for e in light) + 2.0 < min(e.mean_generating for e in heavy)
+    # the shift was seen as drift and answered anew
+    assert any(e.decision.recommend and "drifted" in e.decision.why for e in heavy), answers
+    # the env file holds the latest answer, its other line kept; one write and one reload per
+    # change (the first answer is a change from nothing)
+    latest = [e.max_slots for e in events if e.decision.recommend and e.max_slots is not None]
+    assert EnvFile(env_path).current_max_slots() == latest[-1]
+    assert "LLAMA_ARG_CTX_SIZE=4096" in env_path.read_text()
+    assert summary.changes == summary.writes == sum(e.changed for e in events) >= 1
+    assert reloads.read_text().count("reload") == summary.changes
+    assert all(e.command_exit == 0 for e in events if e.changed)
+    # what it decided on is stored under its name: the heavy traffic of the last window
+    stored = load(store, "bench-watch")
+    assert stored.mean_generating() > 3.0 and stored.finished > 0
+    print("watch answers (mean generating, N, why):", *answers, sep="\n  ")
+    store.dispose()

@@ -1,0 +1,444 @@
+"""`tuner watch`: the service. Beside a running llama-server it keeps the answer current.
+
+It polls the server the way `tuner observe` does (tuner.measure.observe.Poller: one connection,
+four polls a second, never a change to the server) into one bucket per interval (`--every`).
+The buckets of the last `--window` make the rolling traffic profile, saved under its name
+every FLUSH_S, so a crash or kill of the watcher loses at most those seconds; a restarted
+watcher reads its buckets back and goes on.
+
+At the end of every interval it compares the rolling profile with the one its standing answer
+was made for (total-variation distance of the busy-time shares). When they differ by at least
+`--drift`, or when no answer stands yet, it runs `tuner recommend --traffic NAME` (with the
+objective asked for). When the answer changes it writes the new
+`LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=N` into the env file atomically (a temporary file in the same
+folder, renamed over it; other lines kept) and then runs the user's `--on-change` command once.
+Decisions happen once per interval, so the command runs at most once per interval. It restarts
+nothing itself unless told to. Every decision is one log line that says why.
+
+SIGTERM or Ctrl-C ends it cleanly: the current bucket is saved, nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.decide.recommendation import ENV_MAX_SLOTS, Recommendation
+from tuner.errors import ConfigError, TunerError
+from tuner.measure.observe import (
+    FLUSH_S,
+    SAMPLE_INTERVAL_S,
+    Poller,
+    ServerView,
+    TrafficProfile,
+    total_variation,
+)
+from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.storage import traffic as traffic_store
+from tuner.storage.engine import Store
+from tuner.storage.traffic import server_of
+
+MIN_BUSY_S = 5.0  # below this much busy time in the window, no answer is made from it
+
+
+# --- the env file -------------------------------------------------------------------------------
+
+
+class EnvFile:
+    """A KEY=VALUE file (systemd's EnvironmentFile, docker's --env-file) the watcher owns one key
+    of: written atomically, every other line kept as it was."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def check_writable(self) -> None:
+        """Fail now, with the reason, if the file cannot be replaced later."""
+        folder = self.path.parent
+        if self.path.is_dir():
+            raise ConfigError(f"--env-file {self.path}: is a directory")
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".tuner-check-"):
+                pass
+        except OSError as exc:
+            raise ConfigError(
+                f"--env-file {self.path}: cannot write in {folder} ({exc.strerror or exc})"
+            ) from None
+
+    def read(self) -> dict[str, str]:
+        if not self.path.exists():
+            return {}
+        values = {}
+        for line in self.path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not key.lstrip().startswith("#"):
+                values[key.strip()] = value.strip()
+        return values
+
+    def current_max_slots(self) -> int | None:
+        raw = self.read().get(ENV_MAX_SLOTS)
+        try:
+            return int(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    def write(self, values: Mapping[str, str]) -> None:
+        """Set these keys (replacing their lines, or appending), atomically."""
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        pending = dict(values)
+        out = []
+        for line in lines:
+            key = line.partition("=")[0].strip()
+            if key in pending:
+                out.append(f"{key}={pending.pop(key)}")
+            else:
+                out.append(line)
+        out += [f"{k}={v}" for k, v in pending.items()]
+        mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write("\n".join(out) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+# --- the rolling profile ------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """One interval's traffic, from its start (epoch seconds)."""
+
+    start: float
+    profile: TrafficProfile
+
+
+@dataclass
+class RollingTraffic:
+    """The buckets of the last window, oldest first; their sum is the profile decisions use."""
+
+    n_slots: int
+    source: str
+    window_s: float
+    buckets: deque[Bucket] = field(default_factory=deque)
+
+    def open(self, start: float) -> Bucket:
+        bucket = Bucket(start, TrafficProfile(self.n_slots, source=self.source))
+        self.buckets.append(bucket)
+        self.drop_before(start + 1e-9 - self.window_s)
+        return bucket
+
+    def drop_before(self, t: float) -> None:
+        # Buckets that started before the window: gone (the newest always stays).
+        while len(self.buckets) > 1 and self.buckets[0].start < t:
+            self.buckets.popleft()
+
+    def total(self) -> TrafficProfile:
+        total = TrafficProfile(self.n_slots, source=self.source)
+        for bucket in self.buckets:
+            total = total.plus(bucket.profile)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rolling total as `recommend --traffic` reads it, with the buckets beside it (their
+        request lists left out: the total keeps the newest)."""
+        data = self.total().to_dict()
+        data["window_s"] = self.window_s
+        data["buckets"] = [
+            {"start": b.start, **{k: v for k, v in b.profile.to_dict().items() if k != "requests"}}
+            for b in self.buckets
+        ]
+        return data
+
+    @classmethod
+    def restore(
+        cls, data: Mapping[str, Any], n_slots: int, source: str, window_s: float, now: float
+    ) -> RollingTraffic:
+        """A watcher's saved buckets within the window of now (a restart goes on from them)."""
+        rolling = cls(n_slots, source, window_s)
+        total = TrafficProfile.from_dict(data)
+        for raw in data.get("buckets") or []:
+            if float(raw["start"]) >= now - window_s:
+                profile = TrafficProfile.from_dict({**raw, "n_slots": n_slots, "requests": []})
+                rolling.buckets.append(Bucket(float(raw["start"]), profile))
+        if rolling.buckets:
+            rolling.buckets[-1].profile.requests.extend(
+                r for r in total.requests if r.arrival >= rolling.buckets[0].start
+            )
+        return rolling
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the end of an interval decided, and why (one log line)."""
+
+    recommend: bool
+    why: str
+    drift: float | None = None
+
+
+def decide(
+    rolling: TrafficProfile, decided_for: Mapping[int, float] | None, drift: float
+) -> Decision:
+    """Whether the rolling profile calls for a new recommendation; pure."""
+    busy = rolling.covered_s - rolling.seconds.get(0, 0.0)
+    if busy < MIN_BUSY_S:
+        return Decision(
+            False,
+            f"{busy:.0f} s of busy time in the window (below {MIN_BUSY_S:.0f} s): the answer "
+            "stands",
+        )
+    shares = rolling.shares(busy_only=True)
+    if decided_for is None:
+        return Decision(True, "no answer made from this traffic yet")
+    distance = total_variation(shares, decided_for)
+    if distance >= drift:
+        return Decision(
+            True,
+            f"traffic drifted: total-variation distance {distance:.2f} >= {drift:.2f} from the "
+            "traffic the standing answer was made for",
+            distance,
+        )
+    return Decision(
+        False,
+        f"traffic within {distance:.2f} (< {drift:.2f}) of what the standing answer was made "
+        "for: it stands",
+        distance,
+    )
+
+
+@dataclass
+class WatchEvent:
+    """One interval's outcome, as logged (kept in the summary for tests and the soak)."""
+
+    at: float  # epoch seconds
+    decision: Decision
+    mean_generating: float
+    max_slots: int | None = None  # the answer after this interval
+    changed: bool = False
+    command_exit: int | None = None
+
+
+@dataclass
+class WatchSummary:
+    """What a watch did until it stopped."""
+
+    name: str
+    view: ServerView
+    events: list[WatchEvent] = field(default_factory=list)
+    changes: int = 0
+    writes: int = 0
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """--every, --window, --drift, --on-change and the recommend options."""
+
+    every_s: float = 3600.0
+    window_s: float = 3 * 3600.0
+    drift: float = 0.1
+    on_change: str | None = None
+    on_change_timeout_s: float = 600.0
+    recommend: Mapping[str, Any] = field(default_factory=dict)  # objective, slo_tpot_ms, ...
+
+    def check(self) -> None:
+        if self.every_s <= 0:
+            raise ConfigError("--every must be above 0")
+        if self.window_s < self.every_s:
+            raise ConfigError(
+                f"--window ({self.window_s:.0f} s) must be at least --every ({self.every_s:.0f} s)"
+            )
+        if not 0 < self.drift <= 1:
+            raise ConfigError(f"--drift {self.drift:g}: a total-variation distance in (0, 1]")
+
+
+Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
+
+
+def run_command(command: str, timeout_s: float) -> tuple[int, str]:
+    """The user's on-change command in a shell: its exit status and the end of its output."""
+    try:
+        done = subprocess.run(
+            command,
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout_s:.0f} s"
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    return done.returncode, " | ".join(tail)
+
+
+class Watcher:
+    """The watch loop's state: poller, rolling profile, env file, the standing answer."""
+
+    def __init__(
+        self,
+        store: Store,
+        poller: Poller,
+        env: EnvFile,
+        name: str,
+        options: WatchOptions,
+        recommender: Recommender,
+        observer: Observer = quiet,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.poller, self.env, self.name = store, poller, env, name
+        self.options, self.recommender, self.observer = options, recommender, observer
+        self.clock, self.wall = clock, wall
+        view = poller.view
+        self.summary = WatchSummary(name, view)
+        self.rolling = self._restored(view)
+        self.decided_for: dict[int, float] | None = None
+        self.current = env.current_max_slots()
+
+    def log(self, text: str) -> None:
+        self.observer(ProgressEvent("message", text=text))
+
+    def _restored(self, view: ServerView) -> RollingTraffic:
+        data = traffic_store.stored_dict(self.store, self.name)
+        if data and data.get("buckets") and int(data.get("n_slots", 0)) == view.n_slots:
+            rolling = RollingTraffic.restore(
+                data, view.n_slots, view.source, self.options.window_s, self.wall()
+            )
+            if rolling.buckets:
+                kept = sum(b.profile.covered_s for b in rolling.buckets)
+                self.log(f"went on from {len(rolling.buckets)} saved intervals ({kept:.0f} s)")
+                return rolling
+        return RollingTraffic(view.n_slots, view.source, self.options.window_s)
+
+    def save(self, final: bool = False) -> None:
+        status = "stopped" if final else "watching"
+        traffic_store.save(self.store, self.name, self.poller.view, self.rolling.to_dict(), status)
+
+    def end_of_interval(self) -> WatchEvent:
+        """Decide on the rolling profile; on a new answer write the env file and run the
+        command."""
+        total = self.rolling.total()
+        decision = decide(total, self.decided_for, self.options.drift)
+        event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
+        self.summary.events.append(event)
+        if not decision.recommend:
+            self.log(f"{total.mean_generating():.2f} slots generating on average; " + decision.why)
+            return event
+        self.save()
+        try:
+            rec = self.recommender(self.name)
+        except TunerError as exc:
+            # A service keeps going: the answer in the env file stands, and the log says why.
+            self.log(f"{decision.why}; recommend failed ({exc}): the answer stands")
+            return event
+        self.decided_for = total.shares(busy_only=True)
+        event.max_slots = rec.max_slots
+        head = f"{decision.why}; {total.mean_generating():.2f} slots generating on average"
+        if rec.max_slots == self.current:
+            self.log(f"{head}: N={rec.max_slots} stands")
+            return event
+        before = self.current
+        self.env.write(rec.env())
+        self.summary.writes += 1
+        self.summary.changes += 1
+        self.current = rec.max_slots
+        event.changed = True
+        was = f"N={before}" if before is not None else "nothing"
+        self.log(f"{head}: N={rec.max_slots} (was {was}); wrote {self.env.path}")
+        if self.options.on_change:
+            code, tail = run_command(self.options.on_change, self.options.on_change_timeout_s)
+            event.command_exit = code
+            self.log(
+                f"ran `{self.options.on_change}`: exit {code}" + (f" ({tail})" if tail else "")
+            )
+        return event
+
+    def run(self, duration_s: float | None = None) -> WatchSummary:
+        """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak)."""
+        opts = self.options
+        view = self.poller.view
+        self.log(
+            f"watching {view.url} ({view.model}, {view.n_slots} slots) from /{view.source} "
+            f"every {self.poller.interval_s * 1000:.0f} ms; deciding every {opts.every_s:.0f} s "
+            f"on the last {opts.window_s:.0f} s; env file {self.env.path}"
+            + (f" (now N={self.current})" if self.current is not None else "")
+        )
+        started = self.clock()
+        bucket = self.rolling.open(self.wall())
+        interval_start = last_flush = self.clock()
+        try:
+            while duration_s is None or self.clock() - started < duration_s:
+                self.poller.step(bucket.profile)
+                now = self.clock()
+                if now - last_flush >= FLUSH_S:
+                    self.save()
+                    last_flush = now
+                if now - interval_start >= opts.every_s:
+                    self.end_of_interval()
+                    bucket = self.rolling.open(self.wall())
+                    interval_start = now
+        except KeyboardInterrupt:
+            self.log("stopped: saving the current interval")
+        finally:
+            self.save(final=True)
+        return self.summary
+
+
+def default_name(view: ServerView) -> str:
+    return f"watch:{server_of(view.url)}/{view.model}"
+
+
+def watch(
+    store: Store,
+    model: str,
+    host: str,
+    url: str,
+    env_path: Path,
+    options: WatchOptions,
+    observer: Observer = quiet,
+    *,
+    name: str | None = None,
+    api_key: str | None = None,
+    duration_s: float | None = None,
+    interval_s: float = SAMPLE_INTERVAL_S,
+    recommender: Recommender | None = None,
+) -> WatchSummary:
+    """Check the options and the env file, attach to the server and watch it; answers come
+    from `recommend --traffic` on model's data for host (or recommender, in tests)."""
+    from tuner.decide.recommend import recommend
+
+    options.check()
+    env = EnvFile(env_path)
+    env.check_writable()
+
+    def from_model(traffic: str) -> Recommendation:
+        return recommend(store, model, host, traffic=traffic, **dict(options.recommend))
+
+    with Poller(url, observer, api_key=api_key, interval_s=interval_s) as poller:
+        watcher = Watcher(
+            store,
+            poller,
+            env,
+            name or default_name(poller.view),
+            options,
+            recommender or from_model,
+            observer,
+        )
+        return watcher.run(duration_s)
