@@ -101,10 +101,66 @@ def test_recommend_answers_for_a_depth_it_did_not_measure_without_storing_it(tmp
     # the middle depth's plain speed lies between the measured depths' at every level
     for lo, hi in zip(shallow.table, deep.table, strict=True):
         assert min(lo.plain, hi.plain) <= plain[lo.concurrency] <= max(lo.plain, hi.plain)
+    # a mix of measured depths rests on measured levels at each: it is stored
     mix = recommend(store, "smollm2-bench", "bench-host", context=parse_context("0:0.5,2048:0.5"))
-    assert mix.made_now and stored() == 2
+    assert not mix.made_now and stored() == 3
+    assert "each was measured" in mix.reasons[0].text
     assert parse_context("4096") == 4096
     for bad in ("-1", "deep", "0:x", "0:0,10:0"):
         with pytest.raises(ConfigError, match="--context"):
             parse_context(bad)
+    store.dispose()
+
+
+def test_equal_time_at_depth_follows_the_measured_slowdown() -> None:
+    from tuner.measure.stats import depth_slowdown
+
+    steps = {(0, 1): 10.0, (0, 2): 12.0, (0, 4): 16.0, (1024, 1): 20.0, (1024, 2): 30.0}
+    assert depth_slowdown(steps, 0, 1024, 2) == pytest.approx(2.5)  # the cell itself
+    assert depth_slowdown(steps, 0, 1024, 4) == pytest.approx(2.5)  # the nearest below
+    # no step at 2048 yet: 1024's slowdown scaled linearly in depth
+    assert depth_slowdown(steps, 0, 2048, 1) == pytest.approx(3.0)
+    assert depth_slowdown({(0, 1): 10.0}, 0, 1024, 1) is None  # nothing deep measured yet
+
+
+def test_a_scaled_workload_shortens_outputs_to_no_fewer_than_its_floor() -> None:
+    import asyncio
+
+    from tuner.measure.load import LoadGenerator, Workload
+
+    async def lengths(scale: float) -> list[int]:
+        generator = LoadGenerator(
+            "http://127.0.0.1:9",
+            Workload(
+                prompt_tokens=4, max_tokens=192, stream=False, output_scale=scale, min_tokens=32
+            ),
+        )
+        generator._prompts = {i: [1, 2, 3, 4] for i in range(3)}  # no server: tokens known
+        requests = [await generator._request(None, 3, 0, i) for i in range(3)]  # type: ignore[arg-type]
+        return [r.body["n_predict"] for r in requests]
+
+    assert asyncio.run(lengths(1.0)) == [192] * 3
+    assert asyncio.run(lengths(0.25)) == [48] * 3
+    assert asyncio.run(lengths(0.05)) == [32] * 3  # the floor
+
+
+def test_recommend_answers_for_the_spec_depth_mix_by_default(tmp_path) -> None:
+    from benchdata import store_profile
+
+    from tuner.decide.choice import ReasonCode
+    from tuner.decide.recommend import recommend
+    from tuner.storage.engine import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    store_profile(store)
+    mostly_deep = {"depth_weights": {0: 0.2, 2048: 0.8}}
+    store_profile(store, levels=_deeper(0.08), depth=2048, workload=mostly_deep)
+    default = recommend(store, "smollm2-bench", "bench-host")
+    assert default.reasons[0].code is ReasonCode.DERIVED_DEPTH
+    assert "workload.depth_weights" in default.reasons[0].text
+    explicit = recommend(store, "smollm2-bench", "bench-host", context={0: 0.2, 2048: 0.8})
+    assert explicit.max_slots == default.max_slots
+    assert [r.chosen for r in explicit.table] == pytest.approx([r.chosen for r in default.table])
+    shallow = recommend(store, "smollm2-bench", "bench-host", context=0)
+    assert shallow.reasons[0].code is not ReasonCode.DERIVED_DEPTH
     store.dispose()

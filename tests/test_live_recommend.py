@@ -288,3 +288,38 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
     stored = stored_results(Store(db_url), report["run_id"])
     assert {str(rate) for rate in stored} == set(results)
     assert stored[4.0]["plain"].offered == results["4.0"]["plain"]["offered"]
+
+
+def test_open_loop_replays_an_observed_trace(bench_profile: ProfiledBench, tmp_path: Path) -> None:
+    from tuner.measure.observe import Finished, ServerView, TrafficProfile
+    from tuner.storage import traffic
+
+    db_url = copy_db(bench_profile, tmp_path)
+    store = Store(db_url)
+    seen = TrafficProfile(8)
+    seen.add(1, 12.0)
+    lengths = [16, 40] * 5
+    for i, output in enumerate(lengths):  # one request a second, as observe would record them
+        seen.add_finished(Finished(1_800_000_000.0 + i, 20, output))
+    view = ServerView("http://127.0.0.1:8080", "m", 8, "slots")
+    traffic.save(store, "seen", view, seen.to_dict(), "complete")
+    store.dispose()
+    env = tuner_env(db_url, tmp_path / "cache")
+    report = tuner_json(
+        env,
+        "validate",
+        "--model",
+        MODELS["bench_profile"],
+        "--arrivals",
+        "trace",
+        "--traffic",
+        "seen",
+        "--window",
+        "30s",
+    )
+    (rate, by_config), *others = report["results"].items()
+    assert not others and float(rate) == pytest.approx(9 / 9.0)  # 10 arrivals over 9 s
+    for f in by_config.values():
+        assert f["offered"] == f["completed"] == 10 and f["failed"] == 0
+        # every request generated its observed length: 280 tokens in all
+        assert f["tokens_per_second"] * f["span_s"] == pytest.approx(sum(lengths))

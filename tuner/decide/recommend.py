@@ -24,7 +24,7 @@ from tuner.measure.observe import TrafficProfile
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
-from tuner.storage import recommendations
+from tuner.storage import recommendations, validations
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.fits import StoredFit, current_fit, select_data
@@ -65,8 +65,15 @@ def recommend(
     it rests on measured trials, and the model's choice would only second-guess them.
     """
     mix = {context: 1.0} if isinstance(context, int) else dict(context or {})
+    from_spec = False
+    if not mix:
+        mix = spec_depth_mix(store, model, host)
+        from_spec = bool(mix)
     depths = measured_depths(store, model, host, host_explicit) if mix else [0]
     derived = bool(mix) and (len(mix) > 1 or next(iter(mix)) not in depths)
+    # A mix of measured depths rests on measured levels at each: it stands like any answer.
+    # A depth that was not measured is interpolated: printed, never stored.
+    interpolated = derived and any(d not in depths for d in mix)
     stored = current_fit(
         store,
         model,
@@ -104,12 +111,17 @@ def recommend(
         }
         cm = depth_model.mixed({d: f.model for d, f in fits.items()}, mix)
         measured_gains, measured_levels = {}, {}
+        origin = " (workload.depth_weights of the profile)" if from_spec else ""
         reasons_first.append(
             Reason(
                 ReasonCode.DERIVED_DEPTH,
-                f"context {format_mix(mix)}: predicted from the fits at depths "
-                f"{', '.join(map(str, depths))} (time per token linear in depth between them); "
-                "no level was measured there, so this answer is not stored",
+                f"context {format_mix(mix)}{origin}: predicted from the fits at depths "
+                f"{', '.join(map(str, depths))} (time per token linear in depth between them)"
+                + (
+                    "; no level was measured at some of them, so this answer is not stored"
+                    if interpolated
+                    else "; each was measured"
+                ),
             )
         )
     source = stored.weights
@@ -204,7 +216,7 @@ def recommend(
         objective_kind=goal.kind.value,
         objective_text=goal.describe(choice.objective),
     )
-    if derived:
+    if interpolated:
         rec.made_now = True
         return rec
     recommendations.save(
@@ -270,6 +282,13 @@ def objective_reason(goal: Objective, traffic: str | None) -> str:
         f"{goal.slo_tpot_ms:g} ms, {goal.mean_output_tokens:.0f} output tokens on average{where} "
         "(a birth-death queue over generating slots; p95 over tokens served)"
     )
+
+
+def spec_depth_mix(store: Store, model: str, host: str | None) -> dict[int, float]:
+    """workload.depth_weights of the model's newest profile spec ({} when it names none)."""
+    spec = validations.latest_profile_spec(store, model, host) or {}
+    weights = (spec.get("workload") or {}).get("depth_weights") or {}
+    return {int(d): float(w) for d, w in weights.items() if float(w) > 0}
 
 
 def measured_depths(

@@ -135,6 +135,10 @@ class Workload:
     output: OutputLengths | None = None  # None: max_tokens for every request
     seed: int = 0
     depth: int = 0  # context tokens each stream holds when it starts decoding (0: the prompt)
+    # A deep level's outputs shortened by this factor (equal-time at depth), to no fewer than
+    # min_tokens (nor more than drawn).
+    output_scale: float = 1.0
+    min_tokens: int = 1
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,8 @@ class LoadGenerator:
         rng = draw_rng(w.seed, concurrency, round_key, stream)
         prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
         max_tokens = w.output.draw(rng, prompt) if w.output is not None else w.max_tokens
+        if w.output_scale < 1.0:
+            max_tokens = max(min(w.min_tokens, max_tokens), round(max_tokens * w.output_scale))
         if length is not None:
             max_tokens = length
         common = {

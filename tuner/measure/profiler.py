@@ -52,7 +52,7 @@ from tuner.measure.preflight import preflight
 from tuner.measure.prompts import PromptSet, load_prompts
 from tuner.measure.server import ManagedServer
 from tuner.measure.spec import ProfileSpec
-from tuner.measure.stats import level_medians, pool_drafting, stable
+from tuner.measure.stats import depth_slowdown, level_medians, pool_drafting, stable
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.hashes import StoredHashes
@@ -339,7 +339,10 @@ class Profiler:
         level = self._level_row(config, concurrency, depth)
         repeats = list(level.metrics.get("repeats", []))
         next_repeat = max((r["repeat"] for r in repeats), default=-1) + 1
-        generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
+        scale = self.output_scale(config, depth, concurrency)
+        generator = LoadGenerator(
+            server_url, self.request_workload(depth, scale), api_key=self.api_key
+        )
         headers = generator.headers
         done_before = len(repeats)
         where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
@@ -414,7 +417,7 @@ class Profiler:
             return str(server.died(where, detail))
         return f"{server.name} stopped answering {where}: {detail}"
 
-    def request_workload(self, depth: int = 0) -> Workload:
+    def request_workload(self, depth: int = 0, output_scale: float = 1.0) -> Workload:
         w = self.spec.workload
         if w.prompts is not None and self._prompt_set is None:
             self._prompt_set = load_prompts(w.prompts)
@@ -427,7 +430,24 @@ class Profiler:
             output=w.output.lengths(w.max_tokens),
             seed=w.seed,
             depth=depth,
+            output_scale=output_scale,
+            min_tokens=w.depth_min_tokens,
         )
+
+    def output_scale(self, config: Target, depth: int, concurrency: int) -> float:
+        """Equal time at depth: a deep cell's outputs shortened by how much slower its steps are
+        than at the shallowest depth, as this run measured them so far (1 at the shallowest,
+        with `depth_output = "full"`, or before any deep step of the configuration)."""
+        shallow = self.depths[0]
+        if depth == shallow or self.spec.workload.depth_output != "equal-time":
+            return 1.0
+        with self.store.session() as session:
+            rows = session.scalars(
+                select(Level).filter_by(run_id=self.run_id, config=self.level_name(config))
+            ).all()
+            steps = {(r.context_tokens, r.concurrency): r.step_ms for r in rows if r.step_ms}
+        slowdown = depth_slowdown(steps, shallow, depth, concurrency)
+        return 1.0 if slowdown is None or slowdown <= 1.0 else 1.0 / slowdown
 
     def warm_up(self, server_url: str, server: ManagedServer | None = None) -> None:
         if not self.spec.workload.warmup:

@@ -108,6 +108,20 @@ class WorkloadSpec(_Strict):
         description="context depths: tokens each stream already holds when it starts decoding "
         "(its prompt, padded to reach the depth); every level is measured at each",
     )
+    depth_weights: dict[int, float] | None = Field(
+        None,
+        description="share of time your slots spend at each context depth, e.g. {0 = 0.3, "
+        "4096 = 0.7}: `recommend` answers for this mix unless --context is given",
+    )
+    depth_output: Literal["equal-time", "full"] = Field(
+        "equal-time",
+        description="at depths beyond the shallowest: equal-time shortens each request's output "
+        "by how much slower a step is there (as measured so far in the run), so a deep level "
+        "takes about as long as a shallow one; full keeps every length",
+    )
+    depth_min_tokens: int = Field(
+        32, ge=8, description="equal-time: the fewest output tokens a deep request gets"
+    )
     concurrency: list[int] | None = Field(
         None, description="levels; default 1, 2, 4, ... up to and including n_parallel"
     )
@@ -157,6 +171,17 @@ class WorkloadSpec(_Strict):
         if o.distribution in ("uniform", "lognormal"):
             return o.max or 4 * (o.median or self.max_tokens)
         return self.max_tokens
+
+    @field_validator("depth_weights")
+    @classmethod
+    def _depth_weights_valid(cls, weights: dict[int, float] | None) -> dict[int, float] | None:
+        if weights is None:
+            return None
+        if any(d < 0 for d in weights):
+            raise ValueError("depths are token counts, 0 or more")
+        if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
+            raise ValueError("shares must be non-negative with at least one above zero")
+        return dict(sorted(weights.items()))
 
     @field_validator("weights")
     @classmethod

@@ -77,3 +77,33 @@ def pool_drafting(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "accept_rates": [p / drafts for p in per_position] if drafts else [],
         "n_decode": sum(r["metrics"]["n_decode"] for r in repeats if "metrics" in r),
     }
+
+
+Steps = dict[tuple[int, int], float]  # (depth, concurrency) -> median step time (ms)
+
+
+def _ratio_at(steps: Steps, shallow: int, depth: int, concurrency: int) -> float | None:
+    """deep / shallow step time at the nearest concurrency measured at both depths (the
+    largest at or below concurrency first: batching makes deep steps slower still)."""
+    both = sorted(c for d, c in steps if d == depth and (shallow, c) in steps)
+    if not both:
+        return None
+    below = [c for c in both if c <= concurrency]
+    c = below[-1] if below else both[0]
+    return steps[(depth, c)] / steps[(shallow, c)]
+
+
+def depth_slowdown(steps: Steps, shallow: int, depth: int, concurrency: int) -> float | None:
+    """How much slower a step is at depth than at the shallowest depth, from what was measured
+    so far: the same cell, else the nearest concurrency at that depth, else another depth's
+    slowdown scaled linearly in depth (the cost of reading the KV cache is). None before any
+    deep step was measured."""
+    ratio = _ratio_at(steps, shallow, depth, concurrency)
+    if ratio is not None:
+        return ratio
+    others = {d for d, _ in steps if d not in (shallow, depth)}
+    for other in sorted(others, key=lambda d: abs(d - depth)):
+        seen = _ratio_at(steps, shallow, other, concurrency)
+        if seen is not None:
+            return 1.0 + (seen - 1.0) * (depth - shallow) / (other - shallow)
+    return None
