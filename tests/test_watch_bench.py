@@ -99,3 +99,60 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     assert stored.mean_generating() > 3.0 and stored.finished > 0
     print("watch answers (mean generating, N, why):", *answers, sep="\n  ")
     store.dispose()
+
+
+def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path) -> None:
+    """The server stops mid-watch and a new one starts on the same port: the watcher says so,
+    keeps what it had, counts no time while it was away, and goes on observing. (The answer comes
+    from a stand-in here: this is about the server going away.)"""
+    from dataclasses import replace
+
+    from tuner.decide.recommendation import Recommendation
+    from tuner.measure.server import free_port
+    from tuner.policy import Policy
+
+    config = replace(plain_server(bench, n_parallel=2), port=free_port())
+    messages: list[str] = []
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+
+    def answer(name: str) -> Recommendation:
+        return Recommendation(id=0, model="m", host="h", policy=Policy.threshold(1, 6), fit_id=0)
+
+    first = ManagedServer(config, tmp_path / "first.log", start_timeout_s=120)
+    first.start()
+    result: dict = {}
+    away_s = 8.0
+
+    def run() -> None:
+        result["summary"] = watch(
+            store,
+            "m",
+            "h",
+            first.url,
+            tmp_path / "server.env",
+            WatchOptions(every_s=6.0, window_s=60.0),
+            lambda event: messages.append(event.text or ""),
+            name="away",
+            duration_s=30.0,
+            recommender=answer,
+        )
+
+    watcher = threading.Thread(target=run)
+    watcher.start()
+    try:
+        offer(first.url, [(1, 32)], 6.0)
+    finally:
+        first.stop()
+    time.sleep(away_s)
+    with ManagedServer(config, tmp_path / "second.log", start_timeout_s=120) as second:
+        offer(second.url, [(2, 32)], 6.0)
+        watcher.join(timeout=120)
+    summary = result["summary"]
+    said = "\n".join(messages)
+    assert "the server stopped answering" in said and "the server is back after" in said, said
+    total = load(store, "away")
+    # 30 s watched, at least away_s of it without a server: that time counts nowhere
+    assert 5.0 < total.covered_s < 30.0 - away_s + 2.0, total.covered_s
+    assert total.seconds.get(1, 0.0) > 1.0 and total.seconds.get(2, 0.0) > 1.0  # before and after
+    assert summary.writes == 1 and EnvFile(tmp_path / "server.env").current_max_slots() == 1
+    store.dispose()
