@@ -17,13 +17,14 @@ slots beside the queue model's prediction of them; then per rate the recommended
 objective, the measured best N, and the recommended N's regret on the measured mean TPOT
 (target: within 2 %).
 
-    .venv/bin/python benchmarks/openloop.py [--window 90] [--db sqlite:///...] [--seed 0]
+    .venv/bin/python benchmarks/openloop.py [--window 90] [--passes 1] [--db URL] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=90.0, help="seconds of arrivals per run")
     parser.add_argument("--db", help="a database with a profile of the bench spec already")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=int, default=1, help="passes per rate (medians)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-openloop-"))
     env = fresh_env(work / "tuner.db", work / "cache")
@@ -92,60 +94,71 @@ def main() -> None:
     profiler.create_run(gather_context(spec, None), kind="openloop")
     workload = profiler.request_workload()
     policies = [Policy.of_max_slots(n) for n in range(cm.n_parallel + 1)]
-    results: dict[float, dict[int, OpenLoopFigures]] = {}
+    results: dict[float, dict[int, list[OpenLoopFigures]]] = {}
     began = time.monotonic()
     for k, rate in enumerate(rates):
-        offsets = poisson_offsets(rate, args.window, args.seed)
-        order = policies if k % 2 == 0 else list(reversed(policies))
         traffic = TrafficProfile(cm.n_parallel)
-        for policy in order:
-            with profiler.launched(policy) as server:
-                stop = threading.Event()
-                watcher = None
-                if policy.max_slots == rec.max_slots:
-                    poller = Poller(server.url)
-                    traffic = TrafficProfile(poller.view.n_slots)
-                    watcher = threading.Thread(
-                        target=observed_while, args=(poller, stop, traffic), daemon=True
-                    )
-                    watcher.start()
-                _, samples = LoadGenerator(server.url, workload).run_arrivals(offsets, k)
-                stop.set()
-                if watcher is not None:
-                    watcher.join()
-                    poller.close()
-            figures = summarize_open_loop(samples, rate)
-            results.setdefault(rate, {})[policy.max_slots or 0] = figures
-            print(
-                f"  {time.monotonic() - began:6.0f} s  rate {rate:.3f}/s N={policy.max_slots}: "
-                f"{figures.tokens_per_second:.1f} tok/s, mean TPOT {mean_tpot_ms(figures):.1f} ms, "
-                f"{figures.mean_generating:.2f} generating, {figures.failed} failed",
-                flush=True,
-            )
+        view = None
+        for p in range(args.passes):
+            # Each pass its own arrivals; within a pass every N gets the same ones.
+            offsets = poisson_offsets(rate, args.window, args.seed + p)
+            order = policies if (k + p) % 2 == 0 else list(reversed(policies))
+            for policy in order:
+                with profiler.launched(policy) as server:
+                    stop = threading.Event()
+                    watcher = None
+                    if policy.max_slots == rec.max_slots:
+                        poller = Poller(server.url)
+                        view = poller.view
+                        seen = TrafficProfile(view.n_slots)
+                        watcher = threading.Thread(
+                            target=observed_while, args=(poller, stop, seen), daemon=True
+                        )
+                        watcher.start()
+                    _, samples = LoadGenerator(server.url, workload).run_arrivals(offsets, k)
+                    stop.set()
+                    if watcher is not None:
+                        watcher.join()
+                        poller.close()
+                        traffic = traffic.plus(seen)
+                figures = summarize_open_loop(samples, rate)
+                results.setdefault(rate, {}).setdefault(policy.max_slots or 0, []).append(figures)
+                print(
+                    f"  {time.monotonic() - began:6.0f} s  rate {rate:.3f}/s pass {p + 1} "
+                    f"N={policy.max_slots}: {figures.tokens_per_second:.1f} tok/s, mean TPOT "
+                    f"{mean_tpot_ms(figures):.1f} ms, {figures.mean_generating:.2f} generating, "
+                    f"{figures.failed} failed",
+                    flush=True,
+                )
         name = f"openloop-{k}"
-        saver = TrafficSaver(store, name)
-        saver(poller.view, traffic, True)
-        results_rate = results[rate]
+        assert view is not None
+        TrafficSaver(store, name)(view, traffic, True)
+        by_n = results[rate]
+        tpot_of = {n: statistics.median(mean_tpot_ms(f) for f in fs) for n, fs in by_n.items()}
         tpot_rec = recommend(store, MODEL, host, traffic=name, objective=ObjectiveKind.TPOT)
         tps_rec = recommend(store, MODEL, host, traffic=name)
-        best = min(results_rate, key=lambda n: mean_tpot_ms(results_rate[n]))
+        best = min(tpot_of, key=lambda n: tpot_of[n])
         print(
             f"\nrate {rate:.3f}/s (target {TARGETS[k]} generating): observed "
             f"{traffic.mean_generating():.2f} generating, {traffic.arrival_rate or 0:.3f} "
             f"requests/s finished, mean output {traffic.mean_output_tokens or 0:.0f} tokens"
         )
-        print("   N   tok/s  mean TPOT ms  p95 TPOT ms  generating (queue model)")
-        for n in sorted(results_rate):
-            f = results_rate[n]
+        print(
+            f"   N   tok/s  mean TPOT ms  p95 TPOT ms  generating (queue model)  "
+            f"[medians over {args.passes} passes]"
+        )
+        for n in sorted(by_n):
+            fs = by_n[n]
             model_tps = cm.policy_tps(cm.levels, Policy.of_max_slots(n))
             occ = queue.occupancy(model_tps, rate, length)
             print(
-                f"  {n:>2} {f.tokens_per_second:7.1f} {mean_tpot_ms(f):12.1f} "
-                f"{f.tpot_ms[1]:12.1f} {f.mean_generating:11.2f} ({occ.mean_generating:.2f}"
-                f", TPOT {queue.mean_tpot_ms(model_tps, occ):.1f})"
+                f"  {n:>2} {statistics.median(f.tokens_per_second for f in fs):7.1f} "
+                f"{tpot_of[n]:12.1f} {statistics.median(f.tpot_ms[1] for f in fs):12.1f} "
+                f"{statistics.median(f.mean_generating for f in fs):11.2f} "
+                f"({occ.mean_generating:.2f}, TPOT {queue.mean_tpot_ms(model_tps, occ):.1f})"
             )
         for label, chosen in (("tpot", tpot_rec.max_slots), ("tps", tps_rec.max_slots)):
-            regret = mean_tpot_ms(results_rate[chosen]) / mean_tpot_ms(results_rate[best]) - 1
+            regret = tpot_of[chosen] / tpot_of[best] - 1
             print(
                 f"  --objective {label}: N={chosen}; measured best N={best}; regret on mean "
                 f"TPOT {100 * regret:.2f} % (target: within 2 %)"

@@ -426,3 +426,45 @@ def test_library_raises_nothing_to_do(db: str) -> None:
         recommend(Store(db), "absent", "this-box")
     with Store(db).session() as session:
         assert session.scalars(select(RecommendationRow)).first() is None
+
+
+def test_objectives_on_the_seed_table(seeded: str) -> None:
+    import json
+
+    tpot = cli(
+        seeded, "recommend", "--model", SEED_MODEL, "--objective", "tpot", "--rate", "0.5",
+        "--output-tokens", "256", "--format", "json", "-q",
+    )  # fmt: skip
+    assert tpot.exit_code == 0, tpot.output
+    answer = json.loads(tpot.stdout)
+    assert answer["objective_kind"] == "tpot" and answer["objective_text"].startswith("mean TPOT")
+    assert ReasonCode.OBJECTIVE in codes(answer["reasons"])
+    # a faster stream is a shorter time per token: the score is 1000 / mean TPOT (ms)
+    ms = float(answer["objective_text"].split()[2])
+    assert answer["objective"] == pytest.approx(1000 / ms, rel=0.01)
+    capacity = cli(
+        seeded, "recommend", "--model", SEED_MODEL, "--objective", "capacity", "--slo-tpot-ms",
+        "60", "--output-tokens", "256", "--format", "json", "-q",
+    )  # fmt: skip
+    assert capacity.exit_code == 0, capacity.output
+    assert json.loads(capacity.stdout)["objective"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--objective", "capacity", "--output-tokens", "256"], "needs --slo-tpot-ms"),
+        (["--objective", "tpot", "--output-tokens", "256"], "needs an arrival rate"),
+        (["--objective", "tpot", "--rate", "1"], "needs a mean output length"),
+        (["--objective", "tpot", "--rate", "0", "--output-tokens", "9"], "must be above 0"),
+        (
+            ["--objective", "capacity", "--slo-tpot-ms", "1", "--output-tokens", "256"],
+            "raise --slo-tpot-ms",
+        ),
+    ],
+)
+def test_objective_errors_are_one_line(seeded: str, args: list[str], fragment: str) -> None:
+    result = cli(seeded, "recommend", "--model", SEED_MODEL, *args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
