@@ -202,3 +202,17 @@ def test_watch_refuses_what_is_not_a_llama_server(fake: tuple[str, dict], tmp_pa
         ["watch", "--model", "m", "--url", url, "--env-file", str(tmp_path / "x.env")],
         "rejected the API key",
     )
+
+
+def test_an_env_file_that_cannot_be_written_later_is_tried_again(tmp_path: Path) -> None:
+    said: list[str] = []
+    w = watcher(tmp_path, Answers())
+    w.observer = lambda event: said.append(event.text or "")
+    w.env = EnvFile(tmp_path / "gone" / "server.env")  # its folder is not there (any more)
+    w.rolling.open(0.0).profile.add(2, 60.0)
+    first = w.end_of_interval()
+    assert not first.changed and w.summary.writes == 0 and "could not be written" in said[-1]
+    (tmp_path / "gone").mkdir()
+    w.rolling.open(60.0).profile.add(2, 60.0)  # the same traffic: it tries again all the same
+    again = w.end_of_interval()
+    assert again.changed and w.env.current_max_slots() == 3

@@ -236,7 +236,8 @@ class WatchEvent:
 
 @dataclass
 class WatchSummary:
-    """What a watch did until it stopped."""
+    """What a watch did until it stopped. changes counts every answer that differed from the env
+    file's (the first one too, when the file held none); writes, the env-file writes."""
 
     name: str
     view: ServerView
@@ -355,7 +356,16 @@ class Watcher:
             self.log(f"{head}: N={rec.max_slots} stands")
             return event
         before = self.current
-        self.env.write(rec.env())
+        try:
+            self.env.write(rec.env())
+        except OSError as exc:
+            # The service keeps going and tries again at the next interval's end.
+            self.decided_for = None
+            self.log(
+                f"{head}: N={rec.max_slots}, but {self.env.path} could not be written "
+                f"({exc.strerror or exc}); trying again at the next interval"
+            )
+            return event
         self.summary.writes += 1
         self.summary.changes += 1
         self.current = rec.max_slots
