@@ -329,13 +329,17 @@ class LoadGenerator:
             raise _RequestFailed("stream ended without a final chunk")
         return final
 
-    def _client(self, connections: int, pool_timeout: float | None) -> httpx.AsyncClient:
+    def _client(
+        self, connections: int, pool_timeout: float | None, keep_alive: bool = True
+    ) -> httpx.AsyncClient:
         # With streaming, `read` bounds the silence between two tokens, so a hung server is
         # noticed after request_timeout_s without cutting short a long, healthy generation.
         timeout = httpx.Timeout(
             connect=10.0, read=self.workload.request_timeout_s, write=10.0, pool=pool_timeout
         )
-        limits = httpx.Limits(max_connections=connections)
+        limits = httpx.Limits(
+            max_connections=connections, max_keepalive_connections=None if keep_alive else 0
+        )
         return httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers)
 
     async def _requests(
@@ -377,8 +381,11 @@ class LoadGenerator:
         """Open loop: request i starts offsets[i] seconds after the start, whether or not the
         earlier ones finished (one shared client), generating lengths[i] tokens where given.
         Returns the start (perf_counter) and the samples; failures are in the samples."""
-        # A request waiting for a free connection is late, not failed: no pool timeout.
-        async with self._client(max_connections, pool_timeout=None) as client:
+        # A request waiting for a free connection is late, not failed: no pool timeout. No
+        # keep-alive either: a connection idle between arrivals may be closed by the server
+        # just as the next request goes out on it ("disconnected without a response"); on
+        # loopback a fresh connection per request costs nothing measurable.
+        async with self._client(max_connections, pool_timeout=None, keep_alive=False) as client:
             # Prompts and lengths are drawn per request, keyed by its index in the schedule.
             requests = await self._requests(client, 0, round_key, len(offsets), lengths)
             start = time.perf_counter() + 0.05
