@@ -3,21 +3,24 @@
 1. Profile the bench spec into a fresh database (or use --db) and take the cost model.
 2. Pick three Poisson arrival rates that the model says keep about 1.5, 4 and 7 slots generating
    under the standing recommendation (tuner.model.queue.rate_for_mean_generating).
-3. Per rate, in one run and interleaved (N in alternating order from rate to rate): launch every
-   --spec-draft-max-slots N in 0..np and send it the same seeded arrivals for --window seconds.
-   While the standing N serves them, `observe`'s poller watches /slots: that is the rate's
-   observed traffic, stored as a traffic profile.
-4. Per rate, `recommend --traffic` on that profile, with --objective tpot (mean time per output
-   token at the observed arrival rate, each N at the occupancy it causes) and with tps (the
-   first-order weighting by observed occupancy).
+3. Per rate, the standing N serves the arrivals while `observe`'s poller watches /slots: that is
+   the rate's observed traffic, stored as a traffic profile. `recommend --traffic` on it gives
+   the N for --objective tpot (mean time per output token at the observed arrival rate, each N
+   at the occupancy it causes) and for tps (first-order weighting by observed occupancy).
+4. Per rate, live, every --spec-draft-max-slots N in 0..np against the recommended one, with the
+   same seeded arrivals for --window seconds each:
+   - `--design paired` (default): the recommended N and each other N in adjacent runs (R, N0,
+     R, N1, R, N2, ...; the order of the others alternates from rate to rate), each N judged
+     against the R runs beside it, so a drift of the machine over the minutes of a rate cancels;
+   - `--design sweep`: every N once per pass (--passes, alternating order), medians over passes.
 
-Prints, per rate and N: measured throughput, mean time per output token (mean generating slots /
-throughput, the token-weighted mean the tpot objective predicts), p95 TPOT and mean generating
-slots beside the queue model's prediction of them; then per rate the recommended N of each
-objective, the measured best N, and the recommended N's regret on the measured mean TPOT
-(target: within 2 %).
+Prints per rate and N: throughput, mean time per output token (mean generating slots /
+throughput: the token-weighted mean the tpot objective predicts), p95 TPOT, mean generating slots
+beside the queue model's prediction; then the recommended N of each objective, the measured best
+N and the recommended N's regret on mean TPOT (target: within 2 %).
 
-    .venv/bin/python benchmarks/openloop.py [--window 90] [--passes 1] [--db URL] [--seed 0]
+    .venv/bin/python benchmarks/openloop.py [--design paired|sweep] [--window 45] [--passes 1]
+        [--db URL] [--seed 0]
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from common import fresh_env, tuner
 from tuner.bench import load_bench
 from tuner.decide.objective import ObjectiveKind
 from tuner.decide.recommend import recommend, standing
-from tuner.measure.load import LoadGenerator
-from tuner.measure.observe import Poller, TrafficProfile
+from tuner.measure.load import LoadGenerator, Workload
+from tuner.measure.observe import Poller, ServerView, TrafficProfile
 from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.spec import load_spec
 from tuner.model import queue
+from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.settings import Settings
 from tuner.storage.engine import Store
@@ -57,17 +61,69 @@ def mean_tpot_ms(f: OpenLoopFigures) -> float:
     return 1000.0 * f.mean_generating / f.tokens_per_second
 
 
-def observed_while(poller: Poller, stop: threading.Event, profile: TrafficProfile) -> None:
-    while not stop.is_set():
-        poller.step(profile)
+class Runner:
+    """One launch of a policy serving one schedule of arrivals, observed when asked."""
+
+    def __init__(self, profiler: Profiler, workload: Workload) -> None:
+        self.profiler, self.workload = profiler, workload
+        self.began = time.monotonic()
+
+    def run(
+        self, policy: Policy, rate: float, offsets: list[float], key: int, observe: bool = False
+    ) -> tuple[OpenLoopFigures, TrafficProfile | None, ServerView | None]:
+        seen: TrafficProfile | None = None
+        view: ServerView | None = None
+        with self.profiler.launched(policy) as server:
+            stop = threading.Event()
+            watcher = None
+            if observe:
+                poller = Poller(server.url)
+                view = poller.view
+                seen = TrafficProfile(view.n_slots)
+
+                def poll(p: Poller = poller, s: TrafficProfile = seen) -> None:
+                    while not stop.is_set():
+                        p.step(s)
+
+                watcher = threading.Thread(target=poll, daemon=True)
+                watcher.start()
+            _, samples = LoadGenerator(server.url, self.workload).run_arrivals(offsets, key)
+            stop.set()
+            if watcher is not None:
+                watcher.join()
+                poller.close()
+        figures = summarize_open_loop(samples, rate)
+        print(
+            f"  {time.monotonic() - self.began:6.0f} s  N={policy.max_slots}: "
+            f"{figures.tokens_per_second:.1f} tok/s, mean TPOT {mean_tpot_ms(figures):.1f} ms, "
+            f"{figures.mean_generating:.2f} generating, {figures.failed} failed",
+            flush=True,
+        )
+        return figures, seen, view
+
+
+def table(cm: CostModel, rate: float, length: float, by_n: dict[int, list[OpenLoopFigures]]):
+    print("   N   tok/s  mean TPOT ms  p95 TPOT ms  generating (queue model: generating, TPOT)")
+    for n in sorted(by_n):
+        fs = by_n[n]
+        model_tps = cm.policy_tps(cm.levels, Policy.of_max_slots(n))
+        occ = queue.occupancy(model_tps, rate, length)
+        print(
+            f"  {n:>2} {statistics.median(f.tokens_per_second for f in fs):7.1f} "
+            f"{statistics.median(mean_tpot_ms(f) for f in fs):12.1f} "
+            f"{statistics.median(f.tpot_ms[1] for f in fs):12.1f} "
+            f"{statistics.median(f.mean_generating for f in fs):11.2f} "
+            f"({occ.mean_generating:.2f}, {queue.mean_tpot_ms(model_tps, occ):.1f})"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--window", type=float, default=90.0, help="seconds of arrivals per run")
+    parser.add_argument("--design", choices=("paired", "sweep"), default="paired")
+    parser.add_argument("--window", type=float, default=45.0, help="seconds of arrivals per run")
+    parser.add_argument("--passes", type=int, default=1, help="sweep: passes per rate (medians)")
     parser.add_argument("--db", help="a database with a profile of the bench spec already")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--passes", type=int, default=1, help="passes per rate (medians)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-openloop-"))
     env = fresh_env(work / "tuner.db", work / "cache")
@@ -78,93 +134,80 @@ def main() -> None:
         print(f"profile: {time.monotonic() - started:.0f} s")
     host = socket.gethostname()
     store = Store(db)
-    rec = standing(store, MODEL, host)
+    standing_n = standing(store, MODEL, host)
     cm = current_fit(store, MODEL, host).model
     settings = Settings()
     spec = load_spec(SPEC, [], lambda: load_bench(settings.bench_manifest_path).as_refs())
     length = float(spec.workload.max_tokens)
-    tps = cm.policy_tps(cm.levels, rec.policy)
+    tps = cm.policy_tps(cm.levels, standing_n.policy)
     rates = [queue.rate_for_mean_generating(tps, length, m) for m in TARGETS]
     print(
-        f"standing N={rec.max_slots}; rates for {', '.join(map(str, TARGETS))} slots generating: "
-        + ", ".join(f"{r:.3f}/s" for r in rates)
+        f"standing N={standing_n.max_slots}; rates for {', '.join(map(str, TARGETS))} slots "
+        "generating: " + ", ".join(f"{r:.3f}/s" for r in rates) + f"; design {args.design}",
+        flush=True,
     )
     sweep = Store(f"sqlite:///{work / 'sweep.db'}")
     profiler = Profiler(sweep, spec, work / "logs")
     profiler.create_run(gather_context(spec, None), kind="openloop")
-    workload = profiler.request_workload()
-    policies = [Policy.of_max_slots(n) for n in range(cm.n_parallel + 1)]
-    results: dict[float, dict[int, list[OpenLoopFigures]]] = {}
-    began = time.monotonic()
+    runner = Runner(profiler, profiler.request_workload())
+    all_n = list(range(cm.n_parallel + 1))
     for k, rate in enumerate(rates):
-        traffic = TrafficProfile(cm.n_parallel)
-        view = None
-        for p in range(args.passes):
-            # Each pass its own arrivals; within a pass every N gets the same ones.
-            offsets = poisson_offsets(rate, args.window, args.seed + p)
-            order = policies if (k + p) % 2 == 0 else list(reversed(policies))
-            for policy in order:
-                with profiler.launched(policy) as server:
-                    stop = threading.Event()
-                    watcher = None
-                    if policy.max_slots == rec.max_slots:
-                        poller = Poller(server.url)
-                        view = poller.view
-                        seen = TrafficProfile(view.n_slots)
-                        watcher = threading.Thread(
-                            target=observed_while, args=(poller, stop, seen), daemon=True
-                        )
-                        watcher.start()
-                    _, samples = LoadGenerator(server.url, workload).run_arrivals(offsets, k)
-                    stop.set()
-                    if watcher is not None:
-                        watcher.join()
-                        poller.close()
-                        traffic = traffic.plus(seen)
-                figures = summarize_open_loop(samples, rate)
-                results.setdefault(rate, {}).setdefault(policy.max_slots or 0, []).append(figures)
-                print(
-                    f"  {time.monotonic() - began:6.0f} s  rate {rate:.3f}/s pass {p + 1} "
-                    f"N={policy.max_slots}: {figures.tokens_per_second:.1f} tok/s, mean TPOT "
-                    f"{mean_tpot_ms(figures):.1f} ms, {figures.mean_generating:.2f} generating, "
-                    f"{figures.failed} failed",
-                    flush=True,
-                )
+        print(f"\nrate {rate:.3f}/s (target {TARGETS[k]} generating)", flush=True)
+        offsets = poisson_offsets(rate, args.window, args.seed)
+        # The rate's traffic, as observe sees it under the standing N, and the answers for it.
+        first, seen, view = runner.run(standing_n.policy, rate, offsets, k, observe=True)
+        assert seen is not None and view is not None
         name = f"openloop-{k}"
-        assert view is not None
-        TrafficSaver(store, name)(view, traffic, True)
-        by_n = results[rate]
-        tpot_of = {n: statistics.median(mean_tpot_ms(f) for f in fs) for n, fs in by_n.items()}
-        tpot_rec = recommend(store, MODEL, host, traffic=name, objective=ObjectiveKind.TPOT)
-        tps_rec = recommend(store, MODEL, host, traffic=name)
-        best = min(tpot_of, key=lambda n: tpot_of[n])
+        TrafficSaver(store, name)(view, seen, True)
+        answers = {
+            "tpot": recommend(store, MODEL, host, traffic=name, objective=ObjectiveKind.TPOT),
+            "tps": recommend(store, MODEL, host, traffic=name),
+        }
+        chosen = answers["tpot"].max_slots
         print(
-            f"\nrate {rate:.3f}/s (target {TARGETS[k]} generating): observed "
-            f"{traffic.mean_generating():.2f} generating, {traffic.arrival_rate or 0:.3f} "
-            f"requests/s finished, mean output {traffic.mean_output_tokens or 0:.0f} tokens"
+            f"  observed {seen.mean_generating():.2f} generating, "
+            f"{seen.arrival_rate or 0:.3f} requests/s finished, mean output "
+            f"{seen.mean_output_tokens or 0:.0f} tokens: tpot N={chosen}, "
+            f"tps N={answers['tps'].max_slots}",
+            flush=True,
         )
+        by_n: dict[int, list[OpenLoopFigures]] = {standing_n.max_slots: [first]}
+        ratio: dict[int, float] = {}  # mean TPOT of N over that of the chosen N beside it
+        others = [n for n in all_n if n != chosen]
+        if k % 2:
+            others.reverse()
+        if args.design == "paired":
+            for n in others:
+                mine, _, _ = runner.run(Policy.of_max_slots(chosen), rate, offsets, k)
+                theirs, _, _ = runner.run(Policy.of_max_slots(n), rate, offsets, k)
+                by_n.setdefault(chosen, []).append(mine)
+                by_n.setdefault(n, []).append(theirs)
+                ratio[n] = mean_tpot_ms(theirs) / mean_tpot_ms(mine)
+        else:
+            for p in range(args.passes):
+                order = all_n if (k + p) % 2 == 0 else list(reversed(all_n))
+                for n in order:
+                    pass_offsets = poisson_offsets(rate, args.window, args.seed + p)
+                    by_n.setdefault(n, []).append(
+                        runner.run(Policy.of_max_slots(n), rate, pass_offsets, k)[0]
+                    )
+            tpot_of = {n: statistics.median(mean_tpot_ms(f) for f in fs) for n, fs in by_n.items()}
+            ratio = {n: tpot_of[n] / tpot_of[chosen] for n in others}
+        table(cm, rate, length, by_n)
+        best = min(ratio, key=lambda n: ratio[n])
+        regret = max(0.0, 1.0 / ratio[best] - 1.0)
+        against = ", ".join(f"N={n} {100 * (r - 1):+.1f}%" for n, r in sorted(ratio.items()))
+        print(f"  mean TPOT of each N against N={chosen} beside it: {against}")
         print(
-            f"   N   tok/s  mean TPOT ms  p95 TPOT ms  generating (queue model)  "
-            f"[medians over {args.passes} passes]"
+            f"  --objective tpot: N={chosen}; measured best N="
+            f"{best if ratio[best] < 1 else chosen}; regret on mean TPOT {100 * regret:.2f} % "
+            "(target: within 2 %)"
         )
-        for n in sorted(by_n):
-            fs = by_n[n]
-            model_tps = cm.policy_tps(cm.levels, Policy.of_max_slots(n))
-            occ = queue.occupancy(model_tps, rate, length)
-            print(
-                f"  {n:>2} {statistics.median(f.tokens_per_second for f in fs):7.1f} "
-                f"{tpot_of[n]:12.1f} {statistics.median(f.tpot_ms[1] for f in fs):12.1f} "
-                f"{statistics.median(f.mean_generating for f in fs):11.2f} "
-                f"({occ.mean_generating:.2f}, TPOT {queue.mean_tpot_ms(model_tps, occ):.1f})"
-            )
-        for label, chosen in (("tpot", tpot_rec.max_slots), ("tps", tps_rec.max_slots)):
-            regret = tpot_of[chosen] / tpot_of[best] - 1
-            print(
-                f"  --objective {label}: N={chosen}; measured best N={best}; regret on mean "
-                f"TPOT {100 * regret:.2f} % (target: within 2 %)"
-            )
+        if answers["tps"].max_slots != chosen:
+            tps_n = answers["tps"].max_slots
+            print(f"  --objective tps: N={tps_n}, {100 * (ratio[tps_n] - 1):+.1f}% against tpot's")
         print(flush=True)
-    print(f"sweep wall time {time.monotonic() - began:.0f} s; files in {work}")
+    print(f"wall time {time.monotonic() - runner.began:.0f} s; files in {work}")
 
 
 if __name__ == "__main__":
