@@ -84,8 +84,10 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     # the first interval made an answer, and wrote it
     assert events[0].decision.recommend and events[0].changed, answers
     assert max(e.mean_generating for e in light) + 2.0 < min(e.mean_generating for e in heavy)
-    # the shift was seen as drift and answered anew
-    assert any(e.decision.recommend and "drifted" in e.decision.why for e in heavy), answers
+    # the shift was seen as drift and answered anew: at the interval that straddles it (mostly
+    # heavy already) or at a later one
+    after_light = [e for e in events if e not in light]
+    assert any(e.decision.recommend and "drifted" in e.decision.why for e in after_light), answers
     # the env file holds the latest answer, its other line kept; one write and one reload per
     # change (the first answer is a change from nothing)
     latest = [e.max_slots for e in events if e.decision.recommend and e.max_slots is not None]
