@@ -12,6 +12,9 @@
    - `--design paired` (default): the recommended N and each other N in adjacent runs (R, N0,
      R, N1, R, N2, ...; the order of the others alternates from rate to rate), each N judged
      against the R runs beside it, so a drift of the machine over the minutes of a rate cancels;
+     an N that then leads the chosen one is paired again (--confirm times, the order reversed
+     each time, at most --confirm-budget extra pairs per rate) and judged on its median pair,
+     since the best of several single noisy pairs looks better than it is;
    - `--design sweep`: every N once per pass (--passes, alternating order), medians over passes.
 
 Prints per rate and N: throughput, mean time per output token (mean generating slots /
@@ -20,7 +23,7 @@ beside the queue model's prediction; then the recommended N of each objective, t
 N and the recommended N's regret on mean TPOT (target: within 2 %).
 
     .venv/bin/python benchmarks/openloop.py [--design paired|sweep] [--window 45] [--passes 1]
-        [--db URL] [--seed 0]
+        [--confirm 2] [--confirm-budget 3] [--db URL] [--seed 0]
 """
 
 from __future__ import annotations
@@ -102,6 +105,45 @@ class Runner:
         return figures, seen, view
 
 
+def paired(
+    runner: Runner,
+    chosen: int,
+    others: list[int],
+    rate: float,
+    offsets: list[float],
+    key: int,
+    args: argparse.Namespace,
+    by_n: dict[int, list[OpenLoopFigures]],
+) -> dict[int, float]:
+    """Each other N in adjacent runs with the chosen one; the median over its pairs of its mean
+    TPOT against the chosen N's."""
+    pairs: dict[int, list[float]] = {}
+
+    def pair(n: int, chosen_first: bool) -> None:
+        runs = [chosen, n] if chosen_first else [n, chosen]
+        got = {m: runner.run(Policy.of_max_slots(m), rate, offsets, key)[0] for m in runs}
+        for m in runs:
+            by_n.setdefault(m, []).append(got[m])
+        pairs.setdefault(n, []).append(mean_tpot_ms(got[n]) / mean_tpot_ms(got[chosen]))
+
+    def ratio(n: int) -> float:
+        return statistics.median(pairs[n])
+
+    for n in others:
+        pair(n, chosen_first=True)
+    # The best of eight single pairs is biased towards luck (the winner's curse): the N that
+    # leads against the chosen one is measured again, in the other order, until it has
+    # 1 + --confirm pairs or another N leads, within --confirm-budget extra pairs.
+    for _ in range(args.confirm_budget):
+        leader = min(pairs, key=ratio)
+        if ratio(leader) >= 1.0 or len(pairs[leader]) > args.confirm:
+            break
+        pair(leader, chosen_first=len(pairs[leader]) % 2 == 0)
+    again = [f"N={n} {len(v)}" for n, v in sorted(pairs.items()) if len(v) > 1]
+    print("  pairs: one per N" + (f"; {', '.join(again)}" if again else ""), flush=True)
+    return {n: ratio(n) for n in pairs}
+
+
 def table(cm: CostModel, rate: float, length: float, by_n: dict[int, list[OpenLoopFigures]]):
     print("   N   tok/s  mean TPOT ms  p95 TPOT ms  generating (queue model: generating, TPOT)")
     for n in sorted(by_n):
@@ -122,6 +164,12 @@ def main() -> None:
     parser.add_argument("--design", choices=("paired", "sweep"), default="paired")
     parser.add_argument("--window", type=float, default=45.0, help="seconds of arrivals per run")
     parser.add_argument("--passes", type=int, default=1, help="sweep: passes per rate (medians)")
+    parser.add_argument(
+        "--confirm", type=int, default=2, help="paired: extra pairs for an N that leads"
+    )
+    parser.add_argument(
+        "--confirm-budget", type=int, default=3, help="paired: extra pairs per rate at most"
+    )
     parser.add_argument("--db", help="a database with a profile of the bench spec already")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -177,12 +225,7 @@ def main() -> None:
         if k % 2:
             others.reverse()
         if args.design == "paired":
-            for n in others:
-                mine, _, _ = runner.run(Policy.of_max_slots(chosen), rate, offsets, k)
-                theirs, _, _ = runner.run(Policy.of_max_slots(n), rate, offsets, k)
-                by_n.setdefault(chosen, []).append(mine)
-                by_n.setdefault(n, []).append(theirs)
-                ratio[n] = mean_tpot_ms(theirs) / mean_tpot_ms(mine)
+            ratio = paired(runner, chosen, others, rate, offsets, k, args, by_n)
         else:
             for p in range(args.passes):
                 order = all_n if (k + p) % 2 == 0 else list(reversed(all_n))
