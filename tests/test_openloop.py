@@ -15,13 +15,18 @@ def test_poisson_arrivals_are_seeded_and_have_their_rate() -> None:
     a = poisson_offsets(2.0, 2000.0, seed=1)
     assert a == poisson_offsets(2.0, 2000.0, seed=1)
     assert a != poisson_offsets(2.0, 2000.0, seed=2)
-    assert len(a) / 2000.0 == pytest.approx(2.0, rel=0.05)
+    # conditioned on its count: the window holds exactly rate x duration arrivals
+    assert len(a) == 4000
+    assert [len(poisson_offsets(0.324, 45.0, seed)) for seed in range(5)] == [15] * 5
+    assert len(poisson_offsets(0.01, 10.0, seed=1)) == 1
     gaps = [b - a_ for a_, b in itertools.pairwise(a)]
     # exponential gaps: the standard deviation equals the mean
     assert statistics.pstdev(gaps) == pytest.approx(statistics.fmean(gaps), rel=0.1)
     assert all(0 < t < 2000.0 for t in a)
     with pytest.raises(ValueError, match="above 0"):
         poisson_offsets(0.0, 10.0, seed=1)
+    with pytest.raises(ValueError, match="above 0 s"):
+        poisson_offsets(1.0, 0.0, seed=1)
 
 
 def _sample(i: int, start: float, first: float, step: float, tokens: int) -> RequestSample:
