@@ -220,17 +220,17 @@ def main() -> None:
             flush=True,
         )
         by_n: dict[int, list[OpenLoopFigures]] = {standing_n.max_slots: [first]}
-        ratio: dict[int, float] = {}  # mean TPOT of N over that of the chosen N beside it
         others = [n for n in all_n if n != chosen]
         if k % 2:
             others.reverse()
+        # mean TPOT of each other N over that of the chosen N beside it
         if args.design == "paired":
             ratio = paired(runner, chosen, others, rate, offsets, k, args, by_n)
         else:
             for p in range(args.passes):
                 order = all_n if (k + p) % 2 == 0 else list(reversed(all_n))
+                pass_offsets = poisson_offsets(rate, args.window, args.seed + p)
                 for n in order:
-                    pass_offsets = poisson_offsets(rate, args.window, args.seed + p)
                     by_n.setdefault(n, []).append(
                         runner.run(Policy.of_max_slots(n), rate, pass_offsets, k)[0]
                     )

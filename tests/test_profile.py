@@ -138,8 +138,8 @@ def _shows_crossover(contrast: tuple[float, float]) -> bool:
 
 
 def _machine_state() -> str:
-    """Load average and the llama processes still running: a failure says whether something
-    else held the CPUs."""
+    """Load average and the five busiest processes: a failure says whether something else held
+    the CPUs."""
     ps = subprocess.run(
         ["ps", "-eo", "pid,pcpu,etimes,args", "--sort=-pcpu"],
         capture_output=True,
