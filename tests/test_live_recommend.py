@@ -55,10 +55,14 @@ def test_recommended_n_matches_the_measured_crossover(
         # Behind, then ahead again (a spell of the VM in the middle of the profile): no
         # threshold agrees with both, and the rule is that the model decides and the reasons
         # say the measurements are noisy.
-        answer = tuner_json(
-            tuner_env(db_url, tmp_path), "recommend", "--model", MODELS[profile_fixture], "-q"
+        answer = subprocess.run(
+            tuner_cmd("recommend", "--model", MODELS[profile_fixture], "--format", "json", "-q"),
+            env=tuner_env(db_url, tmp_path),
+            capture_output=True,
+            text=True,
+            check=True,
         )
-        codes = {r["code"] for r in answer["reasons"]}
+        codes = {r["code"] for r in json.loads(answer.stdout)["reasons"]}
         assert "noisy-gains" in codes, (gains, codes)
         return
     assert gains[8] < -TIE, f"the bench's contrast is gone: {gains}"  # so N < 8 is required
