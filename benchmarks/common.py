@@ -22,11 +22,16 @@ def fresh_env(db: Path, cache: Path) -> dict[str, str]:
     }
 
 
-def tuner(env: dict[str, str], *args: str) -> str:
-    """Run a tuner command; its stdout. A failure ends the benchmark with its stderr."""
+def tuner_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a tuner command; its output. A failure ends the benchmark with its stderr."""
     result = subprocess.run(
         [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
     )
     if result.returncode != 0:
         sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout
+    return result
+
+
+def tuner(env: dict[str, str], *args: str) -> str:
+    """Run a tuner command; its stdout. A failure ends the benchmark with its stderr."""
+    return tuner_run(env, *args).stdout

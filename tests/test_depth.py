@@ -17,7 +17,7 @@ from fleetkit import run_tuner, tuner_json
 from sqlalchemy import select
 
 from tuner.storage.engine import Store
-from tuner.storage.orm import Level
+from tuner.storage.orm import Level, Sample
 
 pytestmark = pytest.mark.bench
 
@@ -52,8 +52,15 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     )
     assert profile.returncode == 0, profile.stderr[-3000:]
 
+    # Each launch prefilled the deep streams' context before measuring them, so no measured
+    # request prefilled more than the token or two that decoding starts from.
+    assert f"prefilled at depth {DEEP}" in profile.stderr + profile.stdout
     store = Store(db_url)
     with store.session() as session:
+        deep_prompts = session.scalars(
+            select(Sample.prompt_tokens).join(Level).where(Level.context_tokens == DEEP)
+        ).all()
+        assert deep_prompts and max(deep_prompts) <= 4, sorted(deep_prompts)[-5:]
         levels = session.scalars(select(Level).where(Level.status == "completed")).all()
         step = {(lv.config, lv.concurrency, lv.context_tokens): lv.step_ms for lv in levels}
         passes = {

@@ -176,9 +176,10 @@ def profile(
     Each configuration is first launched once to answer one short request (drafting on), so a
     build that cannot run here fails within about a minute with the reason; then every level is
     measured and stored as it finishes (Ctrl-C keeps finished repeats; --resume continues).
-    The configurations are interleaved (A B, then B A, one launch per pass) so a drift of the
-    machine hits them alike. Then, within --budget, it measures the levels where the crossover
-    is still undecided (the ones `recommend` would name under "measure next")."""
+    The configurations are interleaved (A B, then B A, ...; the one that ends a pass starts the
+    next on the same launch) so a drift of the machine hits them alike. Then, within --budget,
+    it measures the levels where the crossover is still undecided (the ones `recommend` would
+    name under "measure next")."""
     from tuner.decide.adaptive import profile_adaptively
     from tuner.measure.attach import attach
 

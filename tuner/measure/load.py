@@ -371,6 +371,31 @@ class LoadGenerator:
                 )
             )
 
+    async def prefill_async(self, streams: int) -> list[RequestSample]:
+        """Load streams 0..streams-1's padding at workload.depth into the server's prompt cache,
+        all together, one generated token each; failures are in the samples.
+
+        A level's later requests at this depth start with the same padding, so they find it
+        cached: without this, the streams new to a depth would prefill thousands of tokens
+        while the others decode, and those steps (many times slower) would land in the level's
+        step time and shrink its decode window."""
+        w = self.workload
+        async with self._client(streams + 2, pool_timeout=10.0) as client:
+            try:
+                paddings = [await self._prompt_tokens(client, i, w.depth) for i in range(streams)]
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
+            body = {"n_predict": 1, "temperature": 0.0, "cache_prompt": True, "stream": w.stream}
+            requests = [Request(COMPLETION_PATH, {"prompt": p, **body}) for p in paddings]
+            return list(
+                await asyncio.gather(
+                    *(self._one(client, i, r, None) for i, r in enumerate(requests))
+                )
+            )
+
+    def prefill(self, streams: int) -> list[RequestSample]:
+        return asyncio.run(self.prefill_async(streams))
+
     async def run_arrivals_async(
         self,
         offsets: list[float],

@@ -2,11 +2,13 @@
 
 Each policy (plain: no drafting; always draft; threshold N: the patched server's
 --spec-draft-max-slots) runs on its own llama-server launch. By default the policies are
-interleaved: pass after pass, every policy is launched in turn (A B, then B A, ...) and measures
+interleaved: pass after pass, the policies take turns (A B, then B A, ...) and each measures
 one repeat at every level still open, so a drift of the machine over the minutes of a profile
-hits every policy alike and the repeats of one pass are paired neighbours. A level closes, for
-all policies together, once each has min_repeats and a stable step time, or max_repeats
-(`workload.interleave = false`: one launch per policy, repeating each level until it is stable).
+hits every policy alike and the repeats of one pass are paired neighbours. The policy that ends
+a pass starts the next on the same launch (A, B B, A A, B): the order is kept, a launch saved.
+A level closes, for all policies together, once each has min_repeats and a stable step time, or
+max_repeats (`workload.interleave = false`: one launch per policy, repeating each level until it
+is stable).
 Each repeat's samples are committed as soon as it finishes, so a crash or Ctrl-C loses at most
 the repeat in flight, and `resume` finishes only what is missing.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,6 +141,8 @@ class Profiler:
     run_id: int | None = None
     _server_deaths: list[str] = field(default_factory=list)
     _prompt_set: PromptSet | None = None
+    # Streams whose padding each server already holds at each depth: (server url, depth).
+    _prefilled: dict[tuple[str, int], int] = field(default_factory=dict)
     # The depth levels are measured at when a caller names concurrencies only (live runs,
     # attach): the spec's shallowest. A profile measures (depth, concurrency) cells.
     depth: int = field(init=False)
@@ -315,6 +320,43 @@ class Profiler:
             session.get(Level, level.id).status = COMPLETED
         return level.id
 
+    def prefill(
+        self,
+        server_url: str,
+        config: Target,
+        depth: int,
+        streams: int,
+        server: ManagedServer | None = None,
+    ) -> None:
+        """Before a server's first level at a depth: every stream's padding prefilled at once,
+        outside any measurement (see LoadGenerator.prefill_async), so the levels at that depth
+        time decode steps only. Paid once per server and depth, as the levels would pay it."""
+        done = self._prefilled.get((server_url, depth), 0)
+        if depth <= 0 or streams <= done:
+            return
+        generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
+        started = time.perf_counter()
+        try:
+            samples = generator.prefill(streams)
+        except (ServerError, LoadError) as exc:
+            raise ServerError(
+                self._explain_failure(server, f"while prefilling depth {depth}", str(exc))
+            ) from exc
+        failed = [s for s in samples if not s.ok]
+        if failed:
+            detail = f"{len(failed)} of {streams} requests failed ({failed[0].error})"
+            raise LoadError(
+                self._explain_failure(server, f"while prefilling depth {depth}", detail)
+            )
+        self._prefilled[(server_url, depth)] = streams
+        self.observer(
+            ProgressEvent(
+                "message",
+                text=f"{self.level_name(config)}: prefilled at depth {depth} for {streams} "
+                f"streams in {time.perf_counter() - started:.1f} s (not measured)",
+            )
+        )
+
     def _fail_level(self, level_id: int, error: str) -> None:
         with self.store.session() as session:
             level = session.get(Level, level_id)
@@ -348,6 +390,7 @@ class Profiler:
         where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
             f", depth {depth}" if depth else ""
         )
+        self.prefill(server_url, config, depth, concurrency, server)
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
@@ -479,8 +522,23 @@ class Profiler:
         """Launch the policy's server and measure the levels on it (one repeat each in a pass):
         concurrencies at the profiler's depth, or (depth, concurrency) cells."""
         with self.launched(policy, pass_index) as server:
-            for depth, concurrency in self._cells(levels):
-                self.run_level(server.url, policy, concurrency, server, pass_index, depth)
+            self.measure_cells(server, policy, levels, pass_index)
+
+    def measure_cells(
+        self,
+        server: ManagedServer,
+        policy: Policy,
+        levels: Sequence[int | Cell],
+        pass_index: int | None = None,
+    ) -> None:
+        """Measure levels (one repeat each in a pass) on a launched server of the policy."""
+        cells = self._cells(levels)
+        for depth, concurrency in cells:
+            # The widest level's streams at once: every level at a depth then finds its
+            # streams' context cached, whatever order they come in.
+            widest = max(c for d, c in cells if d == depth)
+            self.prefill(server.url, policy, depth, widest, server)
+            self.run_level(server.url, policy, concurrency, server, pass_index, depth)
 
     @contextlib.contextmanager
     def launched(self, policy: Policy, pass_index: int | None = None) -> Iterator[ManagedServer]:
@@ -508,6 +566,8 @@ class Profiler:
             name=f"llama-server ({name})",
         )
         with server:
+            # A new server holds nothing, even on a port an earlier one had.
+            self._prefilled = {k: v for k, v in self._prefilled.items() if k[0] != server.url}
             props = server.props()
             self._check_props(props)
             self.warm_up(server.url, server)
@@ -601,23 +661,41 @@ class Profiler:
             reps = reps_of(policy, cell)
             return len(reps) < w.max_repeats and all(r.get("pass") != p for r in reps)
 
-        for p in range(first, first + w.max_repeats + 1):
-            order = policies if p % 2 == 0 else list(reversed(policies))
-            for policy in order:
-                todo = [cell for cell in open_cells if needs(policy, cell, p)]
-                if todo:
-                    self.run_config(policy, todo, pass_index=p)
-            state = self.repeats_by_cell(policies)
-            still_open = []
-            for cell in open_cells:
-                runs = [reps_of(policy, cell) for policy in policies]
-                if all(self._level_done(reps) for reps in runs):
-                    self._close_levels(policies, cell, max(0, w.max_repeats - min(map(len, runs))))
-                else:
-                    still_open.append(cell)
-            open_cells = still_open
-            if not open_cells:
-                return
+        # The policy that ends a pass starts the next one (A B, B A, ...): its server stays up
+        # across the two, which keeps the order and saves a launch, its start-up and its
+        # prefill of deep context. Every other turn is a fresh launch.
+        with contextlib.ExitStack() as held:
+            up: tuple[Policy, ManagedServer] | None = None
+            for p in range(first, first + w.max_repeats + 1):
+                order = policies if p % 2 == 0 else list(reversed(policies))
+                for policy in order:
+                    todo = [cell for cell in open_cells if needs(policy, cell, p)]
+                    if not todo:
+                        continue
+                    if up is not None and up[0] == policy:
+                        self.observer(
+                            ProgressEvent(
+                                "server",
+                                config=self.level_name(policy),
+                                text=f"{up[1].name}: pass {p + 1} on the same launch",
+                            )
+                        )
+                    else:
+                        held.close()
+                        up = (policy, held.enter_context(self.launched(policy, p)))
+                    self.measure_cells(up[1], policy, todo, pass_index=p)
+                state = self.repeats_by_cell(policies)
+                still_open = []
+                for cell in open_cells:
+                    runs = [reps_of(policy, cell) for policy in policies]
+                    if all(self._level_done(reps) for reps in runs):
+                        left = max(0, w.max_repeats - min(map(len, runs)))
+                        self._close_levels(policies, cell, left)
+                    else:
+                        still_open.append(cell)
+                open_cells = still_open
+                if not open_cells:
+                    return
         for cell in open_cells:  # cannot happen: max_repeats passes fill every cell
             self._close_levels(policies, cell, 0)
 
