@@ -13,7 +13,7 @@ In one run, into fresh databases, as a user runs it:
    model `tuner.model.depth` uses), against every measured repeat there; per point the median
    error over its repeats, then the mean absolute over points (target: at most 8 %).
 
-    .venv/bin/python benchmarks/depth.py [--depths 0,1024,2048] [--keep DIR]
+    .venv/bin/python benchmarks/depth.py [--depths 0,1024,2048] [--keep DIR] [--skip-default]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
 
 
-PREFILLED = re.compile(r"prefilled at depth \d+ for \d+\s+streams in ([\d.]+) s")
+PREFILLED = re.compile(r"prefilled\s+at\s+depth\s+\d+\s+for\s+\d+\s+streams\s+in\s+([\d.]+)\s+s")
 
 
 def profiled(workdir: Path, name: str, *args: str) -> tuple[float, float, dict[str, str]]:
@@ -96,6 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="0,1024,2048", help="three depths, comma-separated")
     parser.add_argument("--keep", type=Path, help="keep the databases and logs here")
+    parser.add_argument(
+        "--skip-default", action="store_true", help="leave out step 1 (the default profile)"
+    )
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     model = tomllib.loads(SPEC.read_text())["model_name"]
@@ -105,10 +108,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        default_s, _, _ = profiled(workdir, "default")
-        print(
-            f"default profile (as shipped, adaptive levels included): {default_s:.0f} s", flush=True
-        )
+        if not args.skip_default:
+            default_s, _, _ = profiled(workdir, "default")
+            print(
+                f"default profile (as shipped, adaptive levels included): {default_s:.0f} s",
+                flush=True,
+            )
         one_s, _, _ = profiled(workdir, "one", "--budget", "0", "--set", ctx)
         print(f"one depth (0), --budget 0: {one_s:.0f} s", flush=True)
         three_s, prefill_s, env = profiled(

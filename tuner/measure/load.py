@@ -373,25 +373,29 @@ class LoadGenerator:
 
     async def prefill_async(self, streams: int) -> list[RequestSample]:
         """Load streams 0..streams-1's padding at workload.depth into the server's prompt cache,
-        all together, one generated token each; failures are in the samples.
+        one stream after another, one generated token each; failures are in the samples.
 
         A level's later requests at this depth start with the same padding, so they find it
         cached: without this, the streams new to a depth would prefill thousands of tokens
         while the others decode, and those steps (many times slower) would land in the level's
-        step time and shrink its decode window."""
+        step time and shrink its decode window. One at a time because with a unified KV cache
+        every prompt token attends over all the cells in use: a server that parks idle slots in
+        its RAM prompt cache (llama-server's default) then prefills each stream over its own
+        cells only, not over every other stream's too."""
         w = self.workload
-        async with self._client(streams + 2, pool_timeout=10.0) as client:
+        # No keep-alive: a connection left idle while a long prefill ran may be closed by the
+        # server just as the next request goes out on it.
+        async with self._client(2, pool_timeout=10.0, keep_alive=False) as client:
             try:
                 paddings = [await self._prompt_tokens(client, i, w.depth) for i in range(streams)]
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
             body = {"n_predict": 1, "temperature": 0.0, "cache_prompt": True, "stream": w.stream}
-            requests = [Request(COMPLETION_PATH, {"prompt": p, **body}) for p in paddings]
-            return list(
-                await asyncio.gather(
-                    *(self._one(client, i, r, None) for i, r in enumerate(requests))
-                )
-            )
+            samples = []
+            for i, padding in enumerate(paddings):
+                request = Request(COMPLETION_PATH, {"prompt": padding, **body})
+                samples.append(await self._one(client, i, request, None))
+            return samples
 
     def prefill(self, streams: int) -> list[RequestSample]:
         return asyncio.run(self.prefill_async(streams))

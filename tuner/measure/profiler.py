@@ -327,11 +327,12 @@ class Profiler:
         depth: int,
         streams: int,
         server: ManagedServer | None = None,
+        again: bool = False,
     ) -> None:
-        """Before a server's first level at a depth: every stream's padding prefilled at once,
-        outside any measurement (see LoadGenerator.prefill_async), so the levels at that depth
-        time decode steps only. Paid once per server and depth, as the levels would pay it."""
-        done = self._prefilled.get((server_url, depth), 0)
+        """Before a server's first level at a depth (again: whether or not it had one): every
+        stream's padding brought into its cache outside any measurement (see
+        LoadGenerator.prefill_async), so the levels at that depth time decode steps only."""
+        done = 0 if again else self._prefilled.get((server_url, depth), 0)
         if depth <= 0 or streams <= done:
             return
         generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
@@ -353,7 +354,8 @@ class Profiler:
             ProgressEvent(
                 "message",
                 text=f"{self.level_name(config)}: prefilled at depth {depth} for {streams} "
-                f"streams in {time.perf_counter() - started:.1f} s (not measured)",
+                f"streams in {time.perf_counter() - started:.1f} s (not measured; "
+                f"{sum(s.prompt_tokens for s in samples)} tokens were not cached)",
             )
         )
 
@@ -533,11 +535,15 @@ class Profiler:
     ) -> None:
         """Measure levels (one repeat each in a pass) on a launched server of the policy."""
         cells = self._cells(levels)
+        prefilled: set[int] = set()
         for depth, concurrency in cells:
-            # The widest level's streams at once: every level at a depth then finds its
-            # streams' context cached, whatever order they come in.
-            widest = max(c for d, c in cells if d == depth)
-            self.prefill(server.url, policy, depth, widest, server)
+            if depth not in prefilled:
+                # The widest level's streams, again in every pass: the server may have dropped
+                # a stream's context since (shorter prompts reuse and truncate it), and one
+                # that is still cached costs a fraction of a second.
+                widest = max(c for d, c in cells if d == depth)
+                self.prefill(server.url, policy, depth, widest, server, again=True)
+                prefilled.add(depth)
             self.run_level(server.url, policy, concurrency, server, pass_index, depth)
 
     @contextlib.contextmanager
