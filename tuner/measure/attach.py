@@ -78,8 +78,6 @@ def attach(
 
     def body() -> None:
         profiler.warm_up(url)
-        for depth in depths:
-            for concurrency in levels:
-                profiler.run_level(url, target, concurrency, depth=depth)
+        profiler.measure_cells(url, target, [(d, c) for d in depths for c in levels])
 
     return profiler.guarded(body)

@@ -141,8 +141,6 @@ class Profiler:
     run_id: int | None = None
     _server_deaths: list[str] = field(default_factory=list)
     _prompt_set: PromptSet | None = None
-    # Streams whose padding each server already holds at each depth: (server url, depth).
-    _prefilled: dict[tuple[str, int], int] = field(default_factory=dict)
     # The depth levels are measured at when a caller names concurrencies only (live runs,
     # attach): the spec's shallowest. A profile measures (depth, concurrency) cells.
     depth: int = field(init=False)
@@ -327,13 +325,10 @@ class Profiler:
         depth: int,
         streams: int,
         server: ManagedServer | None = None,
-        again: bool = False,
     ) -> None:
-        """Before a server's first level at a depth (again: whether or not it had one): every
-        stream's padding brought into its cache outside any measurement (see
-        LoadGenerator.prefill_async), so the levels at that depth time decode steps only."""
-        done = 0 if again else self._prefilled.get((server_url, depth), 0)
-        if depth <= 0 or streams <= done:
+        """Every stream's padding at a depth brought into the server's cache outside any
+        measurement (see LoadGenerator.prefill_async), so the levels there time decode only."""
+        if depth <= 0:
             return
         generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
         started = time.perf_counter()
@@ -349,7 +344,6 @@ class Profiler:
             raise LoadError(
                 self._explain_failure(server, f"while prefilling depth {depth}", detail)
             )
-        self._prefilled[(server_url, depth)] = streams
         self.observer(
             ProgressEvent(
                 "message",
@@ -392,7 +386,6 @@ class Profiler:
         where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
             f", depth {depth}" if depth else ""
         )
-        self.prefill(server_url, config, depth, concurrency, server)
         while True:
             try:
                 before = metrics.scrape(None, server_url, headers)
@@ -524,16 +517,18 @@ class Profiler:
         """Launch the policy's server and measure the levels on it (one repeat each in a pass):
         concurrencies at the profiler's depth, or (depth, concurrency) cells."""
         with self.launched(policy, pass_index) as server:
-            self.measure_cells(server, policy, levels, pass_index)
+            self.measure_cells(server.url, policy, levels, pass_index, server)
 
     def measure_cells(
         self,
-        server: ManagedServer,
-        policy: Policy,
+        server_url: str,
+        config: Target,
         levels: Sequence[int | Cell],
         pass_index: int | None = None,
+        server: ManagedServer | None = None,
     ) -> None:
-        """Measure levels (one repeat each in a pass) on a launched server of the policy."""
+        """Measure levels (one repeat each in a pass) on a running server of the config, each
+        depth's padding prefilled before its first level."""
         cells = self._cells(levels)
         prefilled: set[int] = set()
         for depth, concurrency in cells:
@@ -542,9 +537,9 @@ class Profiler:
                 # a stream's context since (shorter prompts reuse and truncate it), and one
                 # that is still cached costs a fraction of a second.
                 widest = max(c for d, c in cells if d == depth)
-                self.prefill(server.url, policy, depth, widest, server, again=True)
+                self.prefill(server_url, config, depth, widest, server)
                 prefilled.add(depth)
-            self.run_level(server.url, policy, concurrency, server, pass_index, depth)
+            self.run_level(server_url, config, concurrency, server, pass_index, depth)
 
     @contextlib.contextmanager
     def launched(self, policy: Policy, pass_index: int | None = None) -> Iterator[ManagedServer]:
@@ -572,8 +567,6 @@ class Profiler:
             name=f"llama-server ({name})",
         )
         with server:
-            # A new server holds nothing, even on a port an earlier one had.
-            self._prefilled = {k: v for k, v in self._prefilled.items() if k[0] != server.url}
             props = server.props()
             self._check_props(props)
             self.warm_up(server.url, server)
@@ -689,7 +682,7 @@ class Profiler:
                     else:
                         held.close()
                         up = (policy, held.enter_context(self.launched(policy, p)))
-                    self.measure_cells(up[1], policy, todo, pass_index=p)
+                    self.measure_cells(up[1].url, policy, todo, p, up[1])
                 state = self.repeats_by_cell(policies)
                 still_open = []
                 for cell in open_cells:
