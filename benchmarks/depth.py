@@ -161,7 +161,9 @@ def main() -> None:
             where = (
                 f"{streams:.1f} streams [{cross['lower']:.1f}, {cross['upper']:.1f}]"
                 if streams is not None
-                else f"none (spec ahead up to {cross['spec_wins_upto']})"
+                else "none (plain ahead from 1 stream)"
+                if cross["spec_wins_upto"] == 0
+                else "none (spec ahead at every level)"
             )
             print(f"crossover at depth {depth}: {where}")
         for depth in (depths[0], depths[-1]):
