@@ -6,6 +6,10 @@ interleaved: pass after pass, the policies take turns (A B, then B A, ...) and e
 one repeat at every level still open, so a drift of the machine over the minutes of a profile
 hits every policy alike and the repeats of one pass are paired neighbours. The policy that ends
 a pass starts the next on the same launch (A, B B, A A, B): the order is kept, a launch saved.
+Every other pass also walks its levels the other way (shallow to deep, then deep to shallow):
+a level measured early in one pass is measured late in the next, for every policy alike, and a
+pass that starts on a launch where the last one ended at its deepest depth finds that context
+still cached.
 A level closes, for all policies together, once each has min_repeats and a stable step time, or
 max_repeats (`workload.interleave = false`: one launch per policy, repeating each level until it
 is stable).
@@ -662,13 +666,16 @@ class Profiler:
 
         # The policy that ends a pass starts the next one (A B, B A, ...): its server stays up
         # across the two, which keeps the order and saves a launch, its start-up and its
-        # prefill of deep context. Every other turn is a fresh launch.
+        # prefill of deep context. Every other turn is a fresh launch. Odd passes walk the
+        # cells backwards, so the second pass on a launch starts at the depth the first ended
+        # at (deep context a shallower request would truncate is still whole there).
         with contextlib.ExitStack() as held:
             up: tuple[Policy, ManagedServer] | None = None
             for p in range(first, first + w.max_repeats + 1):
                 order = policies if p % 2 == 0 else list(reversed(policies))
+                walk = open_cells if p % 2 == 0 else list(reversed(open_cells))
                 for policy in order:
-                    todo = [cell for cell in open_cells if needs(policy, cell, p)]
+                    todo = [cell for cell in walk if needs(policy, cell, p)]
                     if not todo:
                         continue
                     if up is not None and up[0] == policy:
