@@ -672,8 +672,9 @@ class Profiler:
         with contextlib.ExitStack() as held:
             up: tuple[Policy, ManagedServer] | None = None
             for p in range(first, first + w.max_repeats + 1):
-                order = policies if p % 2 == 0 else list(reversed(policies))
-                walk = open_cells if p % 2 == 0 else list(reversed(open_cells))
+                backward = p % 2 == 1
+                order = list(reversed(policies)) if backward else policies
+                walk = list(reversed(open_cells)) if backward else open_cells
                 for policy in order:
                     todo = [cell for cell in walk if needs(policy, cell, p)]
                     if not todo:
