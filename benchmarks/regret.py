@@ -18,12 +18,18 @@ on one machine:
    passes together (every cell measured as often as a profile level at most is).
 
 Then it prints, from the sweep weighted uniformly over levels 1..8, per method: the best N, the
-answer's regret (target: at most 1 %), the cost ratio tuner / sweep (target: at most 0.2), and
+answer's regret (target: at most 1 %) and its paired difference to the best N over the passes
+(mean and standard error: a regret inside two standard errors is not one the sweep resolves),
+the cost ratio tuner / sweep (target: at most 0.2), and
 the model's accuracy on levels it was not fitted on, two ways (targets: mean absolute error at
 most 5 %, 90 % interval coverage at least 80 %):
 - held out: leave one of the profile's levels out, refit, predict it;
 - unseen: the profile's model (before any live trial) predicts every sweep cell at a level the
   profile never measured; the sweep measured them in other launches, minutes later.
+
+It also prints the sweep's own noise: N=0 and N=8 are the same server policy at every level
+(with -np 8 no level has more than 8 slots generating), so their paired difference is launch
+noise alone; and the pass-to-pass spread of each N's weighted tok/s, pooled.
 
     .venv/bin/python benchmarks/regret.py [--regime NAME] [--passes 3] [--keep DIR]
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -41,6 +48,7 @@ from pathlib import Path
 from common import fresh_env, tuner
 
 from tuner.bench import load_bench
+from tuner.decide.tune import Paired
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.spec import load_spec
 from tuner.model.costmodel import CostModel
@@ -138,6 +146,36 @@ def sweep_pass(spec_path: Path, workdir: Path, order: list[int]) -> tuple[float,
     return wall, table
 
 
+def percent_of(paired: Paired, reference: dict[int, float]) -> Paired:
+    """A paired difference in tok/s as a percentage of the reference's mean over its passes."""
+    scale = 100 / statistics.fmean(reference.values())
+    return Paired(paired.mean * scale, paired.se * scale, paired.passes)
+
+
+def sweep_noise(by_pass: dict[int, dict[int, float]]) -> str:
+    """What the sweep can resolve, from N -> pass -> weighted tok/s: the twin policies' paired
+    difference (N=0 and N=8 run the same server policy at every level) and the pooled
+    pass-to-pass coefficient of variation of a row, with the least difference of two rows'
+    pass means that is outside two standard errors."""
+    passes = len(by_pass[0])
+    if passes < 2:
+        return "sweep noise: one pass, no spread to tell (--passes 2 or more)\n"
+    twin = percent_of(Paired.of(by_pass[0], by_pass[N_PARALLEL]), by_pass[N_PARALLEL])
+    cv = 100 * math.sqrt(
+        statistics.fmean(
+            (statistics.stdev(row.values()) / statistics.fmean(row.values())) ** 2
+            for row in by_pass.values()
+        )
+    )
+    return (
+        f"sweep noise: N=0 against N={N_PARALLEL} (the same policy at every level) "
+        f"{twin.mean:+.2f} ± {twin.se:.2f} % paired over {twin.passes} passes; a row's weighted "
+        f"tok/s varies {cv:.1f} % from pass to pass (pooled), so two rows' means over {passes} "
+        f"passes differ by noise alone up to about {2 * math.sqrt(2 / passes) * cv:.1f} % "
+        "(two standard errors)\n"
+    )
+
+
 def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
     spec = REPO / "profiles" / f"{name}.toml"
     model = tomllib.loads(spec.read_text())["model_name"]
@@ -161,6 +199,10 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
         print(f"[{name}] sweep pass {p + 1}: {wall:.0f} s", flush=True)
     cells = {n: {c: statistics.median(t[n][c] for t in tables) for c in LEVELS} for n in tables[0]}
     weighted = {n: statistics.fmean(row[c] for c in LEVELS) for n, row in cells.items()}
+    by_pass = {
+        n: {p: statistics.fmean(t[n][c] for c in LEVELS) for p, t in enumerate(tables)}
+        for n in cells
+    }
     best = max(weighted, key=lambda n: weighted[n])
     sweep_s = sum(walls)
     print(f"\n[{name}] sweep tok/s, median of {passes} pass(es), N (rows) x streams (columns):")
@@ -175,10 +217,12 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
             + " ".join(f"{cells[n][c]:>7.1f}" for c in LEVELS)
             + f"  {weighted[n]:>8.1f}{marks}"
         )
+    print(sweep_noise(by_pass))
     rows = []
     for method, (tuner_s, report) in ways.items():
         rec = report["recommended"]
         regret = 100 * (weighted[best] - weighted[rec]) / weighted[best]
+        paired = percent_of(Paired.of(by_pass[rec], by_pass[best]), by_pass[best])
         cov = report["coverage"]
         unseen = unseen_levels(report["model"], report["profiled_levels"], cells)
         print(f"[{name}] {method}: held out: {cov.summary()}")
@@ -187,7 +231,8 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
             f"{sorted({p.concurrency for p in unseen.points})}): {unseen.summary()}"
         )
         print(
-            f"[{name}] {method}: regret vs sweep {regret:.2f} %, cost ratio "
+            f"[{name}] {method}: regret vs sweep {regret:.2f} % (paired over passes, N={rec} "
+            f"against N={best}: {paired.mean:+.2f} ± {paired.se:.2f} %), cost ratio "
             f"{tuner_s / sweep_s:.2f} ({tuner_s:.0f} s / {sweep_s:.0f} s)\n",
             flush=True,
         )
@@ -197,6 +242,7 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
                 rec,
                 best,
                 regret,
+                paired,
                 tuner_s / sweep_s,
                 cov.mean_abs_error_pct,
                 100 * cov.fraction,
@@ -223,13 +269,14 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 summary += regime(name, args.passes, Path(tmp))
     print(
-        "regime (method)                          rec  best  regret%  cost ratio  "
+        "regime (method)                          rec  best  regret%  paired% ± se  cost ratio  "
         "held-out err% cover%  unseen err% cover%"
     )
-    for name, rec, best, regret, ratio, held_err, coverage, unseen_err, unseen_cov in summary:
+    for name, rec, best, regret, paired, ratio, held_err, cov, unseen_err, unseen_cov in summary:
         print(
-            f"{name:<40} {rec:>3} {best:>5} {regret:>8.2f} {ratio:>11.2f} "
-            f"{held_err:>13.1f} {coverage:>6.0f} {unseen_err:>12.1f} {unseen_cov:>6.0f}"
+            f"{name:<40} {rec:>3} {best:>5} {regret:>8.2f} {paired.mean:>+7.2f} ± "
+            f"{paired.se:<4.2f} {ratio:>11.2f} "
+            f"{held_err:>13.1f} {cov:>6.0f} {unseen_err:>12.1f} {unseen_cov:>6.0f}"
         )
     print(
         "targets: regret <= 1 %, cost ratio <= 0.2, held-out error <= 5 %, "
