@@ -45,10 +45,11 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 from common import fresh_env, tuner
 
 from tuner.bench import load_bench
-from tuner.decide.tune import Paired
+from tuner.decide.tune import Paired, pass_objectives
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.spec import load_spec
 from tuner.model.costmodel import CostModel
@@ -199,9 +200,9 @@ def regime(name: str, passes: int, workdir: Path) -> list[tuple]:
         print(f"[{name}] sweep pass {p + 1}: {wall:.0f} s", flush=True)
     cells = {n: {c: statistics.median(t[n][c] for t in tables) for c in LEVELS} for n in tables[0]}
     weighted = {n: statistics.fmean(row[c] for c in LEVELS) for n, row in cells.items()}
+    uniform = np.full(N_PARALLEL, 1 / N_PARALLEL)
     by_pass = {
-        n: {p: statistics.fmean(t[n][c] for c in LEVELS) for p, t in enumerate(tables)}
-        for n in cells
+        n: pass_objectives(dict(enumerate(t[n] for t in tables)), LEVELS, uniform) for n in cells
     }
     best = max(weighted, key=lambda n: weighted[n])
     sweep_s = sum(walls)
