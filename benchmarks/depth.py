@@ -11,7 +11,10 @@ In one run, into fresh databases, as a user runs it:
    N at depth 0 and at the deepest (`tuner recommend --context D`);
 4. the held-out depth: fits at the other depths predict the middle one (interpolation, the
    model `tuner.model.depth` uses), against every measured repeat there; per point the median
-   error over its repeats, then the mean absolute over points (target: at most 8 %).
+   error over its repeats, then the mean absolute over points (target: at most 8 %); beside it
+   the floors that depth's own data sets: the same error for a fit of its own levels, and for
+   each repeat predicted by the median of its level's other repeats (the launch-to-launch
+   spread no model can beat).
 
     .venv/bin/python benchmarks/depth.py [--depths 0,1024,2048] [--keep DIR] [--skip-default]
 """
@@ -25,8 +28,10 @@ import statistics
 import tempfile
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from common import fresh_env, tuner, tuner_run
 
 from tuner.model.costmodel import CostModel
@@ -73,13 +78,30 @@ def profiled(
     return time.monotonic() - started, prefill_seconds(result.stderr), env
 
 
-def held_out_error(
-    db_url: str, model: str, depths: list[int], held: int
-) -> tuple[float, float, int]:
-    """Mean over points of the median (over repeats) absolute error, predicting depth `held`
-    from fits at the other depths: of tok/s, and of the step time (tok/s at the repeat's own
-    acceptance: what is left when the randomness of synthetic acceptance is taken out); and the
-    number of points."""
+@dataclass(frozen=True)
+class HeldOut:
+    """A held-out depth's prediction error (%), and the floors its own data sets."""
+
+    error: float  # tok/s predicted from the other depths' fits
+    step_error: float  # the step time alone (acceptance's randomness taken out)
+    own_fit_error: float  # tok/s from a fit of the held-out depth's own levels
+    repeat_spread: float  # each repeat against the median of its level's other repeats
+    points: int
+
+
+def percent(fractions: list[float]) -> float:
+    """The mean of relative errors, in percent (NaN for none)."""
+    return 100 * statistics.fmean(fractions) if fractions else float("nan")
+
+
+def median_error(predicted: float, measured: list[float]) -> float:
+    """The median over repeats of a prediction's relative absolute error."""
+    return statistics.median(abs(predicted / m - 1) for m in measured)
+
+
+def held_out_error(db_url: str, model: str, depths: list[int], held: int) -> HeldOut:
+    """How well fits at the other depths predict depth `held`, beside what that depth's own data
+    allows: per point the median (over its repeats) absolute error, then the mean over points."""
     store = Store(db_url)
     try:
         models = {
@@ -88,29 +110,43 @@ def held_out_error(
         data = select_data(store, model, None, context=held)[0]
     finally:
         store.dispose()
-    errors, step_errors = [], []
+    own = fit(data).model
     lo, hi = bracket(sorted(models), held)
+    share = (held - lo) / (hi - lo)
+    errors, step_errors, own_errors, spreads = [], [], [], []
     for level in data.levels:
         if not (level.policy.is_plain or level.policy.is_always) or not level.repeats:
             continue
         policy = level.policy if level.policy.is_plain else level.policy.with_n_max(None)
         c = level.concurrency
-        predicted = float(tps_at_depth(models, policy, [c], held)[0])
         repeats = [r for r in level.repeats if r.tokens_per_second]
-        errors.append(statistics.median(abs(predicted / r.tokens_per_second - 1) for r in repeats))
+        measured = [r.tokens_per_second for r in repeats]
+        predicted = float(tps_at_depth(models, policy, [c], held)[0])
+        errors.append(median_error(predicted, measured))
+        own_errors.append(
+            median_error(float(own.policy_tps(np.asarray([c], float), policy)[0]), measured)
+        )
+        if len(measured) > 1:
+            # Each repeat predicted by the median of the others: the spread no model can beat.
+            spreads.append(
+                statistics.median(
+                    abs(statistics.median(measured[:i] + measured[i + 1 :]) / m - 1)
+                    for i, m in enumerate(measured)
+                )
+            )
 
         def step(m: CostModel, c: int = c, plain: bool = level.policy.is_plain) -> float:
             return float((m.plain_step if plain else m.spec_step)([c])[0])
 
-        share = (held - lo) / (hi - lo)
         step_pred = step(models[lo]) + share * (step(models[hi]) - step(models[lo]))
         step_errors.append(
-            statistics.median(
-                abs(step_pred / (1000 * c * (r.accept_len or 1.0) / r.tokens_per_second) - 1)
-                for r in repeats
+            median_error(
+                step_pred, [1000 * c * (r.accept_len or 1.0) / r.tokens_per_second for r in repeats]
             )
         )
-    return 100 * statistics.fmean(errors), 100 * statistics.fmean(step_errors), len(errors)
+    return HeldOut(
+        percent(errors), percent(step_errors), percent(own_errors), percent(spreads), len(errors)
+    )
 
 
 def main() -> None:
@@ -170,11 +206,14 @@ def main() -> None:
             line = tuner(env, "recommend", "--model", model, "--context", str(depth), "-q")
             print(f"recommended at depth {depth}: {line.strip()}")
         held = depths[len(depths) // 2]
-        error, step_error, points = held_out_error(env["TUNER_DB"], model, depths, held)
+        held_out = held_out_error(env["TUNER_DB"], model, depths, held)
         print(
             f"held-out depth {held} predicted from {[d for d in depths if d != held]}: mean "
-            f"absolute error {error:.1f} % over {points} points (median over each point's "
-            f"repeats; target: at most 8 %); of the step time alone {step_error:.1f} %"
+            f"absolute error {held_out.error:.1f} % over {held_out.points} points (median over "
+            f"each point's repeats; target: at most 8 %); of the step time alone "
+            f"{held_out.step_error:.1f} %. Floors from depth {held}'s own data: a fit of its own "
+            f"levels {held_out.own_fit_error:.1f} %, each repeat against the median of its "
+            f"level's others {held_out.repeat_spread:.1f} %"
         )
 
 
