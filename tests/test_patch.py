@@ -96,9 +96,14 @@ async def _staggered(url: str) -> list[dict]:
 def test_drafting_at_concurrency_four(bench: Bench, tmp_path: Path, max_slots: int) -> None:
     with launch(bench, tmp_path, max_slots) as server:
         finished = asyncio.run(_staggered(server.url))
-    assert [f["length"] for f in finished] == list(LENGTHS), "requests finished out of order"
+    lengths = [f["length"] for f in finished]
+    assert lengths[0] == LENGTHS[0], f"the shortest request did not finish first: {lengths}"
     first = finished[0]  # generated entirely while all four were generating
     if max_slots == 1:
+        # No drafts while more than one generates: one token a step each, so they end in
+        # length order. (Drafting every step, acceptance is random per slot and the longer
+        # three may finish in another order: 144 before 96 was seen once with N=8.)
+        assert lengths == list(LENGTHS), f"requests finished out of order: {lengths}"
         # More than 1 slot generating: no new drafts start, so /metrics' drafts_total did not
         # grow while 4 (then 3, then 2) were generating; a draft in flight at the start may count.
         assert first["drafts_total"] <= 3, finished
