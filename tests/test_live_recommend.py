@@ -296,7 +296,12 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
     results = report["results"]
     assert set(results) == {"0.5", "4.0"}
     configs = set(results["0.5"])
-    assert {"plain", "spec"} <= configs and len(configs) >= 4  # and N, its neighbours
+    # plain, always draft, and the standing N with its neighbours within 1..8 (N=0 is always
+    # draft: a profile in one of the VM's low-gain spells recommends it, and then only N=1 is
+    # added).
+    n = report["recommended"]
+    around = {f"max-slots-{k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
+    assert configs == {"plain", "spec"} | around, (n, configs)
     for by_config in results.values():
         for f in by_config.values():
             assert f["completed"] == f["offered"] > 0 and f["failed"] == 0
