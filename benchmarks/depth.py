@@ -31,7 +31,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from common import fresh_env, tuner, tuner_run
 
 from tuner.model.costmodel import CostModel
@@ -110,7 +109,7 @@ def held_out_error(db_url: str, model: str, depths: list[int], held: int) -> Hel
         data = select_data(store, model, None, context=held)[0]
     finally:
         store.dispose()
-    own = fit(data).model
+    own = {held: fit(data).model}
     lo, hi = bracket(sorted(models), held)
     share = (held - lo) / (hi - lo)
     errors, step_errors, own_errors, spreads = [], [], [], []
@@ -123,9 +122,7 @@ def held_out_error(db_url: str, model: str, depths: list[int], held: int) -> Hel
         measured = [r.tokens_per_second for r in repeats]
         predicted = float(tps_at_depth(models, policy, [c], held)[0])
         errors.append(median_error(predicted, measured))
-        own_errors.append(
-            median_error(float(own.policy_tps(np.asarray([c], float), policy)[0]), measured)
-        )
+        own_errors.append(median_error(float(tps_at_depth(own, policy, [c], held)[0]), measured))
         if len(measured) > 1:
             # Each repeat predicted by the median of the others: the spread no model can beat.
             spreads.append(
