@@ -126,15 +126,3 @@ def test_default_levels() -> None:
     assert default_levels(8) == [1, 2, 4, 8]
     assert default_levels(6) == [1, 2, 4, 6]
     assert default_levels(1) == [1]
-
-
-def test_sse_lines_split_only_at_newlines() -> None:
-    from tuner.measure.load import SSELines
-
-    text = 'data: {"content": "a\u2028b\x85c\x1cd", "tokens_predicted": 1}\n\n'
-    encoded = text.encode()
-    lines = SSELines()
-    # Byte by byte: a payload split anywhere, even inside a multi-byte character, comes whole.
-    payloads = [p for i in range(len(encoded)) for p in lines.feed(encoded[i : i + 1])]
-    assert payloads == ['{"content": "a\u2028b\x85c\x1cd", "tokens_predicted": 1}']
-    assert lines.feed(b": keep-alive comment\n\ndata: {}\r\n") == ["{}"]

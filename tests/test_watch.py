@@ -192,6 +192,7 @@ def test_bad_watch_options_are_one_line(tmp_path: Path) -> None:
 
 def test_watch_refuses_what_is_not_a_llama_server(fake: tuple[str, dict], tmp_path: Path) -> None:  # noqa: F811
     url, routes = fake
+    env = tmp_path / "x.env"
     routes["/props"] = (200, json.dumps({"hello": "world"}))
     one_line_error(
         ["watch", "--model", "m", "--url", url, "--env-file", str(tmp_path / "x.env")],
@@ -200,6 +201,10 @@ def test_watch_refuses_what_is_not_a_llama_server(fake: tuple[str, dict], tmp_pa
     routes["/props"] = (401, "unauthorized")
     one_line_error(
         ["watch", "--model", "m", "--url", url, "--env-file", str(tmp_path / "x.env")],
+        "wants an API key",
+    )
+    one_line_error(
+        ["watch", "--model", "m", "--url", url, "--api-key", "nope", "--env-file", str(env)],
         "rejected the API key",
     )
 

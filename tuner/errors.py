@@ -31,6 +31,16 @@ class ServerDiedError(ServerError):
         self.returncode = returncode
 
 
+class EndpointMissingError(ServerError):
+    """The server has an endpoint switched off (HTTP 404/501: /slots, /metrics, POST /props);
+    the message names the flag that turns it on."""
+
+    def __init__(self, message: str, path: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.status = status
+
+
 class PortInUseError(ServerError):
     """The requested port is already taken by another process."""
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tuner.errors import ServerError
+from tuner.measure.client import LlamaClient
 from tuner.measure.fingerprint import probe_host, probe_model
 from tuner.measure.plan import Attached, Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
@@ -36,19 +34,9 @@ def attach(
     Without a spec, overrides (`--set workload.max_tokens=32`, `--levels`) shape the workload.
     The API key is only ever sent as a bearer token: it is not part of the stored spec.
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(f"{url.rstrip('/')}/props", headers=headers, timeout=10)
-    except httpx.HTTPError as exc:
-        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
-    if response.status_code == 401:
-        if api_key:
-            raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
-        raise ServerError(f"{url} wants an API key: pass --api-key or set TUNER_API_KEY")
-    if response.status_code != 200:
-        raise ServerError(f"GET {url}/props answered HTTP {response.status_code}")
-    props = response.json()
-    slots = int(props.get("total_slots") or 1)
+    with LlamaClient(url, api_key) as api:
+        props = api.props()
+    slots = int(props["total_slots"] or 1)
     model_path = Path(props.get("model_path") or "unknown")
     name = model_name or (spec.model_name if spec else model_path.stem)
     slot_context = (props.get("default_generation_settings") or {}).get("n_ctx")

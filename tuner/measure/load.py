@@ -3,15 +3,17 @@
 A request is the synthetic prompt (a fixed number of tokens) or one drawn from the user's prompt
 file: text goes to /completion, a chat (`messages`) to /v1/chat/completions so the model's chat
 template applies; output lengths are fixed or drawn (tuner.measure.prompts).
-One shared async HTTP client per level; every stream is released by one barrier so all c slots
-start together; times come from `time.perf_counter`; a failed request is recorded, not raised.
+One shared async client (tuner.measure.client) per level; every stream is released by one
+barrier so all c slots start together; times come from `time.perf_counter`; a failed request is
+recorded, not raised. Every request carries a sampling `seed` (`request_seed`), which also seeds
+`--spec-synth-len`'s synthetic acceptance: the configurations of a pass draw the same.
 `summarize` is a pure function from samples to the level's figures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,7 +21,15 @@ from typing import Any
 
 import httpx
 
-from tuner.errors import LoadError
+from tuner.errors import LoadError, ServerError
+from tuner.measure.client import (
+    CHAT_PATH,
+    COMPLETION_PATH,
+    AsyncLlamaClient,
+    auth_headers,
+    tokens_so_far,
+)
+from tuner.measure.client import is_final_chunk as is_final_chunk  # re-exported: tests use it
 from tuner.measure.prompts import OutputLengths, Prompt, PromptSet, draw_prompt, draw_rng
 
 PROMPT_TEXT = (
@@ -141,6 +151,20 @@ class Workload:
     min_tokens: int = 1
 
 
+SEED_VALUES = 2**32 - 1  # llama-server's seed is a uint32; 0xFFFFFFFF means "pick one at random"
+PREFILL_ROUND = -1  # the round key of prefill requests (never a pass's or a repeat's number)
+
+
+def request_seed(workload_seed: int, round_key: int, index: int) -> int:
+    """The sampling seed of one request: the same for the same (workload seed, round key,
+    stream or, open loop, request index), different from round to round and stream to stream.
+
+    Both halves of a pair are sent with the same round key, so they draw the same synthetic
+    acceptance; a hash, not a generator, so no draw depends on how many came before."""
+    text = f"seed:{workload_seed}:{round_key}:{index}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") % SEED_VALUES
+
+
 @dataclass(frozen=True)
 class Request:
     """One stream's request: where it goes and what it sends."""
@@ -151,10 +175,6 @@ class Request:
     @property
     def is_chat(self) -> bool:
         return self.path == CHAT_PATH
-
-
-COMPLETION_PATH = "/completion"
-CHAT_PATH = "/v1/chat/completions"
 
 
 def _prompt(stream: int) -> str:
@@ -168,29 +188,23 @@ class LoadGenerator:
     def __init__(self, url: str, workload: Workload, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.workload = workload
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.api_key = api_key
+        self.headers = auth_headers(api_key)
         self._prompts: dict[int, list[int]] = {}
 
     async def _prompt_tokens(
-        self, client: httpx.AsyncClient, stream: int, length: int | None = None
+        self, client: AsyncLlamaClient, stream: int, length: int | None = None
     ) -> list[int]:
         """Exactly `length` (default workload.prompt_tokens) tokens of the stream's synthetic
         text, found through the server's own tokenizer."""
         length = length or self.workload.prompt_tokens
         if stream not in self._prompts:
-            self._prompts[stream] = await self._tokenize(client, _prompt(stream), False)
+            self._prompts[stream] = await client.tokenize(_prompt(stream), False)
         tokens = self._prompts[stream]
         return (tokens * (length // len(tokens) + 1))[:length]
 
-    async def _tokenize(self, client: httpx.AsyncClient, text: str, add_special: bool) -> list[int]:
-        response = await client.post(
-            f"{self.url}/tokenize", json={"content": text, "add_special": add_special}
-        )
-        response.raise_for_status()
-        return list(response.json()["tokens"])
-
     async def _at_depth(
-        self, client: httpx.AsyncClient, prompt: Prompt | None, stream: int
+        self, client: AsyncLlamaClient, prompt: Prompt | None, stream: int
     ) -> list[int]:
         """The stream's request as exactly workload.depth tokens: the stream's own synthetic
         text in front, the prompt (a chat rendered by the server's template) at the end; a
@@ -199,27 +213,24 @@ class LoadGenerator:
         if prompt is None:
             return await self._prompt_tokens(client, stream, depth)
         if prompt.messages is not None:
-            response = await client.post(
-                f"{self.url}/apply-template", json={"messages": list(prompt.messages)}
-            )
-            response.raise_for_status()
-            tokens = await self._tokenize(client, response.json()["prompt"], False)
+            text = await client.apply_template(prompt.messages)
+            tokens = await client.tokenize(text, False)
         else:
-            tokens = await self._tokenize(client, prompt.text or "", True)
+            tokens = await client.tokenize(prompt.text or "", True)
         if len(tokens) >= depth:
             return tokens[-depth:]
         return await self._prompt_tokens(client, stream, depth - len(tokens)) + tokens
 
     async def _request(
         self,
-        client: httpx.AsyncClient,
+        client: AsyncLlamaClient,
         concurrency: int,
         round_key: int,
         stream: int,
         length: int | None = None,
     ) -> Request:
-        """Stream i's request in this round: the same for every configuration measured here
-        (length: its output tokens, instead of the workload's draw)."""
+        """Stream i's request in this round: the same for every configuration measured here,
+        sampling seed included (length: its output tokens, instead of the workload's draw)."""
         w = self.workload
         rng = draw_rng(w.seed, concurrency, round_key, stream)
         prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
@@ -236,6 +247,7 @@ class LoadGenerator:
             # outside the measured window either way.
             "cache_prompt": w.depth > 0,
             "stream": w.stream,
+            "seed": request_seed(w.seed, round_key, stream),
         }
         if w.depth > 0:
             # Rendered and padded here, so every request holds exactly `depth` tokens.
@@ -259,7 +271,7 @@ class LoadGenerator:
 
     async def _one(
         self,
-        client: httpx.AsyncClient,
+        client: AsyncLlamaClient,
         stream: int,
         request: Request,
         barrier: asyncio.Barrier | None,
@@ -273,65 +285,40 @@ class LoadGenerator:
         if at is not None:
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
         sample.start = time.perf_counter()
+
+        def on_chunk(chunk: dict[str, Any]) -> None:
+            # One time per generated token; the count, not the text, says how many (a piece of
+            # a multi-byte character arrives with empty content).
+            now = time.perf_counter()
+            seen = tokens_so_far(chunk)
+            sample.token_times.extend([now] * (seen - len(sample.token_times)))
+
         try:
-            if self.workload.stream:
-                final = await self._streamed(client, request, sample)
+            if request.body.get("stream"):
+                done = await client.stream(request.body, request.path, on_chunk)
             else:
-                response = await client.post(f"{self.url}{request.path}", json=request.body)
-                if response.status_code != 200:
-                    raise _RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
-                final = response.json()
+                done = await client.complete(request.body, request.path)
             end = time.perf_counter()
-            timings = final.get("timings") or {}
-            sample.tokens = int(timings.get("predicted_n", final.get("tokens_predicted", 0)))
-            sample.prompt_tokens = int(timings.get("prompt_n", 0))
-            sample.generation_ms = timings.get("predicted_ms")
-            sample.draft_n = int(timings.get("draft_n", 0))
-            sample.draft_accepted = int(timings.get("draft_n_accepted", 0))
+            sample.tokens = done.tokens
+            sample.prompt_tokens = done.prompt_tokens
+            sample.generation_ms = done.generation_ms
+            sample.draft_n = done.draft_n
+            sample.draft_accepted = done.draft_accepted
             sample.latency_ms = (end - sample.start) * 1000
             if sample.token_times:
                 sample.ttft_ms = (sample.token_times[0] - sample.start) * 1000
             sample.ok = sample.tokens > 0
             if not sample.ok:
                 sample.error = "no tokens generated"
-        except (httpx.HTTPError, _RequestFailed, ValueError, KeyError) as exc:
+        except ServerError as exc:
             sample.ok = False
-            sample.error = f"{exc.__class__.__name__}: {exc}"[:500] or exc.__class__.__name__
+            sample.error = str(exc)[:500]
             sample.latency_ms = (time.perf_counter() - sample.start) * 1000
         return sample
 
-    async def _streamed(
-        self, client: httpx.AsyncClient, request: Request, sample: RequestSample
-    ) -> dict:
-        final: dict = {}
-        async with client.stream(
-            "POST", f"{self.url}{request.path}", json=request.body
-        ) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                raise _RequestFailed(f"HTTP {response.status_code}: {body[:200]}")
-            lines = SSELines()
-            async for block in response.aiter_bytes():
-                now = time.perf_counter()
-                for data in lines.feed(block):
-                    if data.strip() == "[DONE]":  # the chat endpoint's end of stream
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise _RequestFailed(str(chunk["error"])[:300])
-                    # One time per generated token; the count, not the text, says how many
-                    # (a piece of a multi-byte character arrives with empty content).
-                    seen = tokens_so_far(chunk)
-                    sample.token_times.extend([now] * (seen - len(sample.token_times)))
-                    if is_final_chunk(chunk):
-                        final = chunk
-        if not final:
-            raise _RequestFailed("stream ended without a final chunk")
-        return final
-
     def _client(
         self, connections: int, pool_timeout: float | None, keep_alive: bool = True
-    ) -> httpx.AsyncClient:
+    ) -> AsyncLlamaClient:
         # With streaming, `read` bounds the silence between two tokens, so a hung server is
         # noticed after request_timeout_s without cutting short a long, healthy generation.
         timeout = httpx.Timeout(
@@ -340,11 +327,11 @@ class LoadGenerator:
         limits = httpx.Limits(
             max_connections=connections, max_keepalive_connections=None if keep_alive else 0
         )
-        return httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.headers)
+        return AsyncLlamaClient(self.url, self.api_key, timeout=timeout, limits=limits)
 
     async def _requests(
         self,
-        client: httpx.AsyncClient,
+        client: AsyncLlamaClient,
         concurrency: int,
         round_key: int,
         n: int,
@@ -357,7 +344,7 @@ class LoadGenerator:
                 )
                 for i in range(n)
             ]
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+        except ServerError as exc:
             raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
 
     async def run_level(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
@@ -388,12 +375,13 @@ class LoadGenerator:
         async with self._client(2, pool_timeout=10.0, keep_alive=False) as client:
             try:
                 paddings = [await self._prompt_tokens(client, i, w.depth) for i in range(streams)]
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except ServerError as exc:
                 raise LoadError(f"cannot prepare the prompts on {self.url}: {exc}") from exc
             body = {"n_predict": 1, "temperature": 0.0, "cache_prompt": True, "stream": w.stream}
             samples = []
             for i, padding in enumerate(paddings):
-                request = Request(COMPLETION_PATH, {"prompt": padding, **body})
+                seed = request_seed(w.seed, PREFILL_ROUND, i)
+                request = Request(COMPLETION_PATH, {"prompt": padding, "seed": seed, **body})
                 samples.append(await self._one(client, i, request, None))
             return samples
 
@@ -434,44 +422,3 @@ class LoadGenerator:
     def run(self, concurrency: int, round_key: int = 0) -> list[RequestSample]:
         """One round at a concurrency; round_key picks the round's prompts and lengths."""
         return asyncio.run(self.run_level(concurrency, round_key))
-
-
-def tokens_so_far(chunk: dict[str, Any]) -> int:
-    """Tokens generated so far, by a streamed chunk: /completion counts them in every chunk,
-    the chat endpoint in its timings (asked for per token)."""
-    if "tokens_predicted" in chunk:
-        return int(chunk["tokens_predicted"] or 0)
-    return int((chunk.get("timings") or {}).get("predicted_n") or 0)
-
-
-def is_final_chunk(chunk: dict[str, Any]) -> bool:
-    """/completion ends with stop: true; the chat endpoint with a finish_reason (whose chunk
-    carries the request's timings)."""
-    if "stop" in chunk:
-        return bool(chunk["stop"])
-    choices = chunk.get("choices") or []
-    return bool(choices and choices[0].get("finish_reason")) and "timings" in chunk
-
-
-class SSELines:
-    """Splits a server-sent-event byte stream into the payloads of its `data:` lines.
-
-    Only "\n" ends a line here: generated text can hold U+2028, U+0085 and other characters
-    that str.splitlines (and so httpx's aiter_lines) would also break lines at.
-    """
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, block: bytes) -> list[str]:
-        *complete, self._pending = (self._pending + block).split(b"\n")
-        payloads = []
-        for raw in complete:
-            line = raw.rstrip(b"\r").decode("utf-8")
-            if line.startswith("data: "):
-                payloads.append(line[len("data: ") :])
-        return payloads
-
-
-class _RequestFailed(Exception):
-    """A request came back with an error status or body (recorded in its sample)."""

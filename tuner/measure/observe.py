@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from tuner.errors import ConfigError, ServerError
-from tuner.measure.metrics import parse_metrics
+from tuner.errors import ConfigError, EndpointMissingError, ServerError
+from tuner.measure.client import LlamaClient
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 
 SAMPLE_INTERVAL_S = 0.25  # 4 polls a second: slots change at request, not token, rate
@@ -258,57 +258,42 @@ class ServerView:
     source: str
 
 
-def _client(api_key: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _client(url: str, api_key: str | None) -> LlamaClient:
     # One connection, kept alive: observing must not load the server.
-    return httpx.Client(
-        headers=headers,
-        timeout=httpx.Timeout(5.0),
+    return LlamaClient(
+        url,
+        api_key,
+        timeout=5.0,
         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
     )
 
 
-def attach_view(client: httpx.Client, url: str) -> ServerView:
+def attach_view(client: LlamaClient) -> ServerView:
     """Check the URL is a llama-server this key may read, and which endpoint tells the slots."""
-    try:
-        response = client.get(f"{url}/props")
-    except httpx.HTTPError as exc:
-        raise ServerError(f"cannot reach {url}: {exc.__class__.__name__}: {exc}") from exc
-    if response.status_code == 401:
-        raise ServerError(f"{url} rejected the API key (HTTP 401): check --api-key")
-    try:
-        props = response.json() if response.status_code == 200 else None
-    except ValueError:
-        props = None
-    if not isinstance(props, dict) or "total_slots" not in props:
-        raise ServerError(
-            f"{url} is not a llama-server (GET /props answered HTTP {response.status_code} "
-            f"without total_slots)"
-        )
+    url = client.url
+    props = client.props()
     n_slots = int(props["total_slots"])
     model = str(props.get("model_alias") or props.get("model_path") or "unknown").rsplit("/", 1)[-1]
-    slots = client.get(f"{url}/slots")
-    if slots.status_code == 200:
+    try:
+        client.slots()
         return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS)
-    metrics = client.get(f"{url}/metrics")
-    if metrics.status_code == 200:
-        return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_METRICS)
-    raise ServerError(
-        f"{url} exposes neither /slots (HTTP {slots.status_code}) nor /metrics (HTTP "
-        f"{metrics.status_code}): start llama-server with --slots or --metrics"
-    )
+    except EndpointMissingError as no_slots:
+        try:
+            client.metrics()
+            return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_METRICS)
+        except EndpointMissingError as no_metrics:
+            raise ServerError(
+                f"{url} exposes neither /slots (HTTP {no_slots.status}) nor /metrics (HTTP "
+                f"{no_metrics.status}): start llama-server with --slots or --metrics"
+            ) from no_metrics
 
 
-def poll(client: httpx.Client, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:
-    """Generating slots now (and the slots, from /slots); raises httpx errors when gone."""
+def poll(client: LlamaClient, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:
+    """Generating slots now (and the slots, from /slots); ServerError when the server is gone."""
     if view.source == SOURCE_SLOTS:
-        response = client.get(f"{view.url}/slots")
-        response.raise_for_status()
-        slots = response.json()
+        slots = client.slots()
         return generating_slots(slots), slots
-    response = client.get(f"{view.url}/metrics")
-    response.raise_for_status()
-    return int(parse_metrics(response.text).get("requests_processing", 0)), []
+    return int(client.metrics().value("requests_processing")), []
 
 
 class Poller:
@@ -334,9 +319,9 @@ class Poller:
         self.observer = observer
         self.interval_s = interval_s
         self.clock, self.sleep, self.wall = clock, sleep, wall
-        self.client = _client(api_key)
+        self.client = _client(self.url, api_key)
         try:
-            self.view = attach_view(self.client, self.url)
+            self.view = attach_view(self.client)
         except BaseException:
             self.client.close()
             raise
@@ -361,11 +346,11 @@ class Poller:
         self.sleep(max(0.0, self.interval_s - (self.clock() - self.last)))
         try:
             count, slots = poll(self.client, self.view)
-        except (httpx.HTTPError, ValueError) as exc:
+        except ServerError as exc:
             if self.gone_since is None:
                 self.gone_since = self.clock()
                 self.message(
-                    f"the server stopped answering ({exc.__class__.__name__}); keeping "
+                    f"the server stopped answering ({exc}); keeping "
                     f"{profile.covered_s:.0f} s observed, retrying every {RETRY_S:.0f} s"
                 )
             self.sleep(RETRY_S)

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tuner.errors import PortInUseError, ServerDiedError, ServerError, ServerStartError
+from tuner.measure.client import LlamaClient
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 10.0
@@ -226,7 +225,7 @@ class ManagedServer:
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        with httpx.Client(timeout=2.0) as client:
+        with self.client(2.0) as api:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
                     tail = self.log_tail()
@@ -236,11 +235,8 @@ class ManagedServer:
                             f"another process holds it; last lines of {self.log_path}:\n{tail}"
                         )
                     raise self.died("at start-up, before it answered /health")
-                try:
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
+                if api.health():
+                    return
                 time.sleep(0.2)
         raise ServerStartError(
             f"{self.name} did not become healthy within {self.start_timeout_s:.0f} s; "
@@ -289,11 +285,10 @@ class ManagedServer:
             "cache_prompt": False,
         }
         try:
-            response = httpx.post(f"{self.url}/completion", json=body, timeout=timeout_s)
-            response.raise_for_status()
-            return dict(response.json().get("timings") or {})
-        except (httpx.HTTPError, ValueError) as exc:
-            detail = f"{exc.__class__.__name__}: {exc}"
+            with self.client(timeout_s) as api:
+                return api.complete(body).timings
+        except ServerError as exc:
+            detail = str(exc)
             if self.exited_within(2.0):
                 raise self.died(when, detail) from exc
             raise ServerError(
@@ -301,13 +296,14 @@ class ManagedServer:
                 f"last lines of {self.log_path}:\n{self.log_tail()}"
             ) from exc
 
+    def client(self, timeout_s: float = 10.0) -> LlamaClient:
+        """A client of this server's HTTP API (close it, or use it in a with block)."""
+        return LlamaClient(self.url, timeout=timeout_s)
+
     def props(self) -> dict[str, Any]:
-        try:
-            response = httpx.get(f"{self.url}/props", timeout=10)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise ServerError(f"GET /props failed: {exc}") from exc
-        return response.json()
+        """GET /props (ServerError, one line, when it fails)."""
+        with self.client() as api:
+            return api.props()
 
     def stop(self) -> None:
         """TERM the process group, KILL it after a grace period, and wait until it has exited.

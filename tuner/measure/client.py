@@ -1,0 +1,526 @@
+"""The llama-server HTTP API in one place: every URL the tuner sends to a llama-server is built
+here, and every way an answer can be wrong becomes one line from tuner.errors.
+
+`LlamaClient` (sync: server launch, attach, observe, watch) and `AsyncLlamaClient` (the load
+generator, over one shared connection pool) speak the same API: /health, GET and POST /props
+(the live `spec_draft_max_slots` switch), /slots, /metrics (Prometheus text parsed by
+prometheus_client into `Metrics`, labels kept as dicts), /tokenize, /detokenize,
+/apply-template, and /completion or /v1/chat/completions, streamed (server-sent events read by
+httpx-sse) or not, ending in a `Completion` with the server's `timings`. The API key travels as a
+bearer token and nowhere else.
+
+Errors: a transport failure, a 401, a URL that is not a llama-server, an endpoint the server
+has switched off (404/501: `--no-slots`, no `--metrics`, no `--props`) and a server that takes
+POST /props without changing anything each read as one line naming the remedy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse, connect_sse
+from prometheus_client.parser import text_string_to_metric_families
+
+from tuner.errors import ConfigError, EndpointMissingError, ServerError
+
+COMPLETION_PATH = "/completion"
+CHAT_PATH = "/v1/chat/completions"
+MAX_SLOTS_FIELD = "spec_draft_max_slots"  # GET /props reports it, POST /props sets it (patch)
+PREFIX = "llamacpp:"
+DEFAULT_TIMEOUT_S = 10.0
+
+# The flag that turns an endpoint on, for the one-line error when it is off.
+_FLAGS = {"/slots": "--slots", "/metrics": "--metrics", "/props": "--props"}
+# Gauges keep their later value in a difference; a maximum is not a sum either, whatever its
+# TYPE line says (llama-server declares n_tokens_max a counter).
+GAUGES = {"n_tokens_max_total", "n_tokens_max"}
+
+ChunkHandler = Callable[[dict[str, Any]], None]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The API key as a bearer token (llama-server's --api-key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+# --- /metrics ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One Prometheus sample: its name without the llamacpp: prefix, its labels, its value."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+    gauge: bool = False
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One /metrics scrape (or the difference of two)."""
+
+    samples: tuple[MetricSample, ...] = ()
+
+    def value(self, name: str, default: float = 0.0, **labels: str) -> float:
+        """The sample of that name whose labels are exactly `labels` (none: the unlabelled one)."""
+        for s in self.samples:
+            if s.name == name and dict(s.labels) == labels:
+                return s.value
+        return default
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """A labelled family as {label value: value}, e.g. accepted tokens by draft position."""
+        return {
+            s.labels[label]: s.value for s in self.samples if s.name == name and label in s.labels
+        }
+
+    def __getitem__(self, name: str) -> float:
+        """The unlabelled sample of that name (KeyError when there is none)."""
+        for s in self.samples:
+            if s.name == name and not s.labels:
+                return s.value
+        raise KeyError(name)
+
+    def get(self, name: str, default: float | None = None) -> float | None:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return any(s.name == name and not s.labels for s in self.samples)
+
+    def since(self, before: Metrics) -> Metrics:
+        """What happened between two scrapes: counters' increase, gauges' later value."""
+        earlier = {(s.name, _label_key(s.labels)): s.value for s in before.samples}
+        return Metrics(
+            tuple(
+                s
+                if s.gauge
+                else MetricSample(
+                    s.name, s.labels, s.value - earlier.get((s.name, _label_key(s.labels)), 0.0)
+                )
+                for s in self.samples
+            )
+        )
+
+
+def _label_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Prometheus text (llama-server's /metrics) into Metrics."""
+    samples = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name.removeprefix(PREFIX)
+            gauge = family.type == "gauge" or name in GAUGES
+            samples.append(MetricSample(name, dict(s.labels), float(s.value), gauge))
+    return Metrics(tuple(samples))
+
+
+# --- completions ------------------------------------------------------------------------------
+
+
+def tokens_so_far(chunk: Mapping[str, Any]) -> int:
+    """Tokens generated so far, by a streamed chunk: /completion counts them in every chunk,
+    the chat endpoint in its timings (asked for per token with `timings_per_token`)."""
+    if "tokens_predicted" in chunk:
+        return int(chunk["tokens_predicted"] or 0)
+    return int((chunk.get("timings") or {}).get("predicted_n") or 0)
+
+
+def is_final_chunk(chunk: Mapping[str, Any]) -> bool:
+    """/completion ends with stop: true; the chat endpoint with a finish_reason (whose chunk
+    carries the request's timings)."""
+    if "stop" in chunk:
+        return bool(chunk["stop"])
+    choices = chunk.get("choices") or []
+    return bool(choices and choices[0].get("finish_reason")) and "timings" in chunk
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: the final response (or the stream's final chunk) and its timings."""
+
+    final: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def timings(self) -> dict[str, Any]:
+        return dict(self.final.get("timings") or {})
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated (the server's own count)."""
+        return int(self.timings.get("predicted_n", self.final.get("tokens_predicted", 0)) or 0)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.timings.get("prompt_n") or 0)
+
+    @property
+    def generation_ms(self) -> float | None:
+        return self.timings.get("predicted_ms")
+
+    @property
+    def draft_n(self) -> int:
+        return int(self.timings.get("draft_n") or 0)
+
+    @property
+    def draft_accepted(self) -> int:
+        return int(self.timings.get("draft_n_accepted") or 0)
+
+
+# --- what an answer means ---------------------------------------------------------------------
+
+
+def _detail(response: httpx.Response, limit: int = 200) -> str:
+    """The server's own error message (llama-server: {"error": {"message": ...}}), one line."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text
+    else:
+        error = body.get("error") if isinstance(body, dict) else None
+        text = str(error.get("message") if isinstance(error, dict) else error or body)
+    return " ".join(text.split())[:limit]
+
+
+class _Api:
+    """What both clients share: the base URL, the key, and what each answer means."""
+
+    def __init__(self, url: str, api_key: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+
+    def _unreachable(self, method: str, path: str, exc: Exception) -> ServerError:
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return ServerError(f"cannot reach {self.url}: {_exc_text(exc)}")
+        return ServerError(f"{method} {path} on {self.url} got no answer: {_exc_text(exc)}")
+
+    def _check(self, method: str, path: str, response: httpx.Response) -> httpx.Response:
+        """The response if it is a 200; otherwise the one-line error it stands for."""
+        status = response.status_code
+        if status == 200:
+            return response
+        if status == 401:
+            if self.api_key:
+                raise ServerError(f"{self.url} rejected the API key (HTTP 401): check --api-key")
+            raise ServerError(f"{self.url} wants an API key: pass --api-key or set TUNER_API_KEY")
+        if path == "/props" and method == "GET":
+            raise self._not_llama(status)
+        if status in (404, 501) and path in _FLAGS:
+            flag = _FLAGS[path]
+            what = (
+                "does not allow changing its settings live"
+                if method == "POST"
+                else f"does not expose {path}"
+            )
+            raise EndpointMissingError(
+                f"{self.url} {what}: {method} {path} answered HTTP {status} "
+                f"({_detail(response)}); start llama-server with {flag}",
+                path=path,
+                status=status,
+            )
+        raise ServerError(
+            f"{method} {path} on {self.url} answered HTTP {status}: {_detail(response)}"
+        )
+
+    def _not_llama(self, status: int) -> ServerError:
+        return ServerError(
+            f"{self.url} is not a llama-server (GET /props answered HTTP {status} without "
+            f"total_slots)"
+        )
+
+    def _json(self, method: str, path: str, response: httpx.Response) -> Any:
+        try:
+            return self._check(method, path, response).json()
+        except ValueError as exc:
+            if path == "/props":
+                raise self._not_llama(response.status_code) from exc
+            raise ServerError(
+                f"{method} {path} on {self.url} answered with malformed JSON: {exc}"
+            ) from exc
+
+    def _field(self, path: str, response: httpx.Response, key: str) -> Any:
+        """One field of a POST endpoint's JSON answer."""
+        answer = self._json("POST", path, response)
+        if not isinstance(answer, dict) or key not in answer:
+            raise ServerError(f"POST {path} on {self.url} answered without {key!r}")
+        return answer[key]
+
+    def _props(self, response: httpx.Response) -> dict[str, Any]:
+        props = self._json("GET", "/props", response)
+        if not isinstance(props, dict) or "total_slots" not in props:
+            raise self._not_llama(response.status_code)
+        return props
+
+    def _set_props_answer(self, body: Mapping[str, Any], response: httpx.Response) -> None:
+        if response.status_code == 400:
+            raise ServerError(
+                f"{self.url} refused POST /props {json.dumps(dict(body))}: {_detail(response)}"
+            )
+        self._check("POST", "/props", response)
+
+    def _switch_read_back(self, n: int, props: Mapping[str, Any]) -> None:
+        seen = props.get(MAX_SLOTS_FIELD)
+        if seen != n:
+            reported = "no such field" if seen is None else f"{MAX_SLOTS_FIELD}={seen}"
+            raise ServerError(
+                f"{self.url} does not support the live switch: it accepted "
+                f"{MAX_SLOTS_FIELD}={n} on POST /props but GET /props then reported {reported}; "
+                "it needs a llama-server built with the tuner's patch (`tuner bench setup`)"
+            )
+
+    def _stream_failed(self, path: str, exc: Exception) -> ServerError:
+        return ServerError(f"POST {path} on {self.url}: the stream broke off: {_exc_text(exc)}")
+
+    def _take(self, path: str, data: str, on_chunk: ChunkHandler | None) -> dict[str, Any] | None:
+        """One streamed event, handed to on_chunk; returned when it is the final chunk."""
+        if data.strip() == "[DONE]":  # the chat endpoint's end marker
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise ServerError(f"POST {path} on {self.url} sent a malformed chunk: {exc}") from exc
+        if not isinstance(chunk, dict):
+            return None
+        if "error" in chunk:
+            raise ServerError(f"POST {path} failed mid-stream: {str(chunk['error'])[:300]}")
+        if on_chunk is not None:
+            on_chunk(chunk)
+        return chunk if is_final_chunk(chunk) else None
+
+    def _no_final(self, path: str) -> ServerError:
+        return ServerError(f"POST {path} on {self.url}: the stream ended without a final chunk")
+
+    def _stream_start(self, path: str, response: httpx.Response, body: str) -> None:
+        if response.status_code != 200:
+            raise ServerError(
+                f"POST {path} on {self.url} answered HTTP {response.status_code}: "
+                f"{' '.join(body.split())[:200]}"
+            )
+
+
+def _exc_text(exc: Exception) -> str:
+    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
+
+
+def _max_slots(props: Mapping[str, Any]) -> int | None:
+    value = props.get(MAX_SLOTS_FIELD)
+    return int(value) if value is not None else None
+
+
+def _check_n(n: int) -> None:
+    if n < 0:
+        raise ConfigError(f"{MAX_SLOTS_FIELD} must be 0 (no limit) or more, not {n}")
+
+
+class LlamaClient(_Api):
+    """A llama-server, spoken to synchronously over one httpx.Client (kept alive)."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
+        limits: httpx.Limits | None = None,
+    ) -> None:
+        super().__init__(url, api_key)
+        self.http = httpx.Client(
+            headers=auth_headers(api_key), timeout=timeout, limits=limits or httpx.Limits()
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> LlamaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(method, path, exc) from exc
+
+    def health(self) -> bool:
+        """Whether the server is up and its model loaded (False while loading or unreachable)."""
+        try:
+            return self.http.get(self.url + "/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def props(self) -> dict[str, Any]:
+        """GET /props, checked to come from a llama-server (it has total_slots)."""
+        return self._props(self._send("GET", "/props"))
+
+    def set_props(self, body: Mapping[str, Any]) -> None:
+        """POST /props (a server started with --props)."""
+        self._set_props_answer(body, self._send("POST", "/props", json=dict(body)))
+
+    def max_slots(self) -> int | None:
+        """The server's spec_draft_max_slots now; None where /props has no such field (a
+        server without the tuner's patch)."""
+        return _max_slots(self.props())
+
+    def set_max_slots(self, n: int) -> None:
+        """Switch spec_draft_max_slots to n live and read it back: returns only once GET /props
+        reports n (a stock server with --props answers 200 and changes nothing)."""
+        _check_n(n)
+        self.set_props({MAX_SLOTS_FIELD: n})
+        self._switch_read_back(n, self.props())
+
+    def slots(self) -> list[dict[str, Any]]:
+        """GET /slots: every slot's state (EndpointMissingError when the server has it off)."""
+        return list(self._json("GET", "/slots", self._send("GET", "/slots")))
+
+    def metrics(self) -> Metrics:
+        """GET /metrics (EndpointMissingError without --metrics)."""
+        return parse_metrics(self._check("GET", "/metrics", self._send("GET", "/metrics")).text)
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        body = {"content": text, "add_special": add_special}
+        return list(self._field("/tokenize", self._send("POST", "/tokenize", json=body), "tokens"))
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        response = self._send("POST", "/detokenize", json={"tokens": list(tokens)})
+        return str(self._field("/detokenize", response, "content"))
+
+    def apply_template(self, messages: Iterable[Mapping[str, Any]]) -> str:
+        """A chat rendered by the model's template, as the prompt text the server would use."""
+        response = self._send("POST", "/apply-template", json={"messages": list(messages)})
+        return str(self._field("/apply-template", response, "prompt"))
+
+    def complete(self, body: Mapping[str, Any], path: str = COMPLETION_PATH) -> Completion:
+        """One request, not streamed: the whole response, timings included."""
+        payload = {**body, "stream": False}
+        return Completion(dict(self._json("POST", path, self._send("POST", path, json=payload))))
+
+    def stream(
+        self,
+        body: Mapping[str, Any],
+        path: str = COMPLETION_PATH,
+        on_chunk: ChunkHandler | None = None,
+    ) -> Completion:
+        """One request, streamed: on_chunk sees every chunk as it arrives; the final chunk (with
+        the timings) is returned."""
+        payload = {**body, "stream": True}
+        final: dict[str, Any] = {}
+        try:
+            with connect_sse(self.http, "POST", self.url + path, json=payload) as source:
+                response = source.response
+                if response.status_code != 200:
+                    self._stream_start(path, response, response.read().decode(errors="replace"))
+                for event in source.iter_sse():
+                    final = self._take(path, event.data, on_chunk) or final
+        except (httpx.HTTPError, SSEError) as exc:
+            raise self._stream_failed(path, exc) from exc
+        if not final:
+            raise self._no_final(path)
+        return Completion(final)
+
+
+class AsyncLlamaClient(_Api):
+    """A llama-server, spoken to from asyncio over one shared httpx.AsyncClient (the load
+    generator's concurrent streams share its pool)."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
+        limits: httpx.Limits | None = None,
+    ) -> None:
+        super().__init__(url, api_key)
+        self.http = httpx.AsyncClient(
+            headers=auth_headers(api_key), timeout=timeout, limits=limits or httpx.Limits()
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncLlamaClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self.http.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(method, path, exc) from exc
+
+    async def props(self) -> dict[str, Any]:
+        return self._props(await self._send("GET", "/props"))
+
+    async def metrics(self) -> Metrics:
+        response = await self._send("GET", "/metrics")
+        return parse_metrics(self._check("GET", "/metrics", response).text)
+
+    async def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        body = {"content": text, "add_special": add_special}
+        response = await self._send("POST", "/tokenize", json=body)
+        return list(self._field("/tokenize", response, "tokens"))
+
+    async def detokenize(self, tokens: Iterable[int]) -> str:
+        response = await self._send("POST", "/detokenize", json={"tokens": list(tokens)})
+        return str(self._field("/detokenize", response, "content"))
+
+    async def apply_template(self, messages: Iterable[Mapping[str, Any]]) -> str:
+        response = await self._send("POST", "/apply-template", json={"messages": list(messages)})
+        return str(self._field("/apply-template", response, "prompt"))
+
+    async def complete(self, body: Mapping[str, Any], path: str = COMPLETION_PATH) -> Completion:
+        response = await self._send("POST", path, json={**body, "stream": False})
+        return Completion(dict(self._json("POST", path, response)))
+
+    async def stream(
+        self,
+        body: Mapping[str, Any],
+        path: str = COMPLETION_PATH,
+        on_chunk: ChunkHandler | None = None,
+    ) -> Completion:
+        """As LlamaClient.stream. With httpx's `read` timeout, a server silent for that long
+        between two events fails the request without cutting a long, healthy one short."""
+        payload = {**body, "stream": True}
+        final: dict[str, Any] = {}
+        try:
+            async with aconnect_sse(self.http, "POST", self.url + path, json=payload) as source:
+                response = source.response
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    self._stream_start(path, response, text)
+                async for event in source.aiter_sse():
+                    final = self._take(path, event.data, on_chunk) or final
+        except (httpx.HTTPError, SSEError) as exc:
+            raise self._stream_failed(path, exc) from exc
+        if not final:
+            raise self._no_final(path)
+        return Completion(final)
+
+
+# --- one call, one connection -----------------------------------------------------------------
+
+
+def max_slots(url: str, api_key: str | None = None) -> int | None:
+    """LlamaClient.max_slots on a connection of its own."""
+    with LlamaClient(url, api_key) as api:
+        return api.max_slots()
+
+
+def set_max_slots(url: str, n: int, api_key: str | None = None) -> None:
+    """LlamaClient.set_max_slots on a connection of its own."""
+    with LlamaClient(url, api_key) as api:
+        api.set_max_slots(n)
