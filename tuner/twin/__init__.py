@@ -1,0 +1,57 @@
+"""The twin: a simulated llama-server with known truth (issue 25).
+
+- `world`: a TOML world (identity, server shape, acceptance, step-cost tables, noise);
+- `engine`: the decode loop as a discrete-event model: `Engine` (incremental, for a live
+  server) and `simulate` (closed levels and open loops in virtual time);
+- `noise`: seeded step-time noise in virtual time, presets "off", "quiet", "vm";
+- `truth`: the noise-free value of every N at every concurrency, the best N per objective,
+  and open-loop figures under Poisson arrivals;
+- `calibrate`: a world fitted to an imported table's plain and always-draft rows.
+
+Pure: no I/O beyond reading and writing world files.
+"""
+
+from tuner.twin.engine import (
+    Emission,
+    Engine,
+    Metrics,
+    Request,
+    RequestResult,
+    SimResult,
+    SlotState,
+    SlotView,
+    StepResult,
+    TwinError,
+    Workload,
+    closed_level,
+    policies,
+    request_seed,
+    simulate,
+)
+from tuner.twin.noise import NoiseParams, NoiseProcess, NoiseSpec
+from tuner.twin.world import World, load_world, world_from_dict, world_to_toml
+
+__all__ = [
+    "Emission",
+    "Engine",
+    "Metrics",
+    "NoiseParams",
+    "NoiseProcess",
+    "NoiseSpec",
+    "Request",
+    "RequestResult",
+    "SimResult",
+    "SlotState",
+    "SlotView",
+    "StepResult",
+    "TwinError",
+    "Workload",
+    "World",
+    "closed_level",
+    "load_world",
+    "policies",
+    "request_seed",
+    "simulate",
+    "world_from_dict",
+    "world_to_toml",
+]

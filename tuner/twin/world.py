@@ -1,0 +1,379 @@
+"""A twin world: everything about one simulated llama-server that is not the decode loop itself.
+
+A world is a TOML file (commented example: profiles/twin/bench-smollm2-cpu.toml) read into a
+frozen pydantic model; unknown keys are errors and every problem is one line naming its field
+(tuner.inputs). It holds the model identity (`name`, `model_name`: stored data of two worlds never
+pool), the server's shape (`n_parallel`, `n_max`, `n_batch`, `slot_context`, `rollback`), the
+synthetic acceptance, the cost of a step and the noise model (tuner.twin.noise).
+
+The cost of one step, in milliseconds, before noise:
+
+    step.rows_ms(R)                 the target's forward over the R decode rows of the batch: one
+                                    sampled row per generating slot plus its draft rows (n + 1
+                                    rows for a slot verifying a draft of n)
+  + step.slots_ms(G)                per step, by the G generating slots in the batch (sampling,
+                                    bookkeeping, HTTP: what grows with slots, not rows)
+  + depth.ms_per_row_per_1k * sum over decode rows of (KV tokens of the row's slot) / 1000
+  + prefill.ms_per_token * P        P prompt rows batched into this step (continuous batching)
+and, on a server started with a draft model (every policy but plain), whether it drafts or not:
+  + draft.overhead_ms
+  + draft.reeval_ms(R)              the draft model re-evaluates every target batch (llama.cpp
+                                    calls common_speculative_process after each decode)
+  + prefill.draft_ms_per_token * P
+  + sum_i draft.call_ms(d_i)        the drafting phase: the draft model runs once per draft
+                                    position, batched over the d_i slots whose draft is still
+                                    growing at position i (i = 0 .. longest draft - 1)
+  + draft.catch_up_ms_per_token * (tokens a slot generated since it last drafted), paid by a
+                                    slot in the step where it starts drafting again
+
+`rows_ms`, `slots_ms`, `call_ms` and `reeval_ms` are piecewise-linear tables `[[x, ms], ...]`
+(x strictly increasing, first x at most 1), extended beyond their last point along their last
+segment. Tables are what lets a world leave any smooth family: a plateau (equal ms over a range
+of rows), a saw-tooth (a bump in slots_ms at 5 and at 7 slots), a spec/plain gain that changes
+sign twice (a cheap stretch of rows_ms where verify batches land). A table holding one point is
+a constant.
+
+`catch_up_ms_per_token` defaults to 0: llama.cpp 11434's drafters keep the draft context in step
+by re-evaluating every target batch (the cost is reeval_ms, paid every step), so a slot that
+resumes drafting has nothing to catch up. A drafter that skipped that re-evaluation would set
+reeval_ms to [[1, 0]] and pay per caught-up token instead; the real figure is to be measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tuner.errors import ConfigError
+from tuner.inputs import read_toml, validation_message
+from tuner.twin.noise import NoiseSpec
+
+Table = list[tuple[float, float]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_table(points: Table) -> Table:
+    if not points:
+        raise ValueError("a table needs at least one [x, ms] point")
+    xs = [x for x, _ in points]
+    if any(not math.isfinite(x) or not math.isfinite(y) for x, y in points):
+        raise ValueError("table values must be finite")
+    if xs[0] > 1:
+        raise ValueError(f"a table starts at x <= 1 (here {xs[0]:g})")
+    if any(b <= a for a, b in itertools.pairwise(xs)):
+        raise ValueError("table x values must be strictly increasing")
+    if any(y < 0 for _, y in points):
+        raise ValueError("table ms values must be 0 or more")
+    return points
+
+
+class Curve:
+    """A piecewise-linear table as a function: linear between points, flat below the first,
+    along the last segment beyond the last (never below 0). Integer arguments up to `cache`
+    are looked up in a list, which is what the engine's inner loop calls."""
+
+    __slots__ = ("_cache", "_xs", "_ys")
+
+    def __init__(self, points: Sequence[tuple[float, float]], cache: int = 256) -> None:
+        self._xs = [float(x) for x, _ in points]
+        self._ys = [float(y) for _, y in points]
+        self._cache = [self._eval(float(x)) for x in range(cache + 1)]
+
+    def _eval(self, x: float) -> float:
+        xs, ys = self._xs, self._ys
+        if x <= xs[0] or len(xs) == 1:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if x <= xs[i]:
+                t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + t * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return max(0.0, ys[-1] + slope * (x - xs[-1]))
+
+    def __call__(self, x: float) -> float:
+        if isinstance(x, int) and 0 <= x < len(self._cache):
+            return self._cache[x]
+        return self._eval(float(x))
+
+    def at_int(self) -> list[float]:
+        """Values at 0, 1, 2, ... (the lookup list)."""
+        return self._cache
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """A world's cost tables in seconds, looked up by integer rows or slots (the lists run to
+    n_parallel x (n_max + 1)); the curves answer beyond."""
+
+    rows: list[float]
+    slots: list[float]
+    call: list[float]
+    reeval: list[float]
+    rows_curve: Curve
+    slots_curve: Curve
+    reeval_curve: Curve
+
+    def rows_s(self, rows: int) -> float:
+        return self.rows[rows] if rows < len(self.rows) else self.rows_curve(rows) * 1e-3
+
+    def slots_s(self, slots: int) -> float:
+        return self.slots[slots] if slots < len(self.slots) else self.slots_curve(slots) * 1e-3
+
+    def reeval_s(self, rows: int) -> float:
+        return self.reeval[rows] if rows < len(self.reeval) else self.reeval_curve(rows) * 1e-3
+
+
+class Acceptance(_Strict):
+    """Synthetic acceptance as llama-server's --spec-synth-len / --spec-synth-rates: exactly one.
+
+    `synth_len` is the target mean acceptance length including the target's own token
+    (1 .. n_max + 1); llama.cpp turns it into geometric rates a_i = p^i. `rates` are a_i, the
+    share of drafts whose first i tokens are all accepted (non-increasing, one per position
+    up to n_max). A draft is accepted position by position until the first rejection."""
+
+    synth_len: float | None = Field(None, ge=1.0)
+    rates: list[float] | None = None
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, rates: list[float] | None) -> list[float] | None:
+        if rates is None:
+            return rates
+        if not rates:
+            raise ValueError("rates needs one value per draft position")
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise ValueError("rates are shares between 0 and 1")
+        if any(b > a for a, b in itertools.pairwise(rates)):
+            raise ValueError("rates must not increase with position")
+        return rates
+
+    @model_validator(mode="after")
+    def _one(self) -> Acceptance:
+        if (self.synth_len is None) == (self.rates is None):
+            raise ValueError("give exactly one of synth_len and rates")
+        return self
+
+
+def synth_rates(synth_len: float, n_max: int) -> list[float]:
+    """llama.cpp's common_speculative_synth_rates_resolve: the geometric a_i = p^i whose sum
+    is synth_len - 1, p found by bisection (32 halvings)."""
+    if not 1.0 <= synth_len <= n_max + 1:
+        raise ValueError(f"synth_len must be within [1, {n_max + 1}], got {synth_len:g}")
+    if synth_len == n_max + 1:
+        p = 1.0
+    elif synth_len == 1.0:
+        p = 0.0
+    else:
+        lo, hi = 0.0, 1.0
+        for _ in range(32):
+            mid = 0.5 * (lo + hi)
+            total, term = 0.0, mid
+            for _ in range(n_max):
+                total += term
+                term *= mid
+            if total < synth_len - 1.0:
+                lo = mid
+            else:
+                hi = mid
+        p = 0.5 * (lo + hi)
+    return [p ** (i + 1) for i in range(n_max)]
+
+
+class StepCost(_Strict):
+    """The target's part of a step (see the module docstring)."""
+
+    rows_ms: Table = Field(description="target forward by decode rows in the batch")
+    slots_ms: Table = Field(default=[(1.0, 0.0)], description="per step, by generating slots")
+
+    @field_validator("rows_ms", "slots_ms")
+    @classmethod
+    def _tables(cls, points: Table) -> Table:
+        return _check_table(points)
+
+
+class DraftCost(_Strict):
+    """What a server started with a draft model pays (see the module docstring)."""
+
+    call_ms: Table = Field(description="one draft-model forward over d drafting slots")
+    reeval_ms: Table = Field(
+        default=[(1.0, 0.0)], description="draft model re-evaluating R decode rows, every step"
+    )
+    overhead_ms: float = Field(0.0, ge=0.0, description="per step, drafting or not")
+    catch_up_ms_per_token: float = Field(0.0, ge=0.0)
+
+    @field_validator("call_ms", "reeval_ms")
+    @classmethod
+    def _tables(cls, points: Table) -> Table:
+        return _check_table(points)
+
+
+class PrefillCost(_Strict):
+    """Prompt rows: per token evaluated, by the target and (drafting-capable server) the draft."""
+
+    ms_per_token: float = Field(0.0, ge=0.0)
+    draft_ms_per_token: float = Field(0.0, ge=0.0)
+
+
+class DepthCost(_Strict):
+    """Attention over the KV cache: per decode row, per 1000 tokens its slot holds."""
+
+    ms_per_row_per_1k: float = Field(0.0, ge=0.0)
+
+
+class World(_Strict):
+    """One simulated server: identity, shape, acceptance, step cost and noise."""
+
+    name: str = Field(min_length=1, max_length=128)
+    model_name: str = Field(min_length=1, max_length=255, description="what stored data keys by")
+    description: str = ""
+    n_parallel: int = Field(ge=1, le=256)
+    n_max: int = Field(ge=1, le=64, description="--spec-draft-n-max by default")
+    n_batch: int = Field(2048, ge=1, description="-b: rows of one step (decode + prompt)")
+    slot_context: int = Field(32768, ge=8, description="tokens a slot's context holds")
+    rollback: Literal["partial", "checkpoint"] = Field(
+        "partial",
+        description="partial: a KV cache drops rejected draft rows (transformers); checkpoint: "
+        "the context cannot (recurrent/hybrid targets), a partly rejected draft is restored "
+        "and replayed in the next step: a draft in flight across steps",
+    )
+    acceptance: Acceptance
+    step: StepCost
+    draft: DraftCost
+    prefill: PrefillCost = PrefillCost()
+    depth: DepthCost = DepthCost()
+    noise: NoiseSpec = NoiseSpec()
+
+    _tables: dict[int, CostTables] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> World:
+        if self.acceptance.rates is not None and len(self.acceptance.rates) < self.n_max:
+            raise ValueError(
+                f"acceptance.rates has {len(self.acceptance.rates)} values, n_max is "
+                f"{self.n_max}: give one per position up to n_max"
+            )
+        if self.acceptance.synth_len is not None and self.acceptance.synth_len > self.n_max + 1:
+            raise ValueError(
+                f"acceptance.synth_len {self.acceptance.synth_len:g} exceeds n_max + 1 = "
+                f"{self.n_max + 1}"
+            )
+        return self
+
+    # -- what the engine reads --
+
+    def rates(self, n_max: int | None = None) -> list[float]:
+        """a_i, i = 1..n, for draft length n (default the world's n_max).
+
+        synth_len is resolved at the draft length the server runs (llama.cpp resolves it at
+        the effective n_max); rates are cut to it, or padded with 0 beyond the given ones."""
+        n = n_max or self.n_max
+        if self.acceptance.synth_len is not None:
+            return synth_rates(min(self.acceptance.synth_len, n + 1), n)
+        given = list(self.acceptance.rates or [])
+        return (given + [0.0] * n)[:n]
+
+    def accept_probs(self, n_max: int | None = None) -> list[float]:
+        """Conditional acceptance per position, p_i = a_i / a_(i-1) (llama.cpp's synth_probs)."""
+        probs, prev = [], 1.0
+        for rate in self.rates(n_max):
+            probs.append(rate / prev if prev > 0 else 0.0)
+            prev = rate
+        return probs
+
+    def mean_accept_len(self, n_max: int | None = None) -> float:
+        """Tokens per stream per full-length draft: 1 + sum a_i."""
+        return 1.0 + sum(self.rates(n_max))
+
+    def cost_tables(self, n_max: int | None = None) -> CostTables:
+        """The step-cost tables in seconds, built once per draft length and kept."""
+        n = n_max or self.n_max
+        if n not in self._tables:
+            size = self.n_parallel * (n + 1) + 1
+
+            def seconds(points: Table, zero_at_0: bool) -> tuple[list[float], Curve]:
+                curve = Curve(points, size)
+                values = [v * 1e-3 for v in curve.at_int()]
+                if zero_at_0:
+                    values[0] = 0.0  # nothing of the kind in the batch costs nothing
+                return values, curve
+
+            rows, rows_curve = seconds(self.step.rows_ms, True)
+            slots, slots_curve = seconds(self.step.slots_ms, True)
+            call, _ = seconds(self.draft.call_ms, True)
+            reeval, reeval_curve = seconds(self.draft.reeval_ms, True)
+            self._tables[n] = CostTables(
+                rows, slots, call, reeval, rows_curve, slots_curve, reeval_curve
+            )
+        return self._tables[n]
+
+    def with_updates(self, **changes: object) -> World:
+        """A copy with top-level fields replaced, validated again."""
+        return World.model_validate({**self.model_dump(), **changes})
+
+
+def load_world(path: Path | str) -> World:
+    """A world TOML file; problems are one ConfigError line each."""
+    path = Path(path)
+    data = read_toml(path, "twin world")
+    try:
+        return World.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(str(path), exc)) from exc
+
+
+def world_from_dict(data: dict[str, object], source: str = "twin world") -> World:
+    """A world from a dict (e.g. a parsed TOML string); problems as one ConfigError line each."""
+    try:
+        return World.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(source, exc)) from exc
+
+
+def world_to_toml(world: World) -> str:
+    """The world as TOML that load_world reads back (no comments; the example file has them)."""
+    lines: list[str] = []
+    data = world.model_dump(exclude_defaults=False)
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key, value in data.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for name, table in tables.items():
+        lines.append("")
+        lines.append(f"[{name}]")
+        for key, value in table.items():
+            if value is None:
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(round(value, 6))
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
