@@ -330,6 +330,7 @@ class RequestResult:
     draft_n: int = 0  # draft tokens made for it (timings.draft_n)
     draft_accepted: int = 0  # of them accepted (timings.draft_n_accepted)
     drafts: int = 0  # its drafts verified and used
+    draft_log: list[tuple[int, int]] = field(default_factory=list)  # (length, accepted) each
     finished_at: float | None = None
     cancelled: bool = False
 
@@ -398,6 +399,7 @@ class _Slot:
     __slots__ = (
         "behind",
         "draft",
+        "draft_len",
         "index",
         "kv",
         "left",
@@ -419,6 +421,7 @@ class _Slot:
         self.left = req.max_tokens  # tokens still to generate
         self.draft = 0  # draft rows in this step
         self.replay = 0  # checkpoint worlds: rows of a draft in flight, replayed next step
+        self.draft_len = 0  # checkpoint worlds: the length the draft in flight was made with
         self.behind = 0  # tokens generated since the slot last drafted (catch-up)
         self.rng = random.Random(req.seed)
         self.per_pos = [0] * n_max
@@ -701,7 +704,8 @@ class Engine:
 
         # Cost, then noise.
         rows_cost = self._rows
-        cost = rows_cost[rows] if rows < len(rows_cost) else self._tables.rows_s(rows)
+        # A batch of prompt rows alone still runs one forward: rows_ms(1) stands for its part.
+        cost = rows_cost[rows or 1] if rows < len(rows_cost) else self._tables.rows_s(rows)
         cost += self._slots_cost[n_gen]
         cost += self._depth * kv_rows + self._prefill * prompt_rows
         if spec:
@@ -752,6 +756,7 @@ class Engine:
                 k = s.replay - 1
                 s.replay = 0
                 n_out = k + 2
+                res.draft_log.append((s.draft_len, k))
                 verified += 1
                 accepted_step += k
                 res.drafts += 1
@@ -766,9 +771,11 @@ class Engine:
                     k += 1
                 if replay_mode and k < d:
                     s.replay = k + 1
+                    s.draft_len = d
                     n_out = 0
                 else:
                     n_out = k + 1
+                    res.draft_log.append((d, k))
                     verified += 1
                     accepted_step += k
                     res.drafts += 1

@@ -10,7 +10,8 @@ The cost of one step, in milliseconds, before noise:
 
     step.rows_ms(R)                 the target's forward over the R decode rows of the batch: one
                                     sampled row per generating slot plus its draft rows (n + 1
-                                    rows for a slot verifying a draft of n)
+                                    rows for a slot verifying a draft of n); a batch of prompt
+                                    rows alone pays rows_ms(1) for its forward's fixed part
   + step.slots_ms(G)                per step, by the G generating slots in the batch (sampling,
                                     bookkeeping, HTTP: what grows with slots, not rows)
   + depth.ms_per_row_per_1k * sum over decode rows of (KV tokens of the row's slot) / 1000
