@@ -1,106 +1,94 @@
-"""The order an interleaved profile measures in: which launch each pass runs on, and the order
-it walks its (depth, concurrency) cells. Pure scheduling: the launches and measurements are
-recorded, not run (the live tests in test_profile and test_depth run them on the bench)."""
+"""The schedule (measure/schedule.py): which policy measures which cell in which order, on which
+launch, with which round key. Pure: the same plan drives a relaunching server, a live switch
+and the twin (the live tests in test_profile and test_depth run it on the bench)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from types import SimpleNamespace
+from collections.abc import Hashable
 
-import pytest
-
-from tuner.measure.profiler import Cell, Profiler
-from tuner.measure.spec import ProfileSpec
+from tuner.measure.schedule import Cell, Step, differ_at, launches_of, off_arm, plan_pass
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 
 CELLS: list[Cell] = [(0, 1), (0, 8), (1024, 1), (1024, 8), (2048, 1), (2048, 8)]
+PLAIN, SPEC = Policy.plain(), Policy.always()
 
 
-class Recorder:
-    """Stands in for the launches and the measurements; keeps every repeat it was asked for."""
-
-    def __init__(self, profiler: Profiler) -> None:
-        self.profiler = profiler
-        self.launches: list[str] = []
-        self.walks: list[tuple[str, int, list[Cell]]] = []  # (config, pass, cells in order)
-        self.repeats: dict[tuple[str, int, int], list[dict]] = {}
-
-    @contextlib.contextmanager
-    def launched(self, policy: Policy, pass_index: int | None = None) -> Iterator[object]:
-        self.launches.append(policy.config_name)
-        yield SimpleNamespace(url=f"http://launch-{len(self.launches)}", name=policy.config_name)
-
-    def measure_cells(
-        self,
-        server_url: str,
-        config: Policy,
-        levels: Sequence[Cell],
-        pass_index: int | None = None,
-        server: object = None,
-    ) -> None:
-        assert pass_index is not None
-        self.walks.append((config.config_name, pass_index, list(levels)))
-        for depth, concurrency in levels:
-            self.repeats.setdefault((config.config_name, depth, concurrency), []).append(
-                {"pass": pass_index}
-            )
-
-    def repeats_by_cell(self, policies: list[Policy] | None = None) -> dict:
-        return {key: list(reps) for key, reps in self.repeats.items()}
+def relaunch(policy: Policy) -> Hashable:
+    """Every policy its own launch."""
+    return policy.config_name
 
 
-@pytest.fixture
-def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
-    spec = ProfileSpec.model_validate(
-        {
-            "name": "order",
-            "model_name": "order-model",
-            "server": {"binary": "/x/llama-server", "model": "/x/m.gguf", "n_parallel": 8},
-            "speculative": {"args": []},
-            # Exactly three repeats per cell: every pass measures every cell.
-            "workload": {"min_repeats": 3, "max_repeats": 3},
-        }
-    )
-    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
-    profiler = Profiler(store, spec, tmp_path)
-    recorder = Recorder(profiler)
-    for name in ("launched", "measure_cells", "repeats_by_cell"):
-        monkeypatch.setattr(profiler, name, getattr(recorder, name))
-    yield recorder
-    store.dispose()
+def live(policy: Policy) -> Hashable:
+    """Drafting policies share one launch (the live switch); plain has its own."""
+    return "drafting" if policy.drafting else "plain"
 
 
-def test_passes_share_launches_and_alternate_the_walk(recorded: Recorder) -> None:
-    plain, spec = Policy.plain(), Policy.always()
-    recorded.profiler.run_interleaved([plain, spec], CELLS)
+def passes(arms, key, n: int) -> list[list[Step]]:
+    return [plan_pass(arms, key, p) for p in range(n)]
+
+
+def test_passes_share_launches_and_alternate_the_walk() -> None:
+    arms = {cell: [PLAIN, SPEC] for cell in CELLS}
+    plan = passes(arms, relaunch, 3)
+    steps = [s for p in plan for s in p]
 
     # A, B B, A A, B: the policy that ends a pass starts the next on its launch.
-    assert recorded.launches == ["plain", "spec", "plain", "spec"]
-    assert [(config, p) for config, p, _ in recorded.walks] == [
-        ("plain", 0),
-        ("spec", 0),
-        ("spec", 1),
-        ("plain", 1),
-        ("plain", 2),
-        ("spec", 2),
-    ]
-    # Both policies walk a pass the same way (paired repeats stay one pass apart), and every
-    # other pass walks it back: deep to shallow after shallow to deep.
-    for config, p, walk in recorded.walks:
-        assert walk == (CELLS if p % 2 == 0 else CELLS[::-1]), (config, p)
+    assert launches_of(steps, relaunch) == ["plain", "spec", "plain", "spec"]
+    for p, pass_steps in enumerate(plan):
+        for policy in (PLAIN, SPEC):
+            walk = [s.cell for s in pass_steps if s.policy == policy]
+            # Both policies walk a pass the same way, every other pass backwards.
+            assert walk == (CELLS if p % 2 == 0 else CELLS[::-1]), (policy, p)
     # The second pass on a shared launch starts where the first one ended.
-    assert recorded.walks[1][2][-1] == recorded.walks[2][2][0] == (2048, 8)
+    assert plan[0][-1].cell == plan[1][0].cell == (2048, 8)
 
 
-def test_closed_cells_leave_the_walk(recorded: Recorder) -> None:
+def test_stored_steps_leave_the_walk() -> None:
     """A resumed pass measures only what its policy has not measured in it yet."""
-    plain, spec = Policy.plain(), Policy.always()
-    recorded.repeats[("plain", 0, 1)] = [{"pass": 0}]
-    recorded.profiler.run_interleaved([plain, spec], CELLS)
+    arms = {cell: [PLAIN, SPEC] for cell in CELLS}
+    first = plan_pass(arms, relaunch, 0, done=lambda s: s == Step(PLAIN, (0, 1), 0))
+    assert Step(PLAIN, (0, 1), 0) not in first
+    assert Step(SPEC, (0, 1), 0) in first
+    assert len(first) == 2 * len(CELLS) - 1
 
-    first = recorded.walks[0]
-    assert first[:2] == ("plain", 0) and (0, 1) not in first[2]
-    assert all(len(reps) == 3 for reps in recorded.repeats.values())
+
+def test_live_switch_alternates_round_by_round_at_a_cell() -> None:
+    """On one drafting launch the arms of a cell alternate A B, B A: pairs share seconds, and a
+    pair's halves share its round key (its prompts and seeds); plain keeps its own launch."""
+    cells = [(0, 2), (0, 4)]
+    arms = {cell: [PLAIN, SPEC, off_arm(cell[1])] for cell in cells}
+    plan = plan_pass(arms, live, 0, pairs=2)
+    drafting = [s for s in plan if s.policy.drafting]
+    at_4 = [s for s in drafting if s.cell == (0, 4)]
+    assert [s.policy.label for s in at_4] == ["N=0", "N=3", "N=3", "N=0"]  # A B B A
+    assert [s.pair for s in at_4] == [0, 0, 1, 1]
+    assert at_4[0].round_key == at_4[1].round_key != at_4[2].round_key == at_4[3].round_key
+    # one launch for plain, one for every drafting policy
+    assert launches_of(plan, live) == ["plain", "drafting"]
+    # plain measures once per cell per pass, keyed like the first pair: it pairs across launches
+    assert [s.round_key for s in plan if s.policy == PLAIN] == [at_4[0].round_key] * 2
+    # the next pass starts on the drafting launch, B A first
+    nxt = plan_pass(arms, live, 1, pairs=2)
+    assert launches_of(nxt, live) == ["drafting", "plain"]
+    assert [s.policy.label for s in nxt if s.cell == (0, 4)][:2] == ["N=3", "N=0"]
+
+
+def test_round_keys_differ_from_pair_to_pair_and_pass_to_pass() -> None:
+    arms = {(0, 4): [SPEC, Policy.threshold(3)]}
+    keys = {
+        (s.pass_index, s.pair): s.round_key
+        for p in range(3)
+        for s in plan_pass(arms, live, p, pairs=2)
+    }
+    assert len(set(keys.values())) == len(keys) == 6
+
+
+def test_policies_differ_only_where_one_drafts_and_the_other_does_not() -> None:
+    cells = [(0, c) for c in range(1, 9)]
+    n2, n3 = Policy.threshold(2), Policy.threshold(3)
+    assert differ_at([n2, n3], cells) == [(0, 3)]
+    assert differ_at([SPEC, Policy.threshold(8)], cells) == []  # the same server at -np 8
+    assert differ_at([SPEC, n3], cells) == [(0, c) for c in range(4, 9)]
+    # plain is another server: it differs from a threshold everywhere, drafting or not
+    assert differ_at([PLAIN, n3], cells) == cells
+    assert off_arm(1) is None and off_arm(5) == Policy.threshold(4)

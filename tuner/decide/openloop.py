@@ -22,7 +22,6 @@ from sqlalchemy import select
 from tuner.decide import recommend, validate
 from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError, LoadError
-from tuner.measure.load import LoadGenerator
 from tuner.measure.openloop import (
     OpenLoopFigures,
     Schedule,
@@ -175,9 +174,9 @@ def _one(
             text=f"{policy.config_name}: {len(schedule.offsets)} {what} at {rate:.3g}/s",
         )
     )
-    with profiler.launched(policy) as server:
-        generator = LoadGenerator(server.url, profiler.request_workload(), api_key=profiler.api_key)
-        _, samples = generator.run_arrivals(schedule.offsets, round_key, schedule.max_tokens)
+    samples = profiler.backend.arrivals(
+        policy, schedule.offsets, round_key, schedule.max_tokens, profiler.request_workload()
+    ).samples
     figures = summarize_open_loop(samples, rate)
     if figures.failed:
         first = next(s.error for s in samples if not s.ok)

@@ -1,141 +1,68 @@
-"""Where a level is measured: the profile plan (policies x levels x repeats), run and stored.
+"""Where a level is measured: a schedule's rounds run through a backend and recorded.
 
-Each policy (plain: no drafting; always draft; threshold N: the patched server's
---spec-draft-max-slots) runs on its own llama-server launch. By default the policies are
-interleaved: pass after pass, the policies take turns (A B, then B A, ...) and each measures
-one repeat at every level still open, so a drift of the machine over the minutes of a profile
-hits every policy alike and the repeats of one pass are paired neighbours. The policy that ends
-a pass starts the next on the same launch (A, B B, A A, B): the order is kept, a launch saved.
-Every other pass also walks its levels the other way (shallow to deep, then deep to shallow):
-a level measured early in one pass is measured late in the next, for every policy alike, and a
-pass that starts on a launch where the last one ended at its deepest depth finds that context
-still cached.
-A level closes, for all policies together, once each has min_repeats and a stable step time, or
-max_repeats (`workload.interleave = false`: one launch per policy, repeating each level until it
-is stable).
-Each repeat's samples are committed as soon as it finishes, so a crash or Ctrl-C loses at most
-the repeat in flight, and `resume` finishes only what is missing.
+The profiler is the driver between three seams: the pure schedule (measure/schedule.py: which
+policy measures which cell in which order), a backend (measure/backend.py: relaunch, live
+switch, attached, or the twin) and the run recorder (measure/recorder.py: the run's rows).
+
+Passes: by default the policies are interleaved (see the schedule): pass after pass, the launches
+take turns and each policy measures one round at every cell still open, so a drift of the
+machine over the minutes of a profile hits every policy alike and the rounds of one pass are
+paired neighbours. A cell closes, for all its policies together, once each has min_repeats and a
+stable step time, or max_repeats (`workload.interleave = false`: one policy after another, each
+repeating its cells until they are stable). Before the first round at a depth in each pass, each
+launch prefills its streams' padding there (unmeasured).
+
+Each round is committed as soon as it finishes, so a crash or Ctrl-C loses at most the round in
+flight, and `resume` finishes only what is missing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
-
-from tuner.errors import (
-    ConfigError,
-    InterruptedRun,
-    LoadError,
-    ServerError,
-    StorageError,
-    TunerError,
-)
-from tuner.measure import kernel, metrics
-from tuner.measure.fingerprint import (
-    BuildInfo,
-    HostInfo,
-    ModelInfo,
-    probe_build,
-    probe_host,
-    probe_model,
-)
-from tuner.measure.load import LevelFigures, LoadGenerator, RequestSample, Workload, summarize
+from tuner.errors import ConfigError, LoadError, ServerError
+from tuner.measure import kernel
+from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
+from tuner.measure.load import Workload, summarize
 from tuner.measure.plan import (
     Observer,
     ProgressEvent,
     Target,
-    launch_config,
     profile_policies,
     quiet,
 )
 from tuner.measure.preflight import preflight
 from tuner.measure.prompts import PromptSet, load_prompts
-from tuner.measure.server import ManagedServer
+from tuner.measure.recorder import (
+    N_MAX_SUFFIX,
+    Context,
+    RunRecorder,
+    find_resumable_run,
+    gather_context,
+)
+from tuner.measure.schedule import Arms, Cell, Step, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
-from tuner.measure.stats import depth_slowdown, level_medians, pool_drafting, stable
+from tuner.measure.stats import depth_slowdown, stable
 from tuner.policy import Policy
 from tuner.storage.engine import Store
-from tuner.storage.hashes import StoredHashes
-from tuner.storage.orm import (
-    COMPLETED,
-    FAILED,
-    INTERRUPTED,
-    RUNNING,
-    Build,
-    Host,
-    KernelRow,
-    Level,
-    Model,
-    Run,
-    Sample,
-    get_or_create,
-)
 
-# max-slots-2@n3: N=2 drafting up to 3 tokens, in a run whose spec drafts up to another n_max
-N_MAX_SUFFIX = "@n"
-Cell = tuple[int, int]  # (context depth, concurrency): what one level row measures
-EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
-
-
-@dataclass
-class Context:
-    """Who and what a run measures: fingerprints gathered before the first launch."""
-
-    model_name: str
-    model: ModelInfo | None
-    build: BuildInfo | None
-    host: HostInfo
-
-    def rows(self, session) -> tuple[Model, Build | None, Host]:
-        model = get_or_create(
-            session, Model, {"name": self.model_name}, asdict(self.model) if self.model else None
-        )
-        build = None
-        if self.build is not None:
-            build = get_or_create(
-                session,
-                Build,
-                {"binary_sha256": self.build.binary_sha256},
-                {
-                    "version_text": self.build.version_text,
-                    "has_max_slots": self.build.has_max_slots,
-                },
-            )
-        host_values = asdict(self.host)
-        host_name = host_values.pop("name")
-        host = get_or_create(session, Host, {"name": host_name}, host_values)
-        return model, build, host
-
-
-def gather_context(spec: ProfileSpec, host_name: str | None, store: Store | None = None) -> Context:
-    """Host, build and model facts; with a store, the model's full hash is computed once."""
-    host = probe_host(spec.server.binary, host_name)
-    hashes = StoredHashes(store, host.name) if store is not None else None
-    return Context(
-        model_name=spec.model_name,
-        model=probe_model(spec.server.model, hashes),
-        build=probe_build(spec.server.binary),
-        host=host,
-    )
-
-
-def _figures_dict(figures: LevelFigures) -> dict[str, Any]:
-    return asdict(figures)
-
-
-# --- the run ---------------------------------------------------------------------------------
+__all__ = [
+    "N_MAX_SUFFIX",
+    "Cell",
+    "Context",
+    "Profiler",
+    "find_resumable_run",
+    "gather_context",
+    "profile",
+]
 
 
 @dataclass
 class Profiler:
-    """Runs a plan of configurations x levels against llama-server and stores everything."""
+    """Runs schedules of policies x cells through a backend and records every round."""
 
     store: Store
     spec: ProfileSpec
@@ -143,321 +70,95 @@ class Profiler:
     observer: Observer = quiet
     api_key: str | None = None
     run_id: int | None = None
-    _server_deaths: list[str] = field(default_factory=list)
+    backend: Backend | None = None  # default: a relaunching/live ServerBackend (switch)
+    switch: str = "auto"
+    recorder: RunRecorder = field(init=False)
     _prompt_set: PromptSet | None = None
-    # The depth levels are measured at when a caller names concurrencies only (live runs,
-    # attach): the spec's shallowest. A profile measures (depth, concurrency) cells.
+    # The depth live runs and attach measure at when a caller names concurrencies only: the
+    # spec's shallowest. A profile measures (depth, concurrency) cells.
     depth: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.depth = self.spec.workload.context_tokens[0]
+        self.recorder = RunRecorder(self.store, self.spec, self.run_id)
+        if self.backend is None:
+            self.backend = ServerBackend(self.spec, self.log_dir, self.observer, self.switch)
 
     @property
     def depths(self) -> list[int]:
         return list(self.spec.workload.context_tokens)
 
-    # -- run lifecycle --
+    @property
+    def way(self) -> str:
+        assert self.backend is not None
+        return self.backend.way
+
+    # -- the run (see RunRecorder) --
 
     def create_run(self, context: Context, kind: str = "profile", label: str | None = None) -> int:
-        with self.store.session() as session:
-            model, build, host = context.rows(session)
-            run = Run(
-                kind=kind,
-                source="measured",
-                status=RUNNING,
-                model=model,
-                build=build,
-                host=host,
-                spec_name=self.spec.name,
-                spec_hash=self.spec.spec_hash(),
-                spec=self.spec.model_dump(mode="json"),
-                label=label,
-                n_parallel=self.spec.server.n_parallel,
-                n_max=self.spec.speculative.n_max,
-            )
-            session.add(run)
-            session.flush()
-            self.run_id = run.id
+        self.run_id = self.recorder.create_run(context, kind, label, way=self.way)
+        self._tell_backend_run()
         return self.run_id
 
     def reopen_run(self, run_id: int) -> None:
-        with self.store.session() as session:
-            run = session.get(Run, run_id)
-            if run is None:
-                raise ConfigError(f"run {run_id} does not exist")
-            run.status, run.error, run.finished_at = RUNNING, None, None
+        self.recorder.reopen_run(run_id)
         self.run_id = run_id
+        self._tell_backend_run()
 
-    def _finish(self, status: str, error: str | None = None) -> None:
-        with self.store.session() as session:
-            run = session.get(Run, self.run_id)
-            run.status, run.error = status, error
-            run.finished_at = dt.datetime.now(dt.UTC)
+    def _tell_backend_run(self) -> None:
+        if isinstance(self.backend, ServerBackend):
+            self.backend.run_id = self.run_id
 
-    def _finish_best_effort(self, status: str, error: str) -> None:
-        # If the database itself failed, the original error is what the user must see.
-        with contextlib.suppress(StorageError):
-            self._finish(status, error)
+    def guarded(self, body: Callable[[], None], resume_hint: str = "tuner profile SPEC") -> int:
+        """Run body with the backend closed afterwards; record the run as completed, failed or
+        interrupted, and re-raise failures."""
 
-    # -- levels --
+        def closing() -> None:
+            try:
+                body()
+            finally:
+                assert self.backend is not None
+                self.backend.close()
+
+        return self.recorder.guarded(closing, resume_hint)
 
     def level_name(self, config: Target) -> str:
-        """The name a configuration's levels and logs are stored under: its config name, and its
-        draft length where that is not the spec's (live trials of several n_max in one run)."""
-        name = config.config_name
-        if (
-            isinstance(config, Policy)
-            and config.drafting
-            and config.n_max not in (None, self.spec.speculative.n_max)
-        ):
-            name += f"{N_MAX_SUFFIX}{config.n_max}"
-        return name
+        return self.recorder.level_name(config)
 
-    def _level_row(self, config: Target, concurrency: int, depth: int | None = None) -> Level:
-        """The level's row, created if new; a half-done level keeps its finished repeats."""
-        name = self.level_name(config)
-        depth = self.depth if depth is None else depth
-        with self.store.session() as session:
-            level = session.scalars(
-                select(Level).filter_by(
-                    run_id=self.run_id, config=name, concurrency=concurrency, context_tokens=depth
-                )
-            ).first()
-            if level is None:
-                own_n_max = config.n_max if isinstance(config, Policy) else None
-                level = Level(
-                    run_id=self.run_id,
-                    config=name,
-                    max_slots=config.max_slots if isinstance(config, Policy) else None,
-                    n_max=own_n_max or self.spec.speculative.n_max,
-                    concurrency=concurrency,
-                    context_tokens=depth,
-                    status=RUNNING,
-                    metrics={"repeats": []},
-                )
-                session.add(level)
-            elif level.status != COMPLETED:
-                kept = [r["repeat"] for r in level.metrics.get("repeats", [])]
-                # Samples of a repeat that never finished are not part of the level.
-                session.execute(
-                    delete(Sample).where(Sample.level_id == level.id, Sample.repeat.not_in(kept))
-                )
-                level.status, level.error = RUNNING, None
-            session.flush()
-            session.expunge(level)
-        return level
+    def repeats_by_cell(self, policies: list[Policy] | None = None) -> dict:
+        return self.recorder.repeats_by_cell(policies)  # type: ignore[arg-type]
 
-    def pending(self, policies: list[Policy], levels: list[int]) -> dict[str, list[Cell]]:
-        """(depth, concurrency) cells of each configuration that are not completed yet, at
-        every depth of the spec."""
-        with self.store.session() as session:
-            done = {
-                (row.config, row.context_tokens, row.concurrency)
-                for row in session.scalars(
-                    select(Level).filter_by(run_id=self.run_id, status=COMPLETED)
-                )
-            }
-        cells = [(d, c) for d in self.depths for c in levels]
+    def repeats_by_level(
+        self, policies: list[Policy] | None = None
+    ) -> dict[tuple[str, int], list[dict]]:
+        """The stored repeats at the profiler's depth (of these policies), by (config, c)."""
         return {
-            self.level_name(p): [cell for cell in cells if (self.level_name(p), *cell) not in done]
-            for p in policies
+            (config, c): reps
+            for (config, depth, c), reps in self.repeats_by_cell(policies).items()
+            if depth == self.depth
         }
 
-    def _store_repeat(
-        self,
-        level_id: int,
-        repeat: int,
-        samples: list[RequestSample],
-        figures: LevelFigures,
-        drafting: dict[str, Any],
-        pass_index: int | None = None,
-    ) -> None:
-        with self.store.session() as session:
-            for s in samples:
-                session.add(
-                    Sample(
-                        level_id=level_id,
-                        repeat=repeat,
-                        stream=s.stream,
-                        ok=s.ok,
-                        error=s.error,
-                        tokens=s.tokens,
-                        prompt_tokens=s.prompt_tokens,
-                        generation_ms=s.generation_ms,
-                        ttft_ms=s.ttft_ms,
-                        latency_ms=s.latency_ms,
-                        draft_n=s.draft_n,
-                        draft_accepted=s.draft_accepted,
-                        steps=s.steps,
-                    )
-                )
-            if figures.failed:
-                return
-            level = session.get(Level, level_id)
-            entry = {"repeat": repeat, **_figures_dict(figures), "metrics": drafting}
-            if pass_index is not None:
-                entry["pass"] = pass_index
-            repeats = [*level.metrics.get("repeats", []), entry]
-            level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
-            level.repeats = len(repeats)
-            for key, value in level_medians(repeats).items():
-                setattr(level, key, value)
+    def last_pass(self) -> int | None:
+        return self.recorder.last_pass()
+
+    def close_open_levels(self) -> None:
+        self.recorder.close_open_levels()
 
     def record_level(
         self,
         config: Target,
         concurrency: int,
-        repeats: list[tuple[list[RequestSample], dict[str, Any]]],
+        repeats: list[tuple[list, dict[str, Any]]],
         depth: int | None = None,
     ) -> int:
-        """Store a level measured elsewhere (replayed, simulated) through the same rows and
-        commits as run_level: one transaction per repeat, then the level marked completed."""
-        level = self._level_row(config, concurrency, depth)
-        done = list(level.metrics.get("repeats", []))
-        first = max((r["repeat"] for r in done), default=-1) + 1
-        for offset, (samples, drafting) in enumerate(repeats):
-            figures = summarize(samples, concurrency)
-            self._store_repeat(level.id, first + offset, samples, figures, drafting)
-        with self.store.session() as session:
-            session.get(Level, level.id).status = COMPLETED
-        return level.id
-
-    def prefill(
-        self,
-        server_url: str,
-        config: Target,
-        depth: int,
-        streams: int,
-        server: ManagedServer | None = None,
-    ) -> None:
-        """Every stream's padding at a depth brought into the server's cache outside any
-        measurement (see LoadGenerator.prefill_async), so the levels there time decode only."""
-        if depth <= 0:
-            return
-        generator = LoadGenerator(server_url, self.request_workload(depth), api_key=self.api_key)
-        started = time.perf_counter()
-        try:
-            samples = generator.prefill(streams)
-        except (ServerError, LoadError) as exc:
-            raise ServerError(
-                self._explain_failure(server, f"while prefilling depth {depth}", str(exc))
-            ) from exc
-        failed = [s for s in samples if not s.ok]
-        if failed:
-            detail = f"{len(failed)} of {streams} requests failed ({failed[0].error})"
-            raise LoadError(
-                self._explain_failure(server, f"while prefilling depth {depth}", detail)
-            )
-        self.observer(
-            ProgressEvent(
-                "message",
-                text=f"{self.level_name(config)}: prefilled at depth {depth} for {streams} "
-                f"streams in {time.perf_counter() - started:.1f} s (not measured; "
-                f"{sum(s.prompt_tokens for s in samples)} tokens were not cached)",
-            )
+        return self.recorder.record_level(
+            config, concurrency, repeats, self.depth if depth is None else depth
         )
 
-    def _fail_level(self, level_id: int, error: str) -> None:
-        with self.store.session() as session:
-            level = session.get(Level, level_id)
-            level.status, level.error = FAILED, error
+    def record_kernel(self, points: list[kernel.KernelPoint]) -> None:
+        self.recorder.record_kernel(points)
 
-    def run_level(
-        self,
-        server_url: str,
-        config: Target,
-        concurrency: int,
-        server: ManagedServer | None = None,
-        pass_index: int | None = None,
-        depth: int | None = None,
-    ) -> int:
-        """Repeat a level until its step time is stable or the repeat limit; store every repeat.
-
-        With pass_index (an interleaved pass): one repeat, tagged with the pass; the level stays
-        open (closing it is the pass's decision, see `run_interleaved`). depth: the context
-        depth (default: the profiler's)."""
-        workload = self.spec.workload
-        depth = self.depth if depth is None else depth
-        level = self._level_row(config, concurrency, depth)
-        repeats = list(level.metrics.get("repeats", []))
-        next_repeat = max((r["repeat"] for r in repeats), default=-1) + 1
-        scale = self.output_scale(config, depth, concurrency)
-        generator = LoadGenerator(
-            server_url, self.request_workload(depth, scale), api_key=self.api_key
-        )
-        headers = generator.headers
-        done_before = len(repeats)
-        where = f"during {self.level_name(config)} at concurrency {concurrency}" + (
-            f", depth {depth}" if depth else ""
-        )
-        while True:
-            try:
-                before = metrics.scrape(None, server_url, headers)
-                # The round's prompts: a pass's number, so every configuration of a pass gets the
-                # same ones; else the repeat's.
-                round_key = pass_index if pass_index is not None else next_repeat
-                samples = generator.run(concurrency, round_key)
-                # When requests failed the server may be gone or hung: their errors say more
-                # than a failed /metrics scrape would.
-                failed = any(not s.ok for s in samples)
-                after = before if failed else metrics.scrape(None, server_url, headers)
-            except (ServerError, LoadError) as exc:
-                error = self._explain_failure(server, where, str(exc))
-                self._fail_level(level.id, error)
-                raise ServerError(error) from exc
-            figures = summarize(samples, concurrency)
-            drafting = metrics.drafting_summary(metrics.delta(before, after))
-            self._store_repeat(level.id, next_repeat, samples, figures, drafting, pass_index)
-            if figures.failed:
-                first = next(s.error for s in samples if not s.ok)
-                error = self._explain_failure(
-                    server, where, f"{figures.failed} of {concurrency} requests failed ({first})"
-                )
-                self._fail_level(level.id, error)
-                raise LoadError(error)
-            repeats.append({"repeat": next_repeat, **_figures_dict(figures)})
-            self.observer(
-                ProgressEvent(
-                    "repeat",
-                    advance=1,
-                    config=self.level_name(config),
-                    concurrency=concurrency,
-                    repeat=next_repeat,
-                    figures=figures,
-                    depth=depth,
-                )
-            )
-            next_repeat += 1
-            if pass_index is not None:
-                return level.id
-            if len(repeats) >= workload.max_repeats:
-                break
-            if len(repeats) >= workload.min_repeats and stable(repeats, workload):
-                break
-        with self.store.session() as session:
-            row = session.get(Level, level.id)
-            row.status = COMPLETED
-        # The plan counted max_repeats for this level; account for the ones not needed.
-        skipped = workload.max_repeats - (len(repeats) - done_before)
-        self.observer(
-            ProgressEvent(
-                "level",
-                advance=max(0, skipped),
-                config=self.level_name(config),
-                concurrency=concurrency,
-            )
-        )
-        return level.id
-
-    def _explain_failure(self, server: ManagedServer | None, where: str, detail: str) -> str:
-        """Why a level or the warm-up failed: the server's exit named (signal, likely cause) when
-        it died, a hang when it is still there. An attached server is not ours: its exit cannot
-        be seen."""
-        if server is None:
-            return f"the server stopped answering {where}: {detail}"
-        if server.exited_within(EXIT_GRACE_S):
-            return str(server.died(where, detail))
-        return f"{server.name} stopped answering {where}: {detail}"
+    # -- what a round sends --
 
     def request_workload(self, depth: int = 0, output_scale: float = 1.0) -> Workload:
         w = self.spec.workload
@@ -483,143 +184,81 @@ class Profiler:
         shallow = self.depths[0]
         if depth == shallow or self.spec.workload.depth_output != "equal-time":
             return 1.0
-        with self.store.session() as session:
-            rows = session.scalars(
-                select(Level).filter_by(run_id=self.run_id, config=self.level_name(config))
-            ).all()
-            steps = {(r.context_tokens, r.concurrency): r.step_ms for r in rows if r.step_ms}
+        steps = self.recorder.depth_steps(config)
         slowdown = depth_slowdown(steps, shallow, depth, concurrency)
         return 1.0 if slowdown is None or slowdown <= 1.0 else 1.0 / slowdown
 
-    def warm_up(self, server_url: str, server: ManagedServer | None = None) -> None:
-        if not self.spec.workload.warmup:
-            return
-        w = self.spec.workload
-        warm = Workload(
-            prompt_tokens=w.prompt_tokens,
-            max_tokens=16,
-            stream=False,
-            request_timeout_s=w.request_timeout_s,
+    # -- rounds --
+
+    def measure_step(self, step: Step) -> int:
+        """One round of the schedule: measured through the backend, stored with its pass, pair
+        and round key; returns the level id. A failure marks the level failed and raises."""
+        assert self.backend is not None
+        policy, (depth, concurrency) = step.policy, step.cell
+        level = self.recorder.level_row(policy, step.cell)
+        repeats = list(level.metrics.get("repeats", []))
+        repeat = max((r["repeat"] for r in repeats), default=-1) + 1
+        workload = self.request_workload(depth, self.output_scale(policy, depth, concurrency))
+        try:
+            measured = self.backend.measure(policy, step.cell, step.round_key, workload)
+        except (ServerError, LoadError) as exc:
+            self.recorder.fail_level(level.id, str(exc))
+            raise
+        figures = summarize(measured.samples, concurrency)
+        extra: dict[str, Any] = {"seconds": measured.seconds}
+        if measured.max_slots is not None:
+            extra["max_slots_set"] = measured.max_slots
+        self.recorder.store_repeat(
+            level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
-        generator = LoadGenerator(server_url, warm, api_key=self.api_key)
-        for _ in range(w.warmup):
-            try:
-                samples = generator.run(max(self.spec.levels))
-                failure = None if any(s.ok for s in samples) else samples[0].error
-            except (LoadError, ServerError) as exc:
-                failure = str(exc)
-            if failure is None:
-                continue
-            detail = f"warm-up requests failed: {failure}"
-            raise ServerError(self._explain_failure(server, "during warm-up", detail))
-
-    # -- managed mode --
-
-    def run_config(
-        self, policy: Policy, levels: Sequence[int | Cell], pass_index: int | None = None
-    ) -> None:
-        """Launch the policy's server and measure the levels on it (one repeat each in a pass):
-        concurrencies at the profiler's depth, or (depth, concurrency) cells."""
-        with self.launched(policy, pass_index) as server:
-            self.measure_cells(server.url, policy, levels, pass_index, server)
-
-    def measure_cells(
-        self,
-        server_url: str,
-        config: Target,
-        levels: Sequence[int | Cell],
-        pass_index: int | None = None,
-        server: ManagedServer | None = None,
-    ) -> None:
-        """Measure levels (one repeat each in a pass) on a running server of the config, each
-        depth's padding prefilled before its first level."""
-        cells = self._cells(levels)
-        prefilled: set[int] = set()
-        for depth, concurrency in cells:
-            if depth not in prefilled:
-                # The widest level's streams, again in every pass: the server may have dropped
-                # a stream's context since (shorter prompts reuse and truncate it), and one
-                # that is still cached costs a fraction of a second.
-                widest = max(c for d, c in cells if d == depth)
-                self.prefill(server_url, config, depth, widest, server)
-                prefilled.add(depth)
-            self.run_level(server_url, config, concurrency, server, pass_index, depth)
-
-    @contextlib.contextmanager
-    def launched(self, policy: Policy, pass_index: int | None = None) -> Iterator[ManagedServer]:
-        """The policy's server, started, checked and warmed up; stopped on leaving."""
-        name = self.level_name(policy)
-        log = self.log_dir / f"run-{self.run_id}" / f"{name}.log"
-        # A new log per launch: earlier launches of the same config (resume) stay readable.
-        n = 1
-        while log.exists():
-            n += 1
-            log = log.with_name(f"{name}.{n}.log")
+        if figures.failed:
+            first = next(s.error for s in measured.samples if not s.ok)
+            where = f"during {self.level_name(policy)} at concurrency {concurrency}"
+            error = f"{figures.failed} of {concurrency} requests failed {where} ({first})"
+            self.recorder.fail_level(level.id, error)
+            raise LoadError(error)
         self.observer(
             ProgressEvent(
-                "server",
-                config=name,
-                text=f"starting llama-server ({name})"
-                + (f", pass {pass_index + 1}" if pass_index is not None else "")
-                + f", log {log}",
+                "repeat",
+                advance=1,
+                config=self.level_name(policy),
+                concurrency=concurrency,
+                repeat=repeat,
+                figures=figures,
+                depth=depth,
             )
         )
-        server = ManagedServer(
-            launch_config(self.spec, policy),
-            log,
-            start_timeout_s=self.spec.server.start_timeout_s,
-            name=f"llama-server ({name})",
+        return level.id
+
+    def run_steps(self, steps: Sequence[Step]) -> None:
+        """A pass's steps in order; each launch prefills a depth's padding (for the widest level
+        it measures there in the pass) before its first round at that depth in the pass."""
+        assert self.backend is not None
+        key = self.backend.launch_key
+        widest: dict[tuple[Any, int, int], int] = {}
+        for s in steps:
+            k = (key(s.policy), s.depth, s.pass_index)
+            widest[k] = max(widest.get(k, 0), s.concurrency)
+        prefilled: set[tuple[Any, int, int]] = set()
+        for step in steps:
+            k = (key(step.policy), step.depth, step.pass_index)
+            if step.depth > 0 and k not in prefilled:
+                self._prefill(step.policy, step.depth, widest[k])
+            prefilled.add(k)
+            self.measure_step(step)
+
+    def _prefill(self, policy: Target, depth: int, streams: int) -> None:
+        assert self.backend is not None
+        seconds = self.backend.prefill(policy, depth, streams, self.request_workload(depth))
+        self.observer(
+            ProgressEvent(
+                "message",
+                text=f"{self.level_name(policy)}: prefilled depth {depth} for {streams} streams "
+                f"in {seconds:.1f} s (not measured)",
+            )
         )
-        with server:
-            props = server.props()
-            self._check_props(props)
-            self.warm_up(server.url, server)
-            yield server
 
-    def _cells(self, levels: Sequence[int | Cell]) -> list[Cell]:
-        return [(self.depth, c) if isinstance(c, int) else c for c in levels]
-
-    # -- interleaved passes --
-
-    def repeats_by_level(
-        self, policies: list[Policy] | None = None
-    ) -> dict[tuple[str, int], list[dict]]:
-        """The stored repeats of the run's levels at the profiler's depth (of these policies),
-        by (config, concurrency)."""
-        return {
-            (config, c): reps
-            for (config, depth, c), reps in self.repeats_by_cell(policies).items()
-            if depth == self.depth
-        }
-
-    def repeats_by_cell(
-        self, policies: list[Policy] | None = None
-    ) -> dict[tuple[str, int, int], list[dict]]:
-        """The stored repeats of the run's levels (of these policies), by (config, depth,
-        concurrency)."""
-        names = {self.level_name(p) for p in policies} if policies is not None else None
-        with self.store.session() as session:
-            return {
-                (row.config, row.context_tokens, row.concurrency): list(
-                    (row.metrics or {}).get("repeats", [])
-                )
-                for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
-                if names is None or row.config in names
-            }
-
-    def last_pass(self) -> int | None:
-        """The newest interleaved pass stored in the run (None: none yet)."""
-        passes = [
-            r["pass"] for reps in self.repeats_by_cell().values() for r in reps if "pass" in r
-        ]
-        return max(passes, default=None)
-
-    def close_open_levels(self) -> None:
-        """Mark every level of the run still open (measured in passes) as completed."""
-        with self.store.session() as session:
-            for row in session.scalars(select(Level).filter_by(run_id=self.run_id, status=RUNNING)):
-                if row.repeats:
-                    row.status, row.error = COMPLETED, None
+    # -- passes --
 
     def _level_done(self, repeats: list[dict]) -> bool:
         w = self.spec.workload
@@ -627,89 +266,152 @@ class Profiler:
             len(repeats) >= w.min_repeats and stable(repeats, w)
         )
 
-    def _close_levels(self, policies: list[Policy], cell: Cell, left: int) -> None:
-        depth, concurrency = cell
-        names = {self.level_name(p) for p in policies}
-        with self.store.session() as session:
-            for row in session.scalars(
-                select(Level).filter_by(
-                    run_id=self.run_id, concurrency=concurrency, context_tokens=depth
-                )
-            ):
-                if row.config in names:
-                    row.status, row.error = COMPLETED, None
-        for policy in policies:
-            self.observer(
-                ProgressEvent(
-                    "level", advance=left, config=self.level_name(policy), concurrency=concurrency
-                )
-            )
-
-    def run_interleaved(self, policies: list[Policy], cells: list[Cell]) -> None:
-        """Passes over the policies in alternating order, one launch and one repeat per open
-        (depth, concurrency) cell each; a cell closes for all policies at once (see the module
-        docstring).
+    def run_passes(self, arms: Arms, max_passes: int | None = None) -> None:
+        """Passes over the arms until every cell has closed (see the module docstring); a cell
+        closes for all its policies at once.
 
         A resumed run starts again at its newest pass: a policy that measured a cell in it
-        already is not launched for that cell again."""
+        already is not asked for that cell again."""
+        assert self.backend is not None
         w = self.spec.workload
+        policies = _policies_of(arms)
+        check = getattr(self.backend, "check_switch", None)
+        if check is not None:
+            way = check(policies)
+            self.recorder.set_way(way)
         state = self.repeats_by_cell(policies)
         first = self.last_pass() or 0
-        open_cells = list(cells)
+        open_arms = {cell: list(ps) for cell, ps in arms.items()}
+        passes = max_passes or w.max_repeats
 
         def reps_of(policy: Policy, cell: Cell) -> list[dict]:
             return state.get((self.level_name(policy), *cell), [])
 
-        def needs(policy: Policy, cell: Cell, p: int) -> bool:
-            reps = reps_of(policy, cell)
-            return len(reps) < w.max_repeats and all(r.get("pass") != p for r in reps)
+        def stored(step: Step) -> bool:
+            reps = reps_of(step.policy, step.cell)
+            return len(reps) >= w.max_repeats or any(
+                r.get("pass") == step.pass_index and r.get("pair", 0) == step.pair for r in reps
+            )
 
-        # The policy that ends a pass starts the next one (A B, B A, ...): its server stays up
-        # across the two, which keeps the order and saves a launch, its start-up and its
-        # prefill of deep context. Every other turn is a fresh launch. Odd passes walk the
-        # cells backwards, so the second pass on a launch starts at the depth the first ended
-        # at (deep context a shallower request would truncate is still whole there).
-        with contextlib.ExitStack() as held:
-            up: tuple[Policy, ManagedServer] | None = None
-            for p in range(first, first + w.max_repeats + 1):
-                backward = p % 2 == 1
-                order = list(reversed(policies)) if backward else policies
-                walk = list(reversed(open_cells)) if backward else open_cells
-                for policy in order:
-                    todo = [cell for cell in walk if needs(policy, cell, p)]
-                    if not todo:
-                        continue
-                    if up is not None and up[0] == policy:
+        for p in range(first, first + passes + 1):
+            self.run_steps(plan_pass(open_arms, self.backend.launch_key, p, done=stored))
+            state = self.repeats_by_cell(policies)
+            for cell in list(open_arms):
+                runs = [reps_of(policy, cell) for policy in open_arms[cell]]
+                if all(self._level_done(reps) for reps in runs):
+                    left = max(0, w.max_repeats - min(map(len, runs)))
+                    self.recorder.close_levels(open_arms[cell], cell)
+                    for policy in open_arms[cell]:
                         self.observer(
                             ProgressEvent(
-                                "server",
+                                "level",
+                                advance=left,
                                 config=self.level_name(policy),
-                                text=f"{up[1].name}: pass {p + 1} on the same launch",
+                                concurrency=cell[1],
                             )
                         )
-                    else:
-                        held.close()
-                        up = (policy, held.enter_context(self.launched(policy, p)))
-                    self.measure_cells(up[1].url, policy, todo, p, up[1])
-                state = self.repeats_by_cell(policies)
-                still_open = []
-                for cell in open_cells:
-                    runs = [reps_of(policy, cell) for policy in policies]
-                    if all(self._level_done(reps) for reps in runs):
-                        left = max(0, w.max_repeats - min(map(len, runs)))
-                        self._close_levels(policies, cell, left)
-                    else:
-                        still_open.append(cell)
-                open_cells = still_open
-                if not open_cells:
-                    return
-        for cell in open_cells:  # cannot happen: max_repeats passes fill every cell
-            self._close_levels(policies, cell, 0)
+                    del open_arms[cell]
+            if not open_arms:
+                return
+        for cell, ps in open_arms.items():  # cannot happen: max_repeats passes fill every cell
+            self.recorder.close_levels(ps, cell)
 
-    def _check_props(self, props: dict[str, Any]) -> None:
-        slots = props.get("total_slots")
-        if slots is not None and slots < max(self.spec.levels):
-            raise ConfigError(f"server has {slots} slots, fewer than level {max(self.spec.levels)}")
+    def arms(self, policies: list[Policy], cells: list[Cell]) -> dict[Cell, list[Policy]]:
+        """Every policy at every cell; on a live backend the profile's drafting launch also
+        measures each cell above one stream under a threshold that does not draft there (c-1):
+        what a threshold server does where it does not draft is measured, not inferred."""
+        out: dict[Cell, list[Policy]] = {}
+        for cell in cells:
+            here = list(policies)
+            off = off_arm(cell[1])
+            if (
+                self.way == "live"
+                and off is not None
+                and any(p.is_always for p in policies)
+                and off not in here
+            ):
+                here.append(off)
+            out[cell] = here
+        return out
+
+    def execute(
+        self, policies: list[Policy], kernel_level: bool = True, levels: list[int] | None = None
+    ) -> int:
+        """Measure every pending cell of every policy (interleaved unless the spec says
+        otherwise), record the outcome; return the run id."""
+        cells = [(d, c) for d in self.depths for c in (levels or self.spec.levels)]
+
+        def body() -> None:
+            check = getattr(self.backend, "check_switch", None)
+            if check is not None:
+                self.recorder.set_way(check(policies))
+            arms = self.arms(policies, cells)
+            todo = self.recorder.pending(_policies_of(arms), cells)
+            open_arms = {
+                cell: [p for p in ps if cell in todo[self.level_name(p)]]
+                for cell, ps in arms.items()
+            }
+            open_arms = {cell: ps for cell, ps in open_arms.items() if ps}
+            rounds = sum(map(len, open_arms.values()))
+            self.observer(ProgressEvent("plan", total=rounds * self.spec.workload.max_repeats))
+            if self.spec.workload.interleave:
+                if open_arms:
+                    self.run_passes(open_arms)
+            else:
+                for policy in _policies_of(open_arms):
+                    alone = {c: [policy] for c, ps in open_arms.items() if policy in ps}
+                    self.run_passes(alone)
+            if kernel_level:
+                self.run_kernel()
+
+        return self.guarded(body)
+
+    def run_config(
+        self, policy: Policy, levels: Sequence[int | Cell], pass_index: int | None = None
+    ) -> None:
+        """One policy's rounds at the levels (concurrencies at the profiler's depth, or cells),
+        as one pass of the schedule."""
+        cells = [(self.depth, c) if isinstance(c, int) else c for c in levels]
+        p = pass_index if pass_index is not None else (self.last_pass() or -1) + 1
+        self.run_steps([Step(policy, cell, p) for cell in cells])
+
+    # -- attached servers --
+
+    def attach_backend(self, url: str) -> AttachedBackend:
+        backend = AttachedBackend(url, self.api_key)
+        self.backend = backend
+        return backend
+
+    def warm_up(self, server_url: str) -> None:
+        """An attached server's warm-up rounds."""
+        self.attach_backend(server_url).warm_up(self.spec)
+
+    def measure_cells(self, server_url: str, config: Target, levels: Sequence[int | Cell]) -> None:
+        """An attached server measured as it is: each cell repeated until stable (one launch,
+        nothing to interleave with)."""
+        if not isinstance(self.backend, AttachedBackend) or self.backend.url != server_url:
+            self.attach_backend(server_url)
+        cells = [(self.depth, c) if isinstance(c, int) else c for c in levels]
+        w = self.spec.workload
+        name = self.level_name(config)
+        for cell in cells:
+            if cell[0] > 0:
+                self._prefill(config, cell[0], max(c for d, c in cells if d == cell[0]))
+            reps = self.recorder.repeats_by_cell().get((name, *cell), [])
+            before, level_id = len(reps), None
+            while len(reps) < w.max_repeats and not (
+                len(reps) >= w.min_repeats and stable(reps, w)
+            ):
+                level_id = self.measure_step(Step(config, cell, len(reps)))  # type: ignore[arg-type]
+                reps = self.recorder.repeats_by_cell().get((name, *cell), [])
+            if level_id is not None:
+                self.recorder.complete_level(level_id)
+            left = w.max_repeats - (len(reps) - before)
+            self.observer(
+                ProgressEvent("level", advance=max(0, left), config=name, concurrency=cell[1])
+            )
+
+    # -- kernel rows --
 
     def run_kernel(self) -> None:
         binary = self.spec.kernel_binary()
@@ -718,9 +420,7 @@ class Profiler:
         if not binary.exists():
             self.observer(ProgressEvent("message", text=f"no {binary.name}: kernel level skipped"))
             return
-        with self.store.session() as session:
-            has_rows = session.scalars(select(KernelRow).filter_by(run_id=self.run_id)).first()
-        if has_rows:
+        if self.recorder.has_kernel_rows():
             return
         self.observer(ProgressEvent("kernel", text="kernel level: llama-batched-bench"))
         cmd = kernel.command(
@@ -736,94 +436,17 @@ class Profiler:
         points = kernel.run_batched_bench(cmd, self.log_dir / f"run-{self.run_id}" / "kernel.log")
         self.record_kernel(points)
 
-    def record_kernel(self, points: list[kernel.KernelPoint]) -> None:
-        """Store llama-batched-bench rows with the run, in one transaction."""
-        with self.store.session() as session:
-            for p in points:
-                session.add(
-                    KernelRow(
-                        run_id=self.run_id,
-                        shape=p.shape,
-                        n_seq=p.n_seq,
-                        tokens_per_seq=p.tokens_per_seq,
-                        rows=p.rows,
-                        step_ms=p.step_ms,
-                    )
-                )
 
-    def execute(
-        self, policies: list[Policy], kernel_level: bool = True, levels: list[int] | None = None
-    ) -> int:
-        """Run every pending level of every configuration (interleaved unless the spec says
-        otherwise); record the outcome; return the run id."""
-        todo = self.pending(policies, levels or self.spec.levels)
-        open_cells = sorted({cell for pending in todo.values() for cell in pending})
-        interleave = self.spec.workload.interleave and len(policies) > 1
-        planned = len(policies) * len(open_cells) if interleave else sum(map(len, todo.values()))
-        self.observer(ProgressEvent("plan", total=planned * self.spec.workload.max_repeats))
-
-        def body() -> None:
-            if interleave:
-                if open_cells:
-                    self.run_interleaved(policies, open_cells)
-            else:
-                for policy in policies:
-                    if todo[self.level_name(policy)]:
-                        self.run_config(policy, todo[self.level_name(policy)])
-            if kernel_level:
-                self.run_kernel()
-
-        return self.guarded(body)
-
-    def guarded(self, body: Callable[[], None]) -> int:
-        """Run body; record the run as completed, failed or interrupted, and re-raise failures."""
-        try:
-            body()
-        except KeyboardInterrupt:
-            self._interrupt_levels()
-            self._finish_best_effort(INTERRUPTED, "interrupted by the user")
-            raise InterruptedRun(
-                f"run {self.run_id} interrupted; completed repeats are kept. "
-                f"Continue it with `tuner profile SPEC --resume`"
-            ) from None
-        except TunerError as exc:
-            self._interrupt_levels()
-            self._finish_best_effort(FAILED, str(exc))
-            raise
-        self._finish(COMPLETED)
-        return self.run_id
-
-    def _interrupt_levels(self) -> None:
-        try:
-            with self.store.session() as session:
-                for level in session.scalars(
-                    select(Level).filter_by(run_id=self.run_id, status=RUNNING)
-                ):
-                    level.status, level.error = FAILED, level.error or "interrupted"
-        except StorageError:
-            pass
+def _policies_of(arms: Arms) -> list[Policy]:
+    out: list[Policy] = []
+    for ps in arms.values():
+        for p in ps:
+            if p not in out:
+                out.append(p)
+    return out
 
 
 # --- entry points ----------------------------------------------------------------------------
-
-
-def find_resumable_run(
-    store: Store, spec: ProfileSpec, kind: str = "profile", host_name: str | None = None
-) -> int | None:
-    """The newest unfinished run of this exact spec (running, failed or interrupted).
-
-    With host_name, only that host's runs: in a fleet sharing one database, a box resumes its
-    own measurements, never another box's.
-    """
-    with store.session() as session:
-        query = (
-            select(Run.id)
-            .where(Run.spec_hash == spec.spec_hash(), Run.kind == kind, Run.status != COMPLETED)
-            .order_by(Run.id.desc())
-        )
-        if host_name is not None:
-            query = query.join(Host, Run.host_id == Host.id).where(Host.name == host_name)
-        return session.scalars(query).first()
 
 
 def profile(
@@ -834,18 +457,30 @@ def profile(
     resume: bool = False,
     host_name: str | None = None,
     skip_preflight: bool = False,
+    switch: str = "auto",
 ) -> int:
-    """`tuner profile`: measure plain, spec (and a threshold) at every level; returns the run id."""
+    """`tuner profile`: measure plain, spec (and a threshold) at every level; returns the run id.
+
+    switch: how drafting policies are switched (auto: live where the server reads the threshold
+    back, else relaunch; relaunch; live: fail when the live switch does not work)."""
     context = gather_context(spec, host_name, store)
-    if spec.speculative.threshold and not (context.build and context.build.has_max_slots):
+    has_switch = bool(context.build and context.build.has_max_slots)
+    if spec.speculative.threshold and not has_switch:
         raise ConfigError(
             f"speculative.threshold needs a llama-server with --spec-draft-max-slots; "
             f"{spec.server.binary} does not list it in --help"
         )
+    if not has_switch:
+        if switch == "live":
+            raise ConfigError(
+                f"--switch live needs a llama-server with --spec-draft-max-slots; "
+                f"{spec.server.binary} does not list it in --help"
+            )
+        switch = "relaunch"
     policies = profile_policies(spec)
     if not skip_preflight:
         preflight(spec, policies, log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer)
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch)
     run_id = find_resumable_run(store, spec, host_name=context.host.name) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)

@@ -106,6 +106,9 @@ class Run(Base):
         ForeignKey("tuner_recommendations.id", name="fk_tuner_runs_recommendation_id")
     )
     validated_max_slots: Mapped[int | None]
+    # How the run switched between policies: "relaunch" (a launch per policy), "live" (drafting
+    # policies switched on one launch through POST /props), "twin" (the simulated server).
+    way: Mapped[str | None] = mapped_column(String(16))
 
     model: Mapped[Model] = relationship()
     host: Mapped[Host | None] = relationship()

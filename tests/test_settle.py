@@ -1,0 +1,127 @@
+"""The statistics that settle N (decide/paired.py) and the rule over them (decide/settle.py):
+paired differences with t-quantiles for the degrees of freedom taken, one-sided verdicts, the
+contenders, the tie rule and what an unresolved standing asks for. Pure: the twin-based tests
+(test_decisions.py) run the same rule against known truth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner.decide import settle
+from tuner.decide.paired import (
+    AHEAD,
+    BEHIND,
+    UNRESOLVED,
+    WITHIN,
+    Contrast,
+    LevelDiffs,
+    equivalent,
+    t_quantile,
+    verdict,
+)
+
+NP = 8
+UNIFORM = [1 / NP] * NP
+
+
+def diffs(mean: float, sd: float, n: int, seed: int = 0) -> LevelDiffs:
+    """n paired differences with exactly this mean and sample SD."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(n)
+    z = (z - z.mean()) / z.std(ddof=1)
+    return LevelDiffs(tuple(mean + sd * z))
+
+
+def test_two_pairs_are_one_degree_of_freedom() -> None:
+    two = diffs(5.0, 2.0, 2)
+    assert two.df == 1
+    low, high = Contrast.of({3: two}, {3: 1.0}).bounds(0.95)
+    # t(0.95, 1) = 6.31: the bound sits 6.31 standard errors out, not 2.
+    assert (high - 5.0) / two.se == pytest.approx(6.314, abs=1e-3)
+    assert low == pytest.approx(5.0 - 6.3138 * two.se, rel=1e-4)
+    assert t_quantile(0.95, 30) == pytest.approx(1.697, abs=1e-3)
+    assert t_quantile(0.95, 0) == math.inf
+
+
+def test_a_contrast_sums_levels_with_welch_degrees_of_freedom() -> None:
+    a, b = diffs(4.0, 1.0, 5), diffs(-2.0, 3.0, 10, seed=1)
+    c = Contrast.of({2: a, 3: b}, {2: 0.5, 3: 0.25})
+    assert c.estimate == pytest.approx(0.5 * 4.0 + 0.25 * -2.0)
+    var_a, var_b = (0.5 * a.se) ** 2, (0.25 * b.se) ** 2
+    assert c.se == pytest.approx(math.sqrt(var_a + var_b))
+    assert c.df == pytest.approx((var_a + var_b) ** 2 / (var_a**2 / 4 + var_b**2 / 9))
+    # a level without pairs cannot be part of a contrast
+    assert math.isnan(Contrast.of({2: a}, {2: 1.0, 4: 1.0}).estimate)
+    # no level at all: zero by construction, exactly
+    assert Contrast.of({}, {}).bounds() == (0.0, 0.0)
+
+
+def test_verdicts_need_a_side_not_a_decimal() -> None:
+    tol = 1.0
+    assert verdict(Contrast(3.0, 0.5, 20), tol) == AHEAD
+    assert verdict(Contrast(-3.0, 0.5, 20), tol) == BEHIND
+    assert verdict(Contrast(0.2, 0.3, 20), tol) == WITHIN
+    assert verdict(Contrast(0.2, 3.0, 20), tol) == UNRESOLVED
+    assert equivalent(Contrast(0.1, 0.2, 50), tol)
+    assert not equivalent(Contrast(0.1, 2.0, 50), tol)
+
+
+def test_contenders_are_the_neighbours_and_always_draft() -> None:
+    assert settle.contenders(4, NP) == [2, 3, 5, 6, 8]
+    assert settle.contenders(1, NP) == [2, 3, 8]
+    assert settle.contenders(8, NP) == [6, 7]
+    assert settle.between(2, 5) == [3, 4, 5]
+
+
+def gains_with(signs: dict[int, float], sd: float = 1.0, n: int = 12) -> dict[int, LevelDiffs]:
+    return {c: diffs(g, sd, n, seed=c) for c, g in signs.items()}
+
+
+CROSSING_AT_3 = {2: 20.0, 3: 10.0, 4: -10.0, 5: -15.0, 6: -20.0, 7: -20.0, 8: -25.0}
+
+
+@pytest.mark.parametrize("start", [1, 2, 3, 4, 5, 6])
+def test_clear_gains_settle_on_the_last_level_drafting_wins(start: int) -> None:
+    gains = gains_with(CROSSING_AT_3)
+    answer = start
+    for _ in range(10):
+        standing = settle.assess(gains, UNIFORM, answer, NP, objective=100.0)
+        if standing.status == settle.SETTLED:
+            break
+        assert standing.status == settle.MOVED
+        answer = standing.answer
+    assert standing.status == settle.SETTLED and standing.answer == 3
+    assert {c.verdict for c in standing.comparisons} == {BEHIND}
+
+
+def test_equivalent_values_tie_and_the_smaller_is_chosen() -> None:
+    # drafting at 4 streams is worth nothing: N=3 and N=4 are the same objective
+    flat = {**CROSSING_AT_3, 4: 0.0}
+    gains = gains_with(flat, sd=0.5, n=30)
+    standing = settle.assess(gains, UNIFORM, 4, NP, objective=100.0)
+    assert standing.status == settle.MOVED and standing.answer == 3
+    assert standing.tie == [3, 4]
+    again = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)
+    assert again.status == settle.SETTLED and again.answer == 3 and again.tie == [3, 4]
+
+
+def test_an_unresolved_standing_names_what_to_measure_next() -> None:
+    gains = gains_with({**CROSSING_AT_3, 4: 2.0}, sd=30.0, n=3)
+    standing = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)
+    assert standing.status == settle.OPEN
+    assert 4 in standing.measure_next
+    unresolved = {c.contender for c in standing.unresolved}
+    assert 4 in unresolved
+    # a level never measured comes first
+    gains.pop(5)
+    standing = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)
+    assert standing.measure_next[0] == 5
+
+
+def test_paired_rounds_become_level_differences() -> None:
+    rounds = {4: {"on": {0: 100.0, 1: 90.0, 2: 95.0}, "off": {0: 98.0, 1: 91.0}}}
+    got = settle.gains_from_rounds(rounds)
+    assert got[4].diffs == (2.0, -1.0)  # round 2 has no partner

@@ -1,0 +1,153 @@
+"""Paired differences and the one-sided rule that settles a comparison: pure statistics.
+
+Two thresholds differ only at the levels where one drafts and the other does not, so the
+difference of their workload-weighted objectives is a weighted sum of per-level gains
+g(c) = on(c) - off(c): the drafting server drafting at c against the same server not drafting
+there. Each level's gain is measured as paired differences (both halves of a pair on one launch,
+seconds apart, same prompts and seeds), so what a comparison needs is:
+
+- `LevelDiffs`: one level's paired differences, their mean, standard error and degrees of freedom
+  (n - 1: two pairs are one degree of freedom, and "two standard errors" there is not 95 %);
+- `Contrast`: a weighted sum of levels' mean differences, its standard error and Welch-
+  Satterthwaite degrees of freedom, and its t-interval;
+- `verdict`: which side of a tolerance a contender's advantage falls on, one-sided: ahead,
+  behind, within the tolerance (the answer holds), or unresolved (neither bound cleared yet).
+
+A verdict needs a side, not a decimal: a comparison stops as soon as one bound clears.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+AHEAD, BEHIND, WITHIN, UNRESOLVED = "ahead", "behind", "within tolerance", "unresolved"
+
+
+@dataclass(frozen=True)
+class LevelDiffs:
+    """Paired differences at one level (on - off, say), in tok/s."""
+
+    diffs: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.diffs) if self.diffs else math.nan
+
+    @property
+    def sd(self) -> float:
+        return statistics.stdev(self.diffs) if self.n > 1 else math.inf
+
+    @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(self.n) if self.n > 1 else math.inf
+
+    @property
+    def df(self) -> int:
+        return max(0, self.n - 1)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t distribution's p-quantile for df degrees of freedom (inf without any; the normal
+    quantile for infinitely many)."""
+    if math.isnan(df) or df <= 0:
+        return math.inf
+    if math.isinf(df):
+        return float(stats.norm.ppf(p))
+    return float(stats.t.ppf(p, df))
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """sum_c coef_c * mean_c over independent levels: estimate, standard error, degrees of
+    freedom (Welch-Satterthwaite), and a known part added exactly (levels measured elsewhere
+    or zero by construction contribute no variance)."""
+
+    estimate: float
+    se: float
+    df: float
+
+    @classmethod
+    def of(
+        cls, levels: Mapping[int, LevelDiffs], coef: Mapping[int, float], known: float = 0.0
+    ) -> Contrast:
+        used = {c: a for c, a in coef.items() if a != 0.0}
+        if any(c not in levels or levels[c].n == 0 for c in used):
+            return cls(math.nan, math.inf, 0.0)
+        estimate = known + sum(a * levels[c].mean for c, a in used.items())
+        if not used:
+            return cls(known, 0.0, math.inf)
+        if any(levels[c].n < 2 for c in used):
+            return cls(estimate, math.inf, 0.0)
+        parts = {c: (a * levels[c].se) ** 2 for c, a in used.items()}
+        var = sum(parts.values())
+        if var == 0.0:
+            return cls(estimate, 0.0, math.inf)
+        df = var**2 / sum(v**2 / levels[c].df for c, v in parts.items())
+        return cls(estimate, math.sqrt(var), df)
+
+    def bounds(self, confidence: float = 0.95) -> tuple[float, float]:
+        """One-sided bounds at this confidence each: (lower, upper). Two of them make a
+        two-sided interval at 2 * confidence - 1."""
+        if self.se == 0.0:
+            return self.estimate, self.estimate
+        half = t_quantile(confidence, self.df) * self.se
+        return self.estimate - half, self.estimate + half
+
+    def interval(self, level: float = 0.90) -> tuple[float, float]:
+        """The two-sided interval at this level."""
+        return self.bounds(0.5 + level / 2)
+
+    def half_width(self, confidence: float = 0.95) -> float:
+        low, high = self.bounds(confidence)
+        return (high - low) / 2
+
+
+def verdict(advantage: Contrast, tolerance: float, confidence: float = 0.95) -> str:
+    """Where a contender stands against the answer, from its advantage (contender - answer),
+    one-sided at `confidence`:
+
+    - AHEAD: the lower bound clears zero; the answer should move;
+    - BEHIND: the upper bound is at or below zero;
+    - WITHIN: the upper bound is within the tolerance: the contender is at most that much
+      ahead, and the answer holds;
+    - UNRESOLVED: neither bound has cleared yet."""
+    low, high = advantage.bounds(confidence)
+    if low > 0:
+        return AHEAD
+    if high <= 0:
+        return BEHIND
+    if high <= tolerance:
+        return WITHIN
+    return UNRESOLVED
+
+
+def pairs_needed(sd: float, half_width: float, confidence: float = 0.95, start: int = 2) -> int:
+    """Pairs of this spread whose one-sided bound at confidence lies within half_width of the
+    mean (t-quantiles for the pairs' own degrees of freedom)."""
+    if half_width <= 0 or not math.isfinite(sd):
+        return math.inf  # type: ignore[return-value]
+    n = start
+    while t_quantile(confidence, n - 1) * sd / math.sqrt(n) > half_width:
+        n += 1
+        if n > 100_000:
+            return n
+    return n
+
+
+def equivalent(advantage: Contrast, tolerance: float, confidence: float = 0.95) -> bool:
+    """Both one-sided bounds within +-tolerance: the two are shown equivalent (TOST)."""
+    low, high = advantage.bounds(confidence)
+    return low >= -tolerance and high <= tolerance
+
+
+def mean_of(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else math.nan

@@ -1,0 +1,217 @@
+"""Settling N on live measurements: which comparisons decide it, what to measure next, when to
+stop. Pure: measurements in, a standing out; `tuner tune` runs it against a backend.
+
+Over the drafting server's policies the workload-weighted objective is
+V(N) = sum_{c <= N} w_c on(c) + sum_{c > N} w_c off(c), so for M > N
+V(M) - V(N) = sum_{c = N+1..M} w_c g(c), with g(c) = on(c) - off(c) the gain of drafting at c on
+the same server (measured as paired rounds on one launch). Always draft is N = n_parallel.
+Elsewhere two policies are the same server, and their difference is zero by construction.
+
+The answer's contenders are N-2, N-1, N+1, N+2 and always draft. Each contender's advantage over
+the answer is a `Contrast` of the levels between them; its one-sided bound at 95 % settles it:
+ahead (the answer moves to it), behind or within the tolerance (the answer holds), or
+unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
+best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. When
+the budget runs out first, the standing says which contenders are unresolved, with their bounds,
+and names the levels to measure next.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.decide.paired import (
+    AHEAD,
+    BEHIND,
+    UNRESOLVED,
+    WITHIN,
+    Contrast,
+    LevelDiffs,
+    equivalent,
+    verdict,
+)
+
+TOLERANCE = 0.01  # of the answer's objective: a contender this close is not worth a change
+CONFIDENCE = 0.95  # one-sided, per bound
+MAX_TIE = 3
+SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
+
+
+def contenders(answer: int, n_parallel: int) -> list[int]:
+    """N-2, N-1, N+1, N+2 and always draft (n_parallel), within 1..n_parallel."""
+    near = [answer - 2, answer - 1, answer + 1, answer + 2, n_parallel]
+    out: list[int] = []
+    for m in near:
+        if 1 <= m <= n_parallel and m != answer and m not in out:
+            out.append(m)
+    return out
+
+
+def between(n: int, m: int) -> list[int]:
+    """The levels where thresholds n and m differ: the one above the smaller drafts there."""
+    lo, hi = sorted((n, m))
+    return list(range(lo + 1, hi + 1))
+
+
+def advantage(
+    gains: Mapping[int, LevelDiffs], weights: Sequence[float], answer: int, contender: int
+) -> Contrast:
+    """V(contender) - V(answer) from the paired gains at the levels between them (weights[c-1]
+    is level c's)."""
+    sign = 1.0 if contender > answer else -1.0
+    coef = {c: sign * weights[c - 1] for c in between(answer, contender)}
+    return Contrast.of(gains, coef)
+
+
+@dataclass
+class Comparison:
+    """One contender against the answer."""
+
+    contender: int
+    advantage: Contrast
+    verdict: str
+    levels: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.advantage.bounds(CONFIDENCE)
+        return {
+            "contender": self.contender,
+            "advantage": self.advantage.estimate,
+            "se": self.advantage.se,
+            "df": self.advantage.df,
+            "lower": low,
+            "upper": high,
+            "verdict": self.verdict,
+            "levels": self.levels,
+        }
+
+
+@dataclass
+class Standing:
+    """Where the live comparisons leave the answer."""
+
+    answer: int
+    status: str  # settled | moved | unresolved
+    comparisons: list[Comparison]
+    tie: list[int] = field(default_factory=list)
+    measure_next: list[int] = field(default_factory=list)  # levels, when unresolved
+    tolerance: float = 0.0  # in objective units (tok/s)
+
+    @property
+    def unresolved(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict == UNRESOLVED]
+
+
+def level_pairs(levels: Mapping[int, LevelDiffs]) -> dict[int, int]:
+    return {c: d.n for c, d in levels.items()}
+
+
+def assess(
+    gains: Mapping[int, LevelDiffs],
+    weights: Sequence[float],
+    answer: int,
+    n_parallel: int,
+    objective: float,
+    tolerance: float = TOLERANCE,
+    confidence: float = CONFIDENCE,
+) -> Standing:
+    """The answer against its contenders on the gains measured so far (see the module
+    docstring). objective: the answer's objective value, which the tolerance is a share of."""
+    tol = tolerance * abs(objective)
+    comparisons = []
+    for m in contenders(answer, n_parallel):
+        adv = advantage(gains, weights, answer, m)
+        comparisons.append(Comparison(m, adv, verdict(adv, tol, confidence), between(answer, m)))
+    ahead = [c for c in comparisons if c.verdict == AHEAD]
+    if ahead:
+        best = max(ahead, key=lambda c: (c.advantage.estimate, -c.contender))
+        return Standing(best.contender, MOVED, comparisons, tolerance=tol)
+    open_ = [c for c in comparisons if c.verdict == UNRESOLVED]
+    if open_:
+        wanted = next_levels(gains, weights, open_)
+        return Standing(answer, OPEN, comparisons, measure_next=wanted, tolerance=tol)
+    tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
+    if min(tie) != answer:
+        # A smaller N is shown equivalent: it becomes the answer, and its own contenders
+        # (further down) are compared next.
+        return Standing(min(tie), MOVED, comparisons, tie=tie, tolerance=tol)
+    return Standing(answer, SETTLED, comparisons, tie=tie, tolerance=tol)
+
+
+def tie_set(
+    gains: Mapping[int, LevelDiffs],
+    weights: Sequence[float],
+    answer: int,
+    comparisons: Sequence[Comparison],
+    tol: float,
+    confidence: float = CONFIDENCE,
+) -> list[int]:
+    """The answer and the contenders shown equivalent to the best of them (both one-sided
+    bounds of the difference within +-tol), at most MAX_TIE, nearest the best first kept."""
+    estimate = {answer: 0.0, **{c.contender: c.advantage.estimate for c in comparisons}}
+    best = max(estimate, key=lambda n: (estimate[n], -n))
+    members = [best]
+    for n in sorted(estimate, key=lambda n: (abs(n - best), n)):
+        if n == best or len(members) >= MAX_TIE:
+            continue
+        if equivalent(advantage(gains, weights, best, n), tol, confidence):
+            members.append(n)
+    if answer not in members and best != answer:
+        # The answer held against every contender, yet another is the estimate's best: the
+        # answer is within the tolerance of it (its comparison said so), so both stand.
+        members = [best, answer][:MAX_TIE]
+    return sorted(members)
+
+
+def next_levels(
+    gains: Mapping[int, LevelDiffs], weights: Sequence[float], open_: Sequence[Comparison]
+) -> list[int]:
+    """The levels an unresolved comparison rests on, those with fewer than two pairs first,
+    then by how much one more pair there would shrink the contrasts' variance."""
+
+    def value(c: int) -> float:
+        d = gains.get(c)
+        if d is None or d.n < 2:
+            return math.inf
+        resting = sum(c in comp.levels for comp in open_)
+        return resting * weights[c - 1] ** 2 * d.sd**2 * (1 / d.n - 1 / (d.n + 1))
+
+    levels = sorted({c for comp in open_ for c in comp.levels})
+    return sorted(levels, key=lambda c: -value(c))
+
+
+def gains_from_rounds(
+    rounds: Mapping[int, Mapping[str, Mapping[int, float]]],
+) -> dict[int, LevelDiffs]:
+    """Paired on - off differences per level from rounds keyed (level -> arm -> round key ->
+    tok/s), arm "on" or "off": one difference per round key both arms measured."""
+    out = {}
+    for c, arms in rounds.items():
+        on, off = arms.get("on", {}), arms.get("off", {})
+        keys = sorted(on.keys() & off.keys())
+        out[c] = LevelDiffs(tuple(on[k] - off[k] for k in keys))
+    return out
+
+
+__all__ = [
+    "AHEAD",
+    "BEHIND",
+    "MOVED",
+    "OPEN",
+    "SETTLED",
+    "TOLERANCE",
+    "UNRESOLVED",
+    "WITHIN",
+    "Comparison",
+    "Standing",
+    "advantage",
+    "assess",
+    "between",
+    "contenders",
+    "gains_from_rounds",
+    "next_levels",
+    "tie_set",
+]

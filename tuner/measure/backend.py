@@ -1,0 +1,437 @@
+"""Backends: how a schedule's rounds reach a server, one interface for every way of switching.
+
+The schedule (measure/schedule.py) says which policy measures which cell in which order; a
+backend makes the server behave as that policy and measures one round there:
+
+- `relaunch`: one llama-server launch per policy (any build, a stock one too). The launch that
+  ends a pass is kept for the next (the schedule arranges that), every other change of policy
+  starts a fresh launch: warm-up, and prefill of deep context, again.
+- `live`: every drafting policy shares one launch, started with `--props`; the threshold is
+  switched between rounds through `POST /props` and read back through `GET /props`. The switch
+  is trusted only once it reads back and the draft counters follow it (a stock llama-server
+  with `--props` answers the POST with 200 and changes nothing); otherwise the backend falls
+  back to relaunching and says so, unless the user forced live. Plain (no draft model) keeps
+  launches of its own: only "load a draft at all?" compares across launches.
+- `attached`: a server the tuner did not start, measured as its operator configured it.
+
+The twin's in-process backend (tuner/twin/backend.py) speaks the same interface in virtual time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tuner.errors import ConfigError, LoadError, ServerError
+from tuner.measure import client, metrics
+from tuner.measure.load import LoadGenerator, RequestSample, Workload
+from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
+from tuner.measure.schedule import Cell
+from tuner.measure.server import ManagedServer
+from tuner.measure.spec import ProfileSpec
+from tuner.policy import Policy
+
+EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
+RELAUNCH, LIVE, ATTACHED = "relaunch", "live", "attached"
+SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
+CHECK_TOKENS = 24  # tokens per stream of the rounds that check the live switch
+
+
+@dataclass
+class Measured:
+    """One round as a backend measured it."""
+
+    samples: list[RequestSample]
+    drafting: dict[str, Any]  # /metrics deltas over the round (drafts, tokens, accepted...)
+    seconds: float  # what the round took on the backend's clock (virtual time for the twin)
+    max_slots: int | None = None  # live: the threshold /props reported for the round
+
+
+class Backend(Protocol):
+    """What a schedule's driver needs from a way of running policies."""
+
+    way: str  # relaunch | live | attached | twin: recorded with the run
+
+    def launch_key(self, policy: Target) -> Hashable:
+        """Policies with the same key share one launch; changing the key costs a launch."""
+        ...
+
+    def prefill(self, policy: Target, depth: int, streams: int, workload: Workload) -> float:
+        """Bring streams' padding at depth into the server's cache, unmeasured; returns the
+        seconds it took (on the backend's clock)."""
+        ...
+
+    def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
+        """One round of cell's concurrency under policy; raises ServerError/LoadError with the
+        reason when the server died or requests failed."""
+        ...
+
+    def arrivals(
+        self,
+        policy: Target,
+        offsets: list[float],
+        round_key: int,
+        lengths: list[int] | None,
+        workload: Workload,
+    ) -> Measured:
+        """Open loop: request i released offsets[i] seconds after the start, whatever the
+        earlier ones are doing; failures are in the samples."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Up:
+    key: Hashable
+    server: ManagedServer
+    max_slots: int | None = None  # the live threshold set now (live launches)
+
+
+@dataclass
+class ServerBackend:
+    """llama-server launches this process starts: relaunch, or live switch among drafting
+    policies (see the module docstring)."""
+
+    spec: ProfileSpec
+    log_dir: Path
+    observer: Observer = quiet
+    switch: str = "auto"  # auto | relaunch | live
+    way: str = RELAUNCH
+    run_id: int | None = None
+    _up: _Up | None = None
+    _launches: int = 0
+    _checked: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.switch not in SWITCH_WAYS:
+            raise ConfigError(f"--switch: expected one of {', '.join(SWITCH_WAYS)}")
+        self.way = RELAUNCH if self.switch == RELAUNCH else LIVE
+
+    # -- which launch --
+
+    def launch_key(self, policy: Target) -> Hashable:
+        if not isinstance(policy, Policy):
+            return ("attached", policy.config_name)
+        if self.way == LIVE and policy.drafting:
+            return ("drafting", policy.n_max or self.spec.speculative.n_max)
+        return ("policy", policy.config_name, policy.n_max)
+
+    def check_switch(self, policies: list[Policy]) -> str:
+        """Before planning: with live switching asked for (or auto) and drafting policies to
+        measure, launch the drafting server and check that the threshold reads back and the
+        draft counters follow it. Returns the way the run measures."""
+        if self._checked or self.way != LIVE:
+            return self.way
+        self._checked = True
+        drafting = [p for p in policies if p.drafting]
+        if not drafting:
+            return self.way
+        server = self._serve(drafting[0], check=False)
+        problem = self._switch_problem(server)
+        if problem is None:
+            self.observer(
+                ProgressEvent(
+                    "message",
+                    text=f"live switch: {server.name} reads the threshold back and its draft "
+                    "counters follow it; every drafting policy is measured on this launch",
+                )
+            )
+            return self.way
+        if self.switch == LIVE:
+            raise ServerError(f"--switch live: {problem}")
+        self._stop()
+        self.way = RELAUNCH
+        note = f"{problem}: measuring by relaunching the server for every policy instead"
+        self.notes.append(note)
+        self.observer(ProgressEvent("message", text=note))
+        return self.way
+
+    def _switch_problem(self, server: ManagedServer) -> str | None:
+        """Why the live switch cannot be trusted on this launch, or None."""
+        try:
+            if client.max_slots(server.url) is None:
+                return f"{server.name} does not report spec_draft_max_slots in GET /props"
+            counts = {}
+            for n in (1, 0):
+                self._set(server, n)
+                before = metrics.scrape(None, server.url)
+                check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
+                LoadGenerator(server.url, check).run(2, round_key=0)
+                after = metrics.scrape(None, server.url)
+                counts[n] = metrics.drafting_summary(metrics.delta(before, after))["drafts"]
+        except (ServerError, LoadError) as exc:
+            return str(exc).splitlines()[0]
+        if counts[0] <= 0:
+            return (
+                f"{server.name} drafted nothing with the threshold at 0, so the switch cannot "
+                "be seen to work"
+            )
+        if counts[1] * 4 > counts[0]:
+            return (
+                f"the draft counters of {server.name} did not follow the switch ({counts[1]:.0f} "
+                f"drafts with 2 streams at threshold 1, {counts[0]:.0f} at 0)"
+            )
+        return None
+
+    def _set(self, server: ManagedServer, n: int) -> None:
+        client.set_max_slots(server.url, n)
+        assert self._up is not None
+        self._up.max_slots = n
+
+    # -- launches --
+
+    def _launch_name(self, policy: Policy) -> str:
+        if self.way == LIVE and policy.drafting:
+            n_max = policy.n_max or self.spec.speculative.n_max
+            return f"drafting-n{n_max}"
+        return policy.config_name + (
+            f"@n{policy.n_max}"
+            if policy.drafting and policy.n_max not in (None, self.spec.speculative.n_max)
+            else ""
+        )
+
+    def _serve(self, policy: Policy, check: bool = True) -> ManagedServer:
+        """The server for policy: the one up when its launch fits, else a fresh launch; on a live
+        launch the threshold set to the policy's."""
+        if check:
+            self.check_switch([policy])
+        key = self.launch_key(policy)
+        if self._up is None or self._up.key != key:
+            self._stop()
+            self._up = _Up(key, self._launch(policy))
+        if self.way == LIVE and policy.drafting:
+            wanted = policy.max_slots or 0
+            if self._up.max_slots != wanted:
+                self._set(self._up.server, wanted)
+        return self._up.server
+
+    def _launch(self, policy: Policy) -> ManagedServer:
+        name = self._launch_name(policy)
+        folder = self.log_dir / (f"run-{self.run_id}" if self.run_id is not None else "runs")
+        log = folder / f"{name}.log"
+        n = 1
+        while log.exists():  # a new log per launch: earlier launches stay readable
+            n += 1
+            log = log.with_name(f"{name}.{n}.log")
+        live = self.way == LIVE and policy.drafting
+        self.observer(
+            ProgressEvent(
+                "server",
+                config=name,
+                text=f"starting llama-server ({name}{', live switch' if live else ''}), log {log}",
+            )
+        )
+        config = launch_config(self.spec, policy if not live else Policy.always(policy.n_max))
+        if live:
+            config.args = [*config.args, "--props"]
+        server = ManagedServer(
+            config,
+            log,
+            start_timeout_s=self.spec.server.start_timeout_s,
+            name=f"llama-server ({name})",
+        )
+        server.start()
+        self._launches += 1
+        try:
+            self._check_props(server.props())
+            warm_up(self.spec, server.url, lambda where, d: self.explain(server, where, d))
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _check_props(self, props: dict[str, Any]) -> None:
+        slots = props.get("total_slots")
+        if slots is not None and slots < max(self.spec.levels):
+            raise ConfigError(f"server has {slots} slots, fewer than level {max(self.spec.levels)}")
+
+    def _stop(self) -> None:
+        if self._up is not None:
+            self._up.server.stop()
+            self._up = None
+
+    def close(self) -> None:
+        self._stop()
+
+    @property
+    def launches(self) -> int:
+        return self._launches
+
+    # -- rounds --
+
+    def explain(self, server: ManagedServer | None, where: str, detail: str) -> str:
+        """Why a round failed: the server's exit named (signal, likely cause) when it died, a
+        hang when it is still there."""
+        if server is None:
+            return f"the server stopped answering {where}: {detail}"
+        if server.exited_within(EXIT_GRACE_S):
+            return str(server.died(where, detail))
+        return f"{server.name} stopped answering {where}: {detail}"
+
+    def prefill(self, policy: Target, depth: int, streams: int, workload: Workload) -> float:
+        assert isinstance(policy, Policy)
+        server = self._serve(policy)
+        return prefill_server(
+            server.url, depth, streams, workload, lambda w, d: self.explain(server, w, d)
+        )
+
+    def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
+        assert isinstance(policy, Policy)
+        server = self._serve(policy)
+        where = f"during {policy.config_name} at concurrency {cell[1]}" + (
+            f", depth {cell[0]}" if cell[0] else ""
+        )
+        measured = measure_round(
+            server.url, cell, round_key, workload, lambda w, d: self.explain(server, w, d), where
+        )
+        if self.way == LIVE and policy.drafting and self._up is not None:
+            measured.max_slots = self._up.max_slots
+        return measured
+
+    def arrivals(
+        self,
+        policy: Target,
+        offsets: list[float],
+        round_key: int,
+        lengths: list[int] | None,
+        workload: Workload,
+    ) -> Measured:
+        assert isinstance(policy, Policy)
+        server = self._serve(policy)
+        measured = arrivals_round(server.url, offsets, round_key, lengths, workload)
+        if self.way == LIVE and policy.drafting and self._up is not None:
+            measured.max_slots = self._up.max_slots
+        return measured
+
+
+@dataclass
+class AttachedBackend:
+    """A running server the tuner did not start: measured as it is, never restarted."""
+
+    url: str
+    api_key: str | None = None
+    way: str = ATTACHED
+
+    def launch_key(self, policy: Target) -> Hashable:
+        return ("attached",)
+
+    def explain(self, where: str, detail: str) -> str:
+        return f"the server stopped answering {where}: {detail}"
+
+    def prefill(self, policy: Target, depth: int, streams: int, workload: Workload) -> float:
+        return prefill_server(self.url, depth, streams, workload, self.explain, self.api_key)
+
+    def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
+        where = f"during {policy.config_name} at concurrency {cell[1]}" + (
+            f", depth {cell[0]}" if cell[0] else ""
+        )
+        return measure_round(self.url, cell, round_key, workload, self.explain, where, self.api_key)
+
+    def warm_up(self, spec: ProfileSpec) -> None:
+        warm_up(spec, self.url, self.explain, self.api_key)
+
+    def close(self) -> None:
+        return None
+
+
+# --- what a round does on any llama-server ---------------------------------------------------
+
+
+Explain = Callable[[str, str], str]  # (where, detail) -> the message a failure raises with
+
+
+def measure_round(
+    url: str,
+    cell: Cell,
+    round_key: int,
+    workload: Workload,
+    explain: Explain,
+    where: str,
+    api_key: str | None = None,
+) -> Measured:
+    """One round of cell's concurrency: the requests, and the /metrics deltas around them."""
+    generator = LoadGenerator(url, workload, api_key=api_key)
+    headers = generator.headers
+    started = time.perf_counter()
+    try:
+        before = metrics.scrape(None, url, headers)
+        samples = generator.run(cell[1], round_key)
+        # When requests failed the server may be gone or hung: their errors say more than a
+        # failed /metrics scrape would.
+        failed = any(not s.ok for s in samples)
+        after = before if failed else metrics.scrape(None, url, headers)
+    except (ServerError, LoadError) as exc:
+        raise ServerError(explain(where, str(exc))) from exc
+    seconds = time.perf_counter() - started
+    return Measured(samples, metrics.drafting_summary(metrics.delta(before, after)), seconds)
+
+
+def arrivals_round(
+    url: str,
+    offsets: list[float],
+    round_key: int,
+    lengths: list[int] | None,
+    workload: Workload,
+    api_key: str | None = None,
+) -> Measured:
+    """An open-loop round on a running server, with the /metrics deltas around it."""
+    generator = LoadGenerator(url, workload, api_key=api_key)
+    before = metrics.scrape(None, url, generator.headers)
+    started = time.perf_counter()
+    _, samples = generator.run_arrivals(offsets, round_key, lengths)
+    seconds = time.perf_counter() - started
+    after = metrics.scrape(None, url, generator.headers)
+    return Measured(samples, metrics.drafting_summary(metrics.delta(before, after)), seconds)
+
+
+def prefill_server(
+    url: str,
+    depth: int,
+    streams: int,
+    workload: Workload,
+    explain: Explain,
+    api_key: str | None = None,
+) -> float:
+    """Every stream's padding at a depth brought into the server's cache outside any
+    measurement (see LoadGenerator.prefill_async); returns its seconds."""
+    if depth <= 0:
+        return 0.0
+    started = time.perf_counter()
+    generator = LoadGenerator(url, workload, api_key=api_key)
+    where = f"while prefilling depth {depth}"
+    try:
+        samples = generator.prefill(streams)
+    except (ServerError, LoadError) as exc:
+        raise ServerError(explain(where, str(exc))) from exc
+    failed = [s for s in samples if not s.ok]
+    if failed:
+        detail = f"{len(failed)} of {streams} requests failed ({failed[0].error})"
+        raise LoadError(explain(where, detail))
+    return time.perf_counter() - started
+
+
+def warm_up(spec: ProfileSpec, url: str, explain: Explain, api_key: str | None = None) -> None:
+    """The spec's warm-up rounds at its widest level, after a launch."""
+    w = spec.workload
+    if not w.warmup:
+        return
+    warm = Workload(
+        prompt_tokens=w.prompt_tokens,
+        max_tokens=16,
+        stream=False,
+        request_timeout_s=w.request_timeout_s,
+    )
+    generator = LoadGenerator(url, warm, api_key=api_key)
+    for _ in range(w.warmup):
+        try:
+            samples = generator.run(max(spec.levels))
+            failure = None if any(s.ok for s in samples) else samples[0].error
+        except (LoadError, ServerError) as exc:
+            failure = str(exc)
+        if failure is not None:
+            raise ServerError(explain("during warm-up", f"warm-up requests failed: {failure}"))

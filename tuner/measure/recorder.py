@@ -1,0 +1,419 @@
+"""The run recorder: a run's rows in the database, written as its rounds finish.
+
+A run (profile, validate, tune, openloop, attach) records who and what it measured (host,
+build, model), how it switched between policies (`Run.way`), and per (configuration, depth,
+concurrency) cell a level row whose repeats carry their pass, pair and round key (the key the
+prompts, output lengths and request seeds were drawn from). Every repeat is committed as it
+finishes, so a crash or Ctrl-C loses at most the round in flight, and a resumed run finds what
+is missing. Nothing here launches or measures anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from tuner.errors import ConfigError, InterruptedRun, StorageError, TunerError
+from tuner.measure import kernel
+from tuner.measure.fingerprint import (
+    BuildInfo,
+    HostInfo,
+    ModelInfo,
+    probe_build,
+    probe_host,
+    probe_model,
+)
+from tuner.measure.load import LevelFigures, RequestSample, summarize
+from tuner.measure.plan import Target
+from tuner.measure.schedule import Cell, Step
+from tuner.measure.spec import ProfileSpec
+from tuner.measure.stats import level_medians, pool_drafting
+from tuner.policy import Policy
+from tuner.storage.engine import Store
+from tuner.storage.hashes import StoredHashes
+from tuner.storage.orm import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    Build,
+    Host,
+    KernelRow,
+    Level,
+    Model,
+    Run,
+    Sample,
+    get_or_create,
+)
+
+# max-slots-2@n3: N=2 drafting up to 3 tokens, in a run whose spec drafts up to another n_max
+N_MAX_SUFFIX = "@n"
+
+
+@dataclass
+class Context:
+    """Who and what a run measures: fingerprints gathered before the first launch."""
+
+    model_name: str
+    model: ModelInfo | None
+    build: BuildInfo | None
+    host: HostInfo
+
+    def rows(self, session) -> tuple[Model, Build | None, Host]:
+        model = get_or_create(
+            session, Model, {"name": self.model_name}, asdict(self.model) if self.model else None
+        )
+        build = None
+        if self.build is not None:
+            build = get_or_create(
+                session,
+                Build,
+                {"binary_sha256": self.build.binary_sha256},
+                {
+                    "version_text": self.build.version_text,
+                    "has_max_slots": self.build.has_max_slots,
+                },
+            )
+        host_values = asdict(self.host)
+        host_name = host_values.pop("name")
+        host = get_or_create(session, Host, {"name": host_name}, host_values)
+        return model, build, host
+
+
+def gather_context(spec: ProfileSpec, host_name: str | None, store: Store | None = None) -> Context:
+    """Host, build and model facts; with a store, the model's full hash is computed once."""
+    host = probe_host(spec.server.binary, host_name)
+    hashes = StoredHashes(store, host.name) if store is not None else None
+    return Context(
+        model_name=spec.model_name,
+        model=probe_model(spec.server.model, hashes),
+        build=probe_build(spec.server.binary),
+        host=host,
+    )
+
+
+def find_resumable_run(
+    store: Store, spec: ProfileSpec, kind: str = "profile", host_name: str | None = None
+) -> int | None:
+    """The newest unfinished run of this exact spec (running, failed or interrupted).
+
+    With host_name, only that host's runs: in a fleet sharing one database, a box resumes its
+    own measurements, never another box's.
+    """
+    with store.session() as session:
+        query = (
+            select(Run.id)
+            .where(Run.spec_hash == spec.spec_hash(), Run.kind == kind, Run.status != COMPLETED)
+            .order_by(Run.id.desc())
+        )
+        if host_name is not None:
+            query = query.join(Host, Run.host_id == Host.id).where(Host.name == host_name)
+        return session.scalars(query).first()
+
+
+class RunRecorder:
+    """Writes one run: its row, its level rows and their repeats, its kernel rows."""
+
+    def __init__(self, store: Store, spec: ProfileSpec, run_id: int | None = None) -> None:
+        self.store = store
+        self.spec = spec
+        self.run_id = run_id
+
+    # -- the run --
+
+    def create_run(
+        self,
+        context: Context,
+        kind: str = "profile",
+        label: str | None = None,
+        way: str | None = None,
+    ) -> int:
+        with self.store.session() as session:
+            model, build, host = context.rows(session)
+            run = Run(
+                kind=kind,
+                source="measured",
+                status=RUNNING,
+                model=model,
+                build=build,
+                host=host,
+                spec_name=self.spec.name,
+                spec_hash=self.spec.spec_hash(),
+                spec=self.spec.model_dump(mode="json"),
+                label=label,
+                n_parallel=self.spec.server.n_parallel,
+                n_max=self.spec.speculative.n_max,
+                way=way,
+            )
+            session.add(run)
+            session.flush()
+            self.run_id = run.id
+        return self.run_id
+
+    def reopen_run(self, run_id: int) -> None:
+        with self.store.session() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise ConfigError(f"run {run_id} does not exist")
+            run.status, run.error, run.finished_at = RUNNING, None, None
+        self.run_id = run_id
+
+    def set_way(self, way: str) -> None:
+        """How the run switches between policies, once the backend knows (a live switch that
+        does not read back turns a run into a relaunching one)."""
+        with self.store.session() as session:
+            session.get(Run, self.run_id).way = way
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        with self.store.session() as session:
+            run = session.get(Run, self.run_id)
+            run.status, run.error = status, error
+            run.finished_at = dt.datetime.now(dt.UTC)
+
+    def _finish_best_effort(self, status: str, error: str) -> None:
+        # If the database itself failed, the original error is what the user must see.
+        with contextlib.suppress(StorageError):
+            self.finish(status, error)
+
+    def guarded(self, body: Callable[[], None], resume_hint: str = "tuner profile SPEC") -> int:
+        """Run body; record the run as completed, failed or interrupted, and re-raise failures."""
+        try:
+            body()
+        except KeyboardInterrupt:
+            self.interrupt_levels()
+            self._finish_best_effort(INTERRUPTED, "interrupted by the user")
+            raise InterruptedRun(
+                f"run {self.run_id} interrupted; completed repeats are kept. "
+                f"Continue it with `{resume_hint} --resume`"
+            ) from None
+        except TunerError as exc:
+            self.interrupt_levels()
+            self._finish_best_effort(FAILED, str(exc))
+            raise
+        self.finish(COMPLETED)
+        assert self.run_id is not None
+        return self.run_id
+
+    # -- levels --
+
+    def level_name(self, config: Target) -> str:
+        """The name a configuration's levels and logs are stored under: its config name, and its
+        draft length where that is not the spec's (live trials of several n_max in one run)."""
+        name = config.config_name
+        if (
+            isinstance(config, Policy)
+            and config.drafting
+            and config.n_max not in (None, self.spec.speculative.n_max)
+        ):
+            name += f"{N_MAX_SUFFIX}{config.n_max}"
+        return name
+
+    def level_row(self, config: Target, cell: Cell) -> Level:
+        """The cell's row, created if new; a half-done level keeps its finished repeats."""
+        name = self.level_name(config)
+        depth, concurrency = cell
+        with self.store.session() as session:
+            level = session.scalars(
+                select(Level).filter_by(
+                    run_id=self.run_id, config=name, concurrency=concurrency, context_tokens=depth
+                )
+            ).first()
+            if level is None:
+                own_n_max = config.n_max if isinstance(config, Policy) else None
+                level = Level(
+                    run_id=self.run_id,
+                    config=name,
+                    max_slots=config.max_slots if isinstance(config, Policy) else None,
+                    n_max=own_n_max or self.spec.speculative.n_max,
+                    concurrency=concurrency,
+                    context_tokens=depth,
+                    status=RUNNING,
+                    metrics={"repeats": []},
+                )
+                session.add(level)
+            elif level.status != COMPLETED:
+                kept = [r["repeat"] for r in level.metrics.get("repeats", [])]
+                # Samples of a repeat that never finished are not part of the level.
+                session.execute(
+                    delete(Sample).where(Sample.level_id == level.id, Sample.repeat.not_in(kept))
+                )
+                level.status, level.error = RUNNING, None
+            session.flush()
+            session.expunge(level)
+        return level
+
+    def pending(self, configs: list[Target], cells: list[Cell]) -> dict[str, list[Cell]]:
+        """The cells of each configuration that are not completed yet."""
+        with self.store.session() as session:
+            done = {
+                (row.config, row.context_tokens, row.concurrency)
+                for row in session.scalars(
+                    select(Level).filter_by(run_id=self.run_id, status=COMPLETED)
+                )
+            }
+        return {
+            self.level_name(p): [cell for cell in cells if (self.level_name(p), *cell) not in done]
+            for p in configs
+        }
+
+    def store_repeat(
+        self,
+        level_id: int,
+        repeat: int,
+        samples: list[RequestSample],
+        figures: LevelFigures,
+        drafting: dict[str, Any],
+        step: Step | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """One round's samples and figures, in one transaction. A round of a schedule carries
+        its pass, pair and round key (the bootstrap's and the paired statistics' keys)."""
+        with self.store.session() as session:
+            for s in samples:
+                session.add(
+                    Sample(
+                        level_id=level_id,
+                        repeat=repeat,
+                        stream=s.stream,
+                        ok=s.ok,
+                        error=s.error,
+                        tokens=s.tokens,
+                        prompt_tokens=s.prompt_tokens,
+                        generation_ms=s.generation_ms,
+                        ttft_ms=s.ttft_ms,
+                        latency_ms=s.latency_ms,
+                        draft_n=s.draft_n,
+                        draft_accepted=s.draft_accepted,
+                        steps=s.steps,
+                    )
+                )
+            if figures.failed:
+                return
+            level = session.get(Level, level_id)
+            entry: dict[str, Any] = {"repeat": repeat, **asdict(figures), "metrics": drafting}
+            if step is not None:
+                entry.update(
+                    {"pass": step.pass_index, "pair": step.pair, "round_key": step.round_key}
+                )
+            entry.update(extra or {})
+            repeats = [*level.metrics.get("repeats", []), entry]
+            level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
+            level.repeats = len(repeats)
+            for key, value in level_medians(repeats).items():
+                setattr(level, key, value)
+
+    def record_level(
+        self,
+        config: Target,
+        concurrency: int,
+        repeats: list[tuple[list[RequestSample], dict[str, Any]]],
+        depth: int = 0,
+    ) -> int:
+        """Store a level measured elsewhere (replayed, simulated) through the same rows and
+        commits as a measured one: one transaction per repeat, then the level completed."""
+        level = self.level_row(config, (depth, concurrency))
+        done = list(level.metrics.get("repeats", []))
+        first = max((r["repeat"] for r in done), default=-1) + 1
+        for offset, (samples, drafting) in enumerate(repeats):
+            figures = summarize(samples, concurrency)
+            self.store_repeat(level.id, first + offset, samples, figures, drafting)
+        with self.store.session() as session:
+            session.get(Level, level.id).status = COMPLETED
+        return level.id
+
+    def fail_level(self, level_id: int, error: str) -> None:
+        with self.store.session() as session:
+            level = session.get(Level, level_id)
+            level.status, level.error = FAILED, error
+
+    def complete_level(self, level_id: int) -> None:
+        with self.store.session() as session:
+            session.get(Level, level_id).status = COMPLETED
+
+    def repeats_by_cell(
+        self, configs: list[Target] | None = None
+    ) -> dict[tuple[str, int, int], list[dict]]:
+        """The stored repeats of the run's levels (of these configurations), by (config, depth,
+        concurrency)."""
+        names = {self.level_name(p) for p in configs} if configs is not None else None
+        with self.store.session() as session:
+            return {
+                (row.config, row.context_tokens, row.concurrency): list(
+                    (row.metrics or {}).get("repeats", [])
+                )
+                for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
+                if names is None or row.config in names
+            }
+
+    def last_pass(self) -> int | None:
+        """The newest pass stored in the run (None: none yet)."""
+        passes = [
+            r["pass"] for reps in self.repeats_by_cell().values() for r in reps if "pass" in r
+        ]
+        return max(passes, default=None)
+
+    def close_levels(self, configs: list[Target], cell: Cell) -> None:
+        """Mark the cell's levels of these configurations completed."""
+        depth, concurrency = cell
+        names = {self.level_name(p) for p in configs}
+        with self.store.session() as session:
+            for row in session.scalars(
+                select(Level).filter_by(
+                    run_id=self.run_id, concurrency=concurrency, context_tokens=depth
+                )
+            ):
+                if row.config in names:
+                    row.status, row.error = COMPLETED, None
+
+    def close_open_levels(self) -> None:
+        """Mark every level of the run still open (measured in passes) as completed."""
+        with self.store.session() as session:
+            for row in session.scalars(select(Level).filter_by(run_id=self.run_id, status=RUNNING)):
+                if row.repeats:
+                    row.status, row.error = COMPLETED, None
+
+    def interrupt_levels(self) -> None:
+        try:
+            with self.store.session() as session:
+                for level in session.scalars(
+                    select(Level).filter_by(run_id=self.run_id, status=RUNNING)
+                ):
+                    level.status, level.error = FAILED, level.error or "interrupted"
+        except StorageError:
+            pass
+
+    def depth_steps(self, config: Target) -> dict[Cell, float]:
+        """The configuration's median step time per cell so far (equal time at depth)."""
+        with self.store.session() as session:
+            rows = session.scalars(
+                select(Level).filter_by(run_id=self.run_id, config=self.level_name(config))
+            ).all()
+            return {(r.context_tokens, r.concurrency): r.step_ms for r in rows if r.step_ms}
+
+    # -- kernel rows --
+
+    def has_kernel_rows(self) -> bool:
+        with self.store.session() as session:
+            return (
+                session.scalars(select(KernelRow).filter_by(run_id=self.run_id)).first() is not None
+            )
+
+    def record_kernel(self, points: list[kernel.KernelPoint]) -> None:
+        """Store llama-batched-bench rows with the run, in one transaction."""
+        with self.store.session() as session:
+            for p in points:
+                session.add(
+                    KernelRow(
+                        run_id=self.run_id,
+                        shape=p.shape,
+                        n_seq=p.n_seq,
+                        tokens_per_seq=p.tokens_per_seq,
+                        rows=p.rows,
+                        step_ms=p.step_ms,
+                    )
+                )
