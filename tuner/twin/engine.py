@@ -604,6 +604,31 @@ class Engine:
             self._noise.advance(t - self.now)
         self.now = t
 
+    def closed_level(
+        self,
+        streams: int,
+        output_tokens: int | Sequence[int] = 128,
+        prompt_tokens: int = 32,
+        depth: int = 0,
+        seed: int = 0,
+    ) -> SimResult:
+        """One closed level on this engine (a launch measuring level after level): `streams`
+        requests released now, run until they finish; the noise goes on from where it was."""
+        work = Workload.closed(streams, output_tokens, prompt_tokens, depth, seed)
+        t0, steps0 = self.now, self._steps
+        ids = [self.submit(r) for r in work.requests]
+        while not all(self._results[i].done for i in ids):
+            if self._step(False) is None:
+                break
+        return SimResult(
+            world=self.world.name,
+            policy=self.policy,
+            requests=tuple(self._results[i] for i in ids),
+            duration=self.now - t0,
+            steps=self._steps - steps0,
+            metrics=self.metrics(),
+        )
+
     # -- stepping --
 
     def step(self) -> StepResult | None:
@@ -848,7 +873,7 @@ class SimResult:
     world: str
     policy: Policy
     requests: tuple[RequestResult, ...]  # in the workload's order
-    duration: float  # virtual seconds from 0 to the last step's end
+    duration: float  # virtual seconds from its start to its last step's end
     steps: int
     metrics: Metrics
 

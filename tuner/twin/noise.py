@@ -4,28 +4,34 @@ Independent per-step jitter averages away over the 100+ steps of a round, which 
 not: on the project's 2-core VM a 128-token round of 2-7 s has a CV of 13.3 % at 1 stream and
 5.3 % at 8 (plain server), with spells in which a round runs about 30 % slow and adjacent rounds
 share a spell, and launch-to-launch offsets small next to round noise. So a step of noise-free
-cost C (seconds) starting at virtual time t lasts
+cost C starting at virtual time t lasts
 
-    C * launch * exp(x(t)) * spell(t) * exp(e) / mean  +  a(t)
+    C * launch * exp(x(t) + sx^2/2) * exp(s_a u(t) + s_a^2/2) * spell(t) * k * exp(e - se^2/2)
 
-- x(t): an Ornstein-Uhlenbeck process in log space (sd `log_sd`, correlation time
+- x(t): an Ornstein-Uhlenbeck process in log space (sd sx = `log_sd`, correlation time
   `log_tau_s`): the machine running a little faster or slower for seconds at a time;
-- a(t): an additive Ornstein-Uhlenbeck process in ms per step (sd `add_sd_ms`, correlation time
-  `add_tau_s`): work that costs each step about the same wall time whatever the step's size
-  (on the VM: the load generator and the server's HTTP threads sharing the two cores). It is
-  what makes short steps (1 stream) noisier than long ones (8 streams), relatively;
+- u(t): a unit Ornstein-Uhlenbeck process (correlation time `add_tau_s`) scaled by
+  s_a = `add_sd_ms` / C (at most 1): about `add_sd_ms` milliseconds per step whatever the step's
+  size, work that shares the machine (on the VM: the load generator and the server's HTTP
+  threads on the same two cores). It is what makes short steps (1 stream) relatively noisier
+  than long ones (8 streams); taken in log space so a step never runs backwards;
 - spell(t): a two-state Markov process, `1 + spell_slowdown` inside a spell (mean length
-  `spell_mean_s`) and 1 between spells (mean gap `spell_gap_s`);
-- e: independent per step (sd `step_sd` of its log);
-- launch: one draw per engine (sd `launch_sd` of its log), the launch-to-launch offset;
-- mean: the long-run mean of the multiplicative part, divided out so that the noise changes no
-  long-run average: the noise-free cost is what an endless measurement converges to (the truth,
-  tuner.twin.truth), and noise only spreads rounds around it.
+  `spell_mean_s`) and 1 between spells (mean gap `spell_gap_s`), k its normalisation;
+- e: independent per step (sd se = `step_sd` of its log);
+- launch: one draw per engine (sd `launch_sd` of its log), the launch-to-launch offset.
 
-A step never lasts less than a quarter of its cost. Presets by name (`preset` in a world's
-[noise] table, fields given beside it override the preset's): "off" (no noise), "quiet" (a
-GPU-like box: about 1 % round CV), "vm" (the project's 2-core VM, tuned on the bench-like world
-profiles/twin/bench-smollm2-cpu.toml to the round CVs above: tests/test_twin_noise.py shows it).
+The terms are normalised so that the noise moves no long-run average: steps sample the
+processes at their starts, more often where steps are short, so the long-run mean step is the
+harmonic mean over time of the durations; each time process has E[1 / factor] = 1 over its
+stationary law (hence the + s^2/2 and k = E[1 / spell]) and the per-step term E[factor] = 1.
+A long run's tok/s therefore converges to the noise-free one, which is the truth
+(tuner.twin.truth); noise only spreads rounds around it (a round's tok/s, a ratio, still has
+the usual upward bias of a mean of ratios, as measured ones do).
+
+Presets by name (`preset` in a world's [noise] table, fields given beside it override the
+preset's): "off" (no noise), "quiet" (a GPU-like box: about 1 % round CV), "vm" (the project's
+2-core VM, tuned on the bench-like world profiles/twin/bench-smollm2-cpu.toml to the round CVs
+above: tests/test_twin_noise.py shows it).
 """
 
 from __future__ import annotations
@@ -76,13 +82,13 @@ PRESETS: dict[str, NoiseParams] = {
     "vm": NoiseParams(
         log_sd=0.055,
         log_tau_s=1.5,
-        add_sd_ms=9.0,
+        add_sd_ms=7.5,
         add_tau_s=1.0,
         spell_slowdown=0.3,
         spell_mean_s=12.0,
         spell_gap_s=600.0,
         step_sd=0.03,
-        launch_sd=0.015,
+        launch_sd=0.005,
     ),
 }
 
@@ -124,13 +130,14 @@ class NoiseProcess:
         self._uniforms: list[float] = []
         self._block = 64  # grows: a short run draws few numbers, a long one many
         p = params
-        self._launch = math.exp(p.launch_sd * self._normal() - p.launch_sd**2 / 2)
+        self._launch = math.exp(p.launch_sd * self._normal() + p.launch_sd**2 / 2)
         self._x = p.log_sd * self._normal()
-        self._a = p.add_sd_ms * self._normal()
+        self._u = self._normal() if p.add_sd_ms else 0.0
         self._spell = self._uniform() < p.spell_share if p.spell_slowdown > 0 else False
-        # The multiplicative part's long-run mean, divided out (E[exp(x)] = exp(sd^2 / 2)).
-        spell_mean = 1.0 + p.spell_share * p.spell_slowdown
-        self._scale = math.exp(-(p.log_sd**2) / 2 - p.step_sd**2 / 2) / spell_mean
+        share = p.spell_share if p.spell_slowdown else 0.0
+        spell_norm = (1.0 - share) + share / (1.0 + p.spell_slowdown)  # E[1 / spell]
+        self._scale = math.exp(p.log_sd**2 / 2 - p.step_sd**2 / 2) * spell_norm
+        self._add_s = p.add_sd_ms / 1000.0
 
     def _normal(self) -> float:
         if not self._normals:
@@ -147,19 +154,20 @@ class NoiseProcess:
     def in_spell(self) -> bool:
         return self._spell
 
-    def factor(self) -> float:
-        """The multiplicative factor now, without the per-step term (for inspection)."""
+    def factor(self, cost: float) -> float:
+        """The factor a step of this cost would get now, without the per-step term."""
         spell = 1.0 + self.params.spell_slowdown if self._spell else 1.0
-        return self._launch * math.exp(self._x) * spell * self._scale
+        sa = min(self._add_s / cost, 1.0) if cost > 0 else 0.0
+        return self._launch * math.exp(self._x + sa * self._u + sa * sa / 2) * spell * self._scale
 
     def duration(self, cost: float) -> float:
         """How long a step of noise-free cost `cost` (seconds) lasts if it starts now; the
         process then moves on by that duration."""
         p = self.params
-        spell = 1.0 + p.spell_slowdown if self._spell else 1.0
-        step = math.exp(p.step_sd * self._normal()) if p.step_sd else 1.0
-        mult = self._launch * math.exp(self._x) * spell * step * self._scale
-        value = max(cost * mult + self._a / 1000.0, 0.25 * cost)
+        factor = self.factor(cost)
+        if p.step_sd:
+            factor *= math.exp(p.step_sd * self._normal())
+        value = cost * factor
         self.advance(value)
         return value
 
@@ -173,7 +181,7 @@ class NoiseProcess:
             self._x = self._x * decay + p.log_sd * math.sqrt(1 - decay * decay) * self._normal()
         if p.add_sd_ms:
             decay = math.exp(-dt / p.add_tau_s)
-            self._a = self._a * decay + p.add_sd_ms * math.sqrt(1 - decay * decay) * self._normal()
+            self._u = self._u * decay + math.sqrt(1 - decay * decay) * self._normal()
         if p.spell_slowdown:
             share = p.spell_share
             rate = 1.0 / p.spell_mean_s + 1.0 / p.spell_gap_s

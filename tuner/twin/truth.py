@@ -1,0 +1,363 @@
+"""The twin's truth: what every N is worth in a world, noise-free, to grade the tuner against.
+
+Closed levels (`closed_truth`): for every policy (plain, N = 0, N = 1..n_parallel) at every
+concurrency c = 1..n_parallel, the tuner's estimand: aggregate tok/s inside the window where all
+c streams generate (tuner.measure.load.summarize: from the latest first token to the earliest
+last token), for closed levels of the spec's kind (c streams released together, each with the
+same prompt and output length), noise off, averaged over repeats whose request seeds differ
+(repeat r of every policy uses the same seeds: the repeats are paired). Acceptance is the only
+randomness left, so:
+
+- a run that made no draft is deterministic (no draw was taken, so no seed can change it): one
+  run stands for all repeats (plain; a threshold below c with equal output lengths);
+- at concurrency c every N >= c is the same server as N = 0 (never more than c generate), so
+  those cells are N = 0's, exactly;
+- the remaining cells repeat in batches until the standard error of each mean is below
+  `rel_se` of it (default 0.2 %), at least `min_repeats`, at most `max_repeats`; the error is
+  kept beside every value.
+
+Objectives: the tps objective sum_c w_c tok/s_N(c) (weights uniform over 1..n_parallel by
+default, or a dict {c: w}, normalised), its standard error from the paired repeats, and the best
+N with the margin to the runner-up and the N within two standard errors of the best (`ties`):
+a tuner's choice inside that set is as good as the truth can tell.
+
+Open loop (`open_loop_truth`): per N, one long run (an hour of virtual time by default) of
+Poisson arrivals at a rate, the same arrivals and request seeds for every N: throughput, the mean
+time per output token over tokens (the tpot objective's E[c] / E[tps]), per-request TPOT and TTFT
+p50/p95/p99 as `summarize_open_loop` reports them, mean generating slots; standard errors by
+batch means over ten stretches of requests.
+
+Deterministic for a given world and arguments: every seed is fixed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tuner.policy import Policy
+from tuner.twin.engine import Workload, policies, simulate
+from tuner.twin.world import World
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One policy at one concurrency: the mean windowed tok/s over paired repeats."""
+
+    policy: Policy
+    streams: int
+    tps: float
+    se: float  # standard error of tps
+    values: tuple[float, ...]  # per repeat (index r = request seeds of repeat r)
+    deterministic: bool  # no draft was made: every repeat gives the same value
+
+    @property
+    def repeats(self) -> int:
+        return len(self.values)
+
+    @property
+    def rel_se(self) -> float:
+        return self.se / self.tps if self.tps else math.inf
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best policy for one objective, and how clearly it is the best."""
+
+    best: Policy
+    value: float
+    runner_up: Policy | None
+    runner_up_value: float | None
+    margin: float  # best - runner-up, objective units
+    margin_se: float  # standard error of that paired difference
+    ties: tuple[Policy, ...]  # within two standard errors of the best (the best included)
+    values: dict[Policy, float] = field(repr=False)
+
+    @property
+    def margin_pct(self) -> float:
+        return 100.0 * self.margin / self.value if self.value else 0.0
+
+    def regret(self, policy: Policy) -> float:
+        """How much a chosen policy gives up against the best, as a share of the best."""
+        return (self.value - self.values[policy]) / self.value if self.value else 0.0
+
+
+@dataclass(frozen=True)
+class ClosedTruth:
+    """Every policy's windowed tok/s at every concurrency of one world."""
+
+    world: str
+    model_name: str
+    n_parallel: int
+    n_max: int
+    output_tokens: int
+    prompt_tokens: int
+    depth: int
+    cells: dict[tuple[Policy, int], Cell] = field(repr=False)
+
+    @property
+    def concurrency(self) -> list[int]:
+        return sorted({c for _, c in self.cells})
+
+    @property
+    def policies(self) -> list[Policy]:
+        return sorted({p for p, _ in self.cells}, key=lambda p: p.sort_key)
+
+    def cell(self, policy: Policy, streams: int) -> Cell:
+        return self.cells[(self._key(policy), streams)]
+
+    def tps(self, policy: Policy, streams: int) -> float:
+        return self.cell(policy, streams).tps
+
+    def row(self, policy: Policy) -> list[float]:
+        """tok/s at c = 1..n_parallel."""
+        return [self.tps(policy, c) for c in self.concurrency]
+
+    def gain(self, streams: int) -> float:
+        """Always draft over plain at one concurrency (spec/plain - 1)."""
+        return self.tps(Policy.always(), streams) / self.tps(Policy.plain(), streams) - 1.0
+
+    def weights(self, weights: Mapping[int, float] | None = None) -> dict[int, float]:
+        """Normalised weights over the concurrencies (uniform by default)."""
+        levels = self.concurrency
+        raw = {c: 1.0 for c in levels} if weights is None else dict(weights)
+        unknown = set(raw) - set(levels)
+        if unknown:
+            raise ValueError(f"weights name concurrencies the truth lacks: {sorted(unknown)}")
+        total = sum(raw.values())
+        if total <= 0:
+            raise ValueError("weights must sum to more than 0")
+        return {c: w / total for c, w in raw.items() if w > 0}
+
+    def objective(self, policy: Policy, weights: Mapping[int, float] | None = None) -> float:
+        """The tps objective: sum_c w_c tok/s(c)."""
+        w = self.weights(weights)
+        return sum(wc * self.tps(policy, c) for c, wc in w.items())
+
+    def objective_se(self, policy: Policy, weights: Mapping[int, float] | None = None) -> float:
+        w = self.weights(weights)
+        return math.sqrt(sum((wc * self.cell(policy, c).se) ** 2 for c, wc in w.items()))
+
+    def difference_se(
+        self, a: Policy, b: Policy, weights: Mapping[int, float] | None = None
+    ) -> float:
+        """Standard error of objective(a) - objective(b), from the paired repeats."""
+        total = 0.0
+        for c, wc in self.weights(weights).items():
+            va, vb = self.cell(a, c).values, self.cell(b, c).values
+            n = max(len(va), len(vb))
+            diffs = [va[i % len(va)] - vb[i % len(vb)] for i in range(n)]
+            if n > 1:
+                total += wc * wc * statistics.variance(diffs) / n
+        return math.sqrt(total)
+
+    def best(
+        self, weights: Mapping[int, float] | None = None, include_plain: bool = False
+    ) -> Choice:
+        """The best N for the tps objective (plain too if asked). Equal values prefer N = 0
+        (the server's default) and then the smaller N."""
+        candidates = [p for p in self.policies if include_plain or p.drafting]
+        values = {p: self.objective(p, weights) for p in candidates}
+        ranked = sorted(candidates, key=lambda p: (-values[p], p.sort_key))
+        best = ranked[0]
+        runner = next((p for p in ranked[1:] if not self._same(p, best)), None)
+        margin = values[best] - values[runner] if runner is not None else 0.0
+        margin_se = self.difference_se(best, runner, weights) if runner is not None else 0.0
+        ties = tuple(
+            p
+            for p in ranked
+            if values[best] - values[p] <= 2.0 * self.difference_se(best, p, weights)
+        )
+        return Choice(
+            best=best,
+            value=values[best],
+            runner_up=runner,
+            runner_up_value=values[runner] if runner is not None else None,
+            margin=margin,
+            margin_se=margin_se,
+            ties=ties,
+            values=values,
+        )
+
+    def table(self) -> str:
+        """A plain-text table: tok/s per policy (rows) and concurrency (columns)."""
+        levels = self.concurrency
+        head = "policy  " + "".join(f"{c:>9d}" for c in levels)
+        lines = [head]
+        for p in self.policies:
+            lines.append(f"{p.label:<8}" + "".join(f"{self.tps(p, c):9.2f}" for c in levels))
+        worst = max(cell.rel_se for cell in self.cells.values())
+        lines.append(f"(largest standard error {100 * worst:.2f} % of its value)")
+        return "\n".join(lines)
+
+    def _key(self, policy: Policy) -> Policy:
+        if policy.is_plain:
+            return Policy.plain()
+        return Policy.of_max_slots(policy.max_slots, self.n_max)
+
+    def _same(self, a: Policy, b: Policy) -> bool:
+        return all(self.cell(a, c) is self.cell(b, c) for c in self.concurrency)
+
+
+def closed_truth(
+    world: World,
+    *,
+    output_tokens: int = 128,
+    prompt_tokens: int = 32,
+    depth: int = 0,
+    rel_se: float = 0.002,
+    min_repeats: int = 16,
+    max_repeats: int = 20000,
+    batch: int = 64,
+    concurrency: Sequence[int] | None = None,
+) -> ClosedTruth:
+    """The closed-level truth of a world (see the module docstring)."""
+    n_max = world.n_max
+    levels = list(concurrency or range(1, world.n_parallel + 1))
+    cells: dict[tuple[Policy, int], Cell] = {}
+    for c in levels:
+        # At c, N >= c is N = 0's server; plain and N = 1..c-1 are their own.
+        distinct = [Policy.plain(), Policy.always(n_max)] + [
+            Policy.threshold(n, n_max) for n in range(1, c)
+        ]
+        values: dict[Policy, list[float]] = {p: [] for p in distinct}
+        random_ones: list[Policy] = []
+        for p in distinct:
+            tps, drafted = _run(world, p, c, output_tokens, prompt_tokens, depth, 0)
+            values[p].append(tps)
+            if drafted:
+                random_ones.append(p)
+        n = 1
+        while random_ones and n < max_repeats:
+            if n >= min_repeats and all(_rel_se(values[p]) <= rel_se for p in random_ones):
+                break
+            for r in range(n, min(n + batch, max_repeats)):
+                for p in random_ones:
+                    values[p].append(_run(world, p, c, output_tokens, prompt_tokens, depth, r)[0])
+            n = len(values[random_ones[0]])
+        for p in distinct:
+            vals = values[p]
+            mean = statistics.fmean(vals)
+            se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
+            cell = Cell(p, c, mean, se, tuple(vals), p not in random_ones)
+            cells[(p, c)] = cell
+        for k in range(c, world.n_parallel + 1):
+            p = Policy.threshold(k, n_max)
+            cells[(p, c)] = cells[(Policy.always(n_max), c)]
+    return ClosedTruth(
+        world=world.name,
+        model_name=world.model_name,
+        n_parallel=world.n_parallel,
+        n_max=n_max,
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        depth=depth,
+        cells=cells,
+    )
+
+
+def _run(
+    world: World,
+    policy: Policy,
+    streams: int,
+    output_tokens: int,
+    prompt_tokens: int,
+    depth: int,
+    repeat: int,
+) -> tuple[float, bool]:
+    work = Workload.closed(streams, output_tokens, prompt_tokens, depth, seed=repeat)
+    result = simulate(world, policy, work, seed=repeat, noise=False)
+    tps = result.window_tps()
+    if tps is None:
+        raise ValueError(
+            f"{streams} streams of {output_tokens} tokens leave no window in which all generate"
+        )
+    drafted = any(r.draft_n for r in result.requests)
+    return tps, drafted
+
+
+def _rel_se(values: list[float]) -> float:
+    if len(values) < 2:
+        return math.inf
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / math.sqrt(len(values)) / mean if mean else math.inf
+
+
+# -- open loop --
+
+
+@dataclass(frozen=True)
+class OpenLoopTruth:
+    """One policy under Poisson arrivals at one rate, noise-free, over a long run."""
+
+    policy: Policy
+    rate: float  # offered requests per second
+    requests: int
+    span_s: float
+    tokens_per_second: float  # throughput over the span
+    tokens_per_second_se: float
+    tpot_mean_ms: float  # over tokens: sum of generation times / sum of tokens after the first
+    tpot_mean_ms_se: float
+    tpot_ms: tuple[float, float, float]  # per request, p50/p95/p99
+    ttft_ms: tuple[float, float, float]  # p50/p95/p99
+    mean_generating: float  # time-averaged slots generating
+
+
+def open_loop_truth(
+    world: World,
+    rate: float,
+    *,
+    duration_s: float = 3600.0,
+    output_tokens: int | Sequence[int] = 128,
+    prompt_tokens: int = 32,
+    seed: int = 0,
+    policies_: Sequence[Policy] | None = None,
+) -> dict[Policy, OpenLoopTruth]:
+    """Every policy (default plain, N = 0..n_parallel) under the same Poisson arrivals."""
+    work = Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
+    out: dict[Policy, OpenLoopTruth] = {}
+    for policy in policies_ or policies(world):
+        result = simulate(world, policy, work, seed=seed, noise=False)
+        figures = result.open_loop_figures(rate)
+        done = [r for r in result.requests if r.tokens >= 2]
+        gen = [r.generation_time or 0.0 for r in done]
+        steps = [r.tokens - 1 for r in done]
+        tpot = 1000.0 * sum(gen) / sum(steps) if steps else math.nan
+        tps_se, tpot_se = _batch_means_se(result.requests, done)
+        out[policy] = OpenLoopTruth(
+            policy=result.policy,
+            rate=rate,
+            requests=len(result.requests),
+            span_s=figures.span_s,
+            tokens_per_second=figures.tokens_per_second,
+            tokens_per_second_se=tps_se,
+            tpot_mean_ms=tpot,
+            tpot_mean_ms_se=tpot_se,
+            tpot_ms=figures.tpot_ms,
+            ttft_ms=figures.ttft_ms,
+            mean_generating=figures.mean_generating,
+        )
+    return out
+
+
+def _batch_means_se(requests: Sequence, done: Sequence, batches: int = 10) -> tuple[float, float]:
+    """Standard errors of throughput and token-weighted TPOT from ten stretches of requests
+    (in arrival order): the spread of stretch means over sqrt(stretches)."""
+    if len(done) < 2 * batches:
+        return math.nan, math.nan
+    size = len(requests) // batches
+    tps, tpot = [], []
+    for b in range(batches):
+        part = requests[b * size : (b + 1) * size]
+        t0 = min(r.arrival for r in part)
+        t1 = max(r.token_times[-1] for r in part if r.token_times)
+        tps.append(sum(r.tokens for r in part) / (t1 - t0))
+        gen = sum(r.generation_time or 0.0 for r in part if r.tokens >= 2)
+        steps = sum(r.tokens - 1 for r in part if r.tokens >= 2)
+        tpot.append(1000.0 * gen / steps if steps else math.nan)
+    return (
+        statistics.stdev(tps) / math.sqrt(batches),
+        statistics.stdev(tpot) / math.sqrt(batches),
+    )
