@@ -27,6 +27,8 @@ from tuner.cli.options import (
     SkipPreflightOption,
     SloOption,
     State,
+    Switch,
+    SwitchOption,
     TableFormat,
     TableFormatOption,
     TrafficOption,
@@ -705,17 +707,27 @@ def validate(
 @reports_errors
 def tune(
     model: Annotated[str, typer.Option(help="model name to tune")],
-    trials: Annotated[
-        int, typer.Option(min=1, help="live trials at most (one policy measured live each)")
-    ] = 5,
-    passes: Annotated[
-        int, typer.Option(min=1, help="passes per round: each trial's repeats, side by side")
-    ] = 3,
+    budget: Annotated[
+        str,
+        typer.Option(
+            help="measuring time before it stops with what is unresolved named, e.g. 10m, 300s"
+        ),
+    ] = "10m",
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            min=0.0001,
+            max=0.5,
+            help="share of the objective a contender may be ahead by and the answer still hold "
+            "(also the tie margin)",
+        ),
+    ] = 0.01,
+    switch: SwitchOption = Switch.AUTO,
     tune_n_max: Annotated[
         bool,
         typer.Option(
             "--tune-n-max",
-            help="trials are (N, --spec-draft-n-max) pairs, n_max in 1..the profiled one",
+            help="settle N at the draft length the model's study over (N, n_max) chooses",
         ),
     ] = False,
     resume: Annotated[
@@ -726,12 +738,13 @@ def tune(
     skip_preflight: SkipPreflightOption = False,
     seed: SeedOption = 0,
 ) -> None:
-    """Tune N with live trials: an Optuna study (in the database) that measures the cost model's
-    best candidates first, side by side, prunes those the paired measurements show cannot win,
-    and ends with the best measured N as the recommendation that stands.
+    """Settle N live: compare the recommendation that stands with N-2, N-1, N+1, N+2 and always
+    draft, only at the levels where each differs from it (on and off in turn on one drafting
+    launch, same prompts and seeds), until each comparison's one-sided 95 % bound clears the
+    tolerance or the budget is spent; the answer is stored as the recommendation that stands.
 
     Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
-    model's newest profile. Ctrl-C keeps finished trials; --resume continues the study.
+    model's newest profile. Ctrl-C keeps finished rounds; --resume continues.
     """
     from tuner.decide.tune import tune as run_tune
 
@@ -742,8 +755,9 @@ def tune(
             this_host(),
             settings().log_dir,
             display,
-            trials=trials,
-            passes=passes,
+            budget_s=duration_option(budget, "--budget"),
+            tolerance=tolerance,
+            switch=switch.value,
             tune_n_max=tune_n_max,
             resume=resume,
             overrides=parsed_overrides(overrides),

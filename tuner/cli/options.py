@@ -183,6 +183,26 @@ OverridesOption = Annotated[
         help="override a spec value, e.g. --set workload.max_repeats=2",
     ),
 ]
+
+
+class Switch(StrEnum):
+    """How drafting policies are switched between rounds (tuner.measure.backend)."""
+
+    AUTO = "auto"
+    LIVE = "live"
+    RELAUNCH = "relaunch"
+
+
+SwitchOption = Annotated[
+    Switch,
+    typer.Option(
+        "--switch",
+        help="how drafting policies are switched: live (one drafting launch, the threshold set "
+        "through POST /props, needs the patched server; fails if it does not read back), "
+        "relaunch (a launch per policy, any server), auto (live where the switch reads back and "
+        "the draft counters follow it, else relaunch, and says so)",
+    ),
+]
 SkipPreflightOption = Annotated[
     bool,
     typer.Option(

@@ -17,7 +17,6 @@ from tuner.decide.tune import TuneReport
 from tuner.decide.watch import WatchSummary
 from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.model.costmodel import Crossover
-from tuner.policy import Policy
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
 from tuner.storage.queries import LevelPoint
@@ -195,40 +194,44 @@ def validation(report: ValidationReport) -> None:
         out.print(report.standing_text(), highlight=False, markup=False)
 
 
-def _trial_name(policy: Policy) -> str:
-    return f"{policy.label}, n_max {policy.n_max}" if policy.n_max is not None else policy.label
-
-
 def tuning(report: TuneReport) -> None:
-    """Every live trial (policy, round, levels, state, value, paired difference), and the
-    recommendation that stands now."""
+    """Every comparison of the answer with a contender (advantage, one-sided bounds, verdict),
+    the pairs behind them, and the recommendation that stands now."""
+    settled = report.settled
     table = Table(
-        title=f"live trials, run {report.run_id} (study {report.study_name}), started from "
-        f"N={report.started_from.max_slots}"
+        title=f"live comparisons, run {report.run_id} ({report.way}, study "
+        f"{report.study_name}): started from N={report.started_from.max_slots}, "
+        f"{report.sweeps} sweep(s), {report.seconds:.0f} s"
     )
-    for column in ("trial", "policy", "round", "levels", "state", "objective tok/s", "paired"):
-        table.add_column(column, justify="right" if column != "policy" else "left")
-    for t in report.trials:
-        paired = (
-            f"{t.paired.mean:+.1f} ± {t.paired.se:.1f} vs {_trial_name(t.reference)} "
-            f"({t.paired.passes})"
-            if t.paired is not None and t.reference is not None and t.paired.se == t.paired.se
-            else ""
-        )
+    for column in ("contender", "levels", "advantage tok/s", "95 % bounds", "df", "verdict"):
+        table.add_column(column, justify="left" if column == "verdict" else "right")
+    answer = report.standing.max_slots if report.standing is not None else None
+    for comp in settled.comparisons if settled else []:
+        low, high = comp.advantage.bounds(0.95)
         table.add_row(
-            str(t.number),
-            _trial_name(t.policy),
-            str(t.round),
-            ",".join(map(str, t.levels)),
-            t.state,
-            "" if t.value is None else f"{t.value:.1f}",
-            paired,
+            f"N={comp.contender} vs N={answer}",
+            ",".join(map(str, comp.levels)),
+            f"{comp.advantage.estimate:+.2f}",
+            f"[{low:+.2f}, {high:+.2f}]",
+            f"{comp.advantage.df:.1f}",
+            comp.verdict,
         )
     out.print(table)
+    if settled is not None:
+        pairs = ", ".join(f"{c}: {d.n}" for c, d in sorted(report.gains.items()) if d.n)
+        out.print(
+            f"tolerance +-{settled.tolerance:.2f} tok/s; pairs per level {{{pairs}}}"
+            + (f"; tie {settled.tie}" if len(settled.tie) > 1 else "")
+            + (
+                f"; measure next at {', '.join(map(str, settled.measure_next))} streams"
+                if settled.measure_next
+                else ""
+            ),
+            highlight=False,
+            markup=False,
+        )
     if report.standing is not None:
         out.print(report.standing_text(), highlight=False, markup=False)
-    else:
-        out.print("no trial completed: the recommendation is unchanged", highlight=False)
 
 
 def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:

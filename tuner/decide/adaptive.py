@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tuner.decide.choice import Choice, choose
 from tuner.decide.recommend import model_study
+from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
 from tuner.measure.profiler import Profiler
 from tuner.measure.profiler import profile as profile_base
@@ -94,9 +95,16 @@ def profile_adaptively(
     skip_preflight: bool = False,
     budget_s: float = DEFAULT_BUDGET_S,
     seed: int = 0,
+    switch: str = "auto",
+    backend: Backend | None = None,
 ) -> AdaptiveProfile:
-    """`tuner profile`: the base levels, then the levels the decision needs, within budget_s."""
-    started = time.monotonic()
+    """`tuner profile`: the base levels, then the levels the decision needs, within budget_s
+    (on the backend's clock where one is given: the twin's virtual seconds)."""
+
+    def clock() -> float:
+        return backend.elapsed if backend is not None else time.monotonic()
+
+    started = clock()
     run_id = profile_base(
         store,
         spec,
@@ -105,8 +113,10 @@ def profile_adaptively(
         resume=resume,
         host_name=host_name,
         skip_preflight=skip_preflight,
+        switch=switch,
+        backend=backend,
     )
-    base_s = time.monotonic() - started
+    base_s = clock() - started
     report = AdaptiveProfile(run_id, budget_s, base_s)
     if budget_s <= 0:
         report.outcome = "off"
@@ -139,10 +149,10 @@ def profile_adaptively(
                     f"budget {left:.0f} s of {budget_s:.0f} s left",
                 )
             )
-        round_started = time.monotonic()
-        profiler = Profiler(store, spec, log_dir, observer)
+        round_started = clock()
+        profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
         profiler.reopen_run(run_id)
         profiler.execute(policies, kernel_level=False, levels=todo)
-        report.spent_s += time.monotonic() - round_started
+        report.spent_s += clock() - round_started
         report.added += added
         tried.update(todo)

@@ -40,6 +40,9 @@ class ReasonCode(StrEnum):
     OTHER_HOST = "other-host"  # the data are from another host
     LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
     PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
+    SETTLED = "settled"  # every contender's one-sided bound cleared the tolerance live
+    TIE = "tie"  # values of N shown equivalent within the tolerance: the smallest chosen
+    UNRESOLVED = "unresolved"  # a contender neither shown ahead nor within the tolerance
     TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
     OBJECTIVE = "objective"  # an objective other than tps: what it scores and from what
     DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths

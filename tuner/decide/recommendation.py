@@ -65,6 +65,9 @@ class Recommendation:
     source: str = "model"  # "model": the cost model's choice; "live": the best live trial
     objective_kind: str = "tps"  # tuner.decide.objective.ObjectiveKind
     objective_text: str | None = None  # the objective as people read it (tpot in ms, ...)
+    # Values of N shown equivalent to the best within the tolerance (tuner tune), the answer the
+    # smallest of them; empty where no tie was shown.
+    tie: list[int] = field(default_factory=list)
 
     @property
     def max_slots(self) -> int:
@@ -149,6 +152,7 @@ class Recommendation:
             "source": self.source,
             "objective_kind": self.objective_kind,
             "objective_text": self.objective_text,
+            "tie": self.tie,
         }
 
     @classmethod
@@ -191,4 +195,5 @@ class Recommendation:
             source=str(details.get("source", "model")),
             objective_kind=str(details.get("objective_kind") or "tps"),
             objective_text=details.get("objective_text"),
+            tie=[int(n) for n in details.get("tie") or []],
         )

@@ -1,31 +1,33 @@
-"""`tuner tune`: an Optuna ask/tell study over live measurements, started from the cost model.
+"""`tuner tune`: settle N live, comparing only where policies differ, until each comparison's
+one-sided bound clears the tolerance.
 
-1. The cost model's study ranks every N. The recommendation that stands goes first, then every N
-   that beats it in at least CANDIDATE_SHARE of the bootstrap replicates (the model cannot rule it
-   out), best first, at most the trial budget: these are enqueued in a live study kept in the
-   tuner's database (`tuner:live:run<ID>`), so an interrupted tuning resumes.
-2. A round measures its trials side by side: every policy is launched once per pass, in
-   alternating order, at the levels where the round's policies differ (between the smallest and
-   the largest effective N: elsewhere they are the same server). After each pass from the second
-   on, a trial whose paired difference to the round's leader is below zero by more than two
-   standard errors is pruned (it cannot win) and measured no further.
-3. A trial's value is the workload-weighted tok/s over 1..n_parallel: measured where the round
-   measured, the cost model elsewhere (the same for every policy of the round). A later round
-   measures new trials against the incumbent (the best so far) and anchors them to it: value =
-   incumbent's value + the mean paired difference.
-4. When the first round confirms the model (its recommendation is the best live trial), the study
-   stops there: every N the model could not rule out has been measured against it. When live data
-   overturned the model, the model is suspect: a neighbour of the new incumbent on the untried side
-   is enqueued, and the study's sampler proposes beyond that while the trial budget lasts.
+1. The cost model's recommendation that stands is the answer to beat; its contenders are
+   N-2, N-1, N+1, N+2 and always draft (decide/settle.py).
+2. A contender differs from the answer only at the levels between them, and there the
+   difference is the drafting server's gain g(c) = on(c) - off(c). A sweep measures those
+   levels on the drafting server, on and off alternating round by round (A B B A): with the
+   live switch on one launch, so a pair's halves are seconds apart; by relaunching (a launch
+   for always-draft, one for threshold 1, which drafts at none of these levels) where the
+   server cannot switch live. Both halves of a pair send the same prompts and request seeds.
+3. After each sweep the paired differences give every contender's advantage with its
+   t-interval (the degrees of freedom actually taken). A contender whose lower bound clears
+   zero takes over the answer (and brings its own contenders); one whose upper bound is within
+   the tolerance (1 % of the objective by default) leaves the answer standing; values of N
+   shown equivalent both ways are a tie, the smallest chosen. The next sweep measures only the
+   levels unresolved comparisons rest on.
+4. It stops when every comparison is settled, or when the budget is spent: then the answer
+   stands with what is unresolved named, with its bounds, and the levels to measure next.
 
-The best completed trial becomes the recommendation that stands (source "live", stored for the
-fit that now includes the trials' levels), so `recommend` and `report` give the same N.
+Every evaluated N is a trial of an Optuna study in the tuner's database (`tuner:live:run<ID>`):
+its parameters are N (and n_max), its value the answer's model objective plus the measured
+advantage, its user attributes the advantage, bounds, verdict and levels; contenders shown
+behind are pruned. The answer is stored as the recommendation that stands (source "live"), so
+`recommend` and `report` give the same N while the data stay the same.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,168 +36,90 @@ from typing import Any
 
 import numpy as np
 
-from tuner.decide import recommend, search, validate
+from tuner.decide import recommend, search, settle, validate
 from tuner.decide.choice import Reason, ReasonCode
+from tuner.decide.paired import BEHIND, LevelDiffs
 from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError
+from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, quiet
-from tuner.measure.profiler import Profiler
+from tuner.measure.schedule import Cell, off_arm
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.storage import recommendations
 from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
 
-#: A candidate the model gives at least this share of replicates to beat the first is measured.
-CANDIDATE_SHARE = 0.05
-DEFAULT_TRIALS = 5
-DEFAULT_PASSES = 3
-PRUNE_SE = 2.0  # standard errors below the leader that prune a trial
+DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tune stops
+MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
 
 
-# --- the pure parts ---------------------------------------------------------------------------
+# --- what the stored rounds say ---------------------------------------------------------------
 
 
-def server_key(policy: Policy, n_parallel: int) -> tuple[int, int | None]:
-    """What the server does with a policy: its effective N and draft length (N=0 and N=np are
-    the same server on np slots)."""
-    return (policy.effective(n_parallel), policy.n_max)
+def stored_policy(config: str) -> Policy | None:
+    """The policy of a stored level's config name (plain, spec, max-slots-k[@nK])."""
+    base = config.split("@", 1)[0]
+    try:
+        return Policy.parse(base)
+    except ValueError:
+        return None
 
 
-def live_candidates(
-    evaluations: Sequence[search.Evaluation], first: Policy, n_parallel: int, limit: int
-) -> list[Policy]:
-    """first, then every policy (twins once) that beats it in at least CANDIDATE_SHARE of the
-    replicates, best model objective first; at most limit. When the model rules every other
-    policy out, the runner-up still goes live (limit permitting): one policy alone has nothing
-    to be measured against. Policies carry their n_max (several with --tune-n-max)."""
-    by_key = {e.policy: e for e in evaluations if e.feasible}
-    if first not in by_key:
-        raise ValueError(f"{first.label} at n_max {first.n_max} is not among the candidates")
-    anchor = np.asarray(by_key[first].samples)
-    chosen = [first]
-    seen = {server_key(first, n_parallel)}
-    ranked = sorted(by_key.values(), key=lambda e: -e.value)
-    for e in ranked:
-        key = server_key(e.policy, n_parallel)
-        if key in seen or len(chosen) >= limit:
+def live_gains(
+    repeats: Mapping[tuple[str, int, int], Sequence[Mapping[str, Any]]], depth: int
+) -> dict[int, LevelDiffs]:
+    """Paired on - off differences per level at depth from a run's stored rounds: "on" a
+    drafting policy that drafts at the level, "off" a threshold that does not; one difference
+    per round key both measured (the halves of a pair)."""
+    rounds: dict[int, dict[str, dict[int, float]]] = {}
+    for (config, d, c), reps in repeats.items():
+        policy = stored_policy(config)
+        if d != depth or policy is None or not policy.drafting:
             continue
-        samples = np.asarray(e.samples)
-        share = float(np.mean(samples > anchor)) if len(samples) == len(anchor) else 1.0
-        if share >= CANDIDATE_SHARE:
-            chosen.append(e.policy)
-            seen.add(key)
-    if len(chosen) == 1 and limit > 1:
-        runner_up = next(
-            (e for e in ranked if server_key(e.policy, n_parallel) not in seen),
-            None,
-        )
-        if runner_up is not None:
-            chosen.append(runner_up.policy)
-    return chosen
+        arm = "on" if policy.drafts_at(c) else "off"
+        for r in reps:
+            if r.get("tokens_per_second") and r.get("round_key") is not None:
+                rounds.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
+                    r["tokens_per_second"]
+                )
+    return settle.gains_from_rounds(rounds)
 
 
-def decision_levels(policies: Sequence[Policy], n_parallel: int) -> list[int]:
-    """The levels where the policies differ: where one drafts and another does not, or where
-    they draft at different lengths (elsewhere they are the same server)."""
-
-    def behaviour(policy: Policy, c: int) -> tuple[bool, int | None]:
-        return (True, policy.n_max) if policy.drafts_at(c) else (False, None)
-
-    return [c for c in range(1, n_parallel + 1) if len({behaviour(p, c) for p in policies}) > 1]
-
-
-PassTable = Mapping[int, Mapping[int, float]]  # pass -> concurrency -> tok/s
+def sweep_arms(levels: Sequence[int], depth: int, n_max: int, live: bool) -> dict[Cell, list]:
+    """The rounds of one sweep: at each level, always draft and a threshold that does not
+    draft there (c-1 on a live launch; 1 when relaunching: one launch for every level)."""
+    arms: dict[Cell, list] = {}
+    for c in sorted(levels):
+        off = off_arm(c) if live else Policy.threshold(1)
+        assert off is not None
+        arms[(depth, c)] = [Policy.always(n_max), off.with_n_max(n_max)]
+    return arms
 
 
-def pass_objectives(
-    table: PassTable, levels: Sequence[int], weights: np.ndarray
-) -> dict[int, float]:
-    """sum over the levels of w_c * tok/s, per pass that measured every level."""
-    return {
-        p: float(sum(weights[c - 1] * row[c] for c in levels))
-        for p, row in table.items()
-        if all(c in row for c in levels)
-    }
+def model_objective(model: CostModel, n: int, n_max: int, weights: np.ndarray) -> float:
+    """The answer's workload-weighted tok/s on the cost model: the scale of the tolerance."""
+    return search.policy_objective(model, Policy.of_max_slots(n, n_max), weights)
 
 
-@dataclass(frozen=True)
-class Paired:
-    """A trial against a reference over the passes both measured: mean difference, its standard
-    error and how many passes."""
-
-    mean: float
-    se: float
-    passes: int
-
-    @property
-    def cannot_win(self) -> bool:
-        return self.passes >= 2 and self.mean + PRUNE_SE * self.se < 0
-
-    @classmethod
-    def of(cls, mine: Mapping[int, float], reference: Mapping[int, float]) -> Paired:
-        both = sorted(mine.keys() & reference.keys())
-        diffs = [mine[p] - reference[p] for p in both]
-        if not diffs:
-            return cls(math.nan, math.nan, 0)
-        se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
-        return cls(statistics.fmean(diffs), se, len(diffs))
-
-
-def model_outside(
-    model: CostModel, policy: Policy, levels: Sequence[int], weights: np.ndarray
-) -> float:
-    """The cost model's share of the objective at the levels a round did not measure."""
-    others = [c for c in range(1, model.n_parallel + 1) if c not in set(levels)]
-    if not others:
-        return 0.0
-    tps = model.policy_tps(others, policy)
-    return float(sum(weights[c - 1] * t for c, t in zip(others, tps, strict=True)))
-
-
-# --- the study --------------------------------------------------------------------------------
-
-
-@dataclass
-class TrialResult:
-    """One live trial: its policy, state (complete | pruned), value and paired difference."""
-
-    number: int
-    policy: Policy
-    state: str
-    value: float | None
-    paired: Paired | None
-    reference: Policy | None  # the policy it was paired with
-    levels: list[int]
-    round: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "trial": self.number,
-            "max_slots": self.policy.max_slots,
-            "n_max": self.policy.n_max,
-            "state": self.state,
-            "value": self.value,
-            "paired_mean": self.paired.mean if self.paired else None,
-            "paired_se": self.paired.se if self.paired else None,
-            "passes": self.paired.passes if self.paired else None,
-            "reference": self.reference.label if self.reference else None,
-            "reference_n_max": self.reference.n_max if self.reference else None,
-            "levels": self.levels,
-            "round": self.round,
-        }
+# --- the report -------------------------------------------------------------------------------
 
 
 @dataclass
 class TuneReport:
-    """What `tuner tune` did: its trials, the recommendation it started from, the one that
-    stands now."""
+    """What `tuner tune` did: where it started, the sweeps, the standing it reached, the
+    recommendation stored."""
 
     run_id: int
     study_name: str
     started_from: Recommendation
-    trials: list[TrialResult] = field(default_factory=list)
+    way: str = ""
+    sweeps: int = 0
+    seconds: float = 0.0
     standing: Recommendation | None = None
+    settled: settle.Standing | None = None
+    history: list[int] = field(default_factory=list)  # the answer after each assessment
+    gains: dict[int, LevelDiffs] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -210,21 +134,34 @@ class TuneReport:
         line = " ".join(f"{k}={v}" for k, v in self.standing.env().items())
         if self.changed:
             return (
-                f"{line} now stands: the live trials changed the recommendation from "
-                f"N={self.started_from.max_slots} (n_max {self.started_from.n_max})"
+                f"{line} now stands: the live comparisons changed the recommendation from "
+                f"N={self.started_from.max_slots}"
             )
-        return f"{line} stands after the live trials (unchanged)"
+        return f"{line} stands after the live comparisons (unchanged)"
 
     def as_dict(self) -> dict[str, Any]:
+        s = self.settled
         return {
             "run_id": self.run_id,
             "study_name": self.study_name,
+            "way": self.way,
             "started_from": self.started_from.max_slots,
-            "trials": [t.as_dict() for t in self.trials],
             "standing": self.standing.max_slots if self.standing else None,
             "standing_n_max": self.standing.n_max if self.standing else None,
             "changed": self.changed,
+            "status": s.status if s else None,
+            "tie": s.tie if s else [],
+            "tolerance": s.tolerance if s else None,
+            "comparisons": [c.as_dict() for c in s.comparisons] if s else [],
+            "measure_next": s.measure_next if s else [],
+            "sweeps": self.sweeps,
+            "seconds": self.seconds,
+            "history": self.history,
+            "pairs": {c: d.n for c, d in sorted(self.gains.items())},
         }
+
+
+# --- the run ----------------------------------------------------------------------------------
 
 
 def _study(store: Store, name: str, seed: int) -> Any:
@@ -241,239 +178,6 @@ def _study(store: Store, name: str, seed: int) -> Any:
     )
 
 
-def trial_policy(params: Mapping[str, Any], n_max: int) -> Policy:
-    """The policy a live trial's parameters name (n_max: the tuning's own unless tuned)."""
-    return Policy.of_max_slots(
-        int(params[search.MAX_SLOTS_PARAM]), int(params.get(search.N_MAX_PARAM, n_max))
-    )
-
-
-def trial_params(policy: Policy, tune_n_max: bool) -> dict[str, int]:
-    params = {search.MAX_SLOTS_PARAM: int(policy.max_slots or 0)}
-    if tune_n_max and policy.n_max is not None:
-        params[search.N_MAX_PARAM] = policy.n_max
-    return params
-
-
-def _known(study: Any, n_max: int) -> dict[Policy, TrialResult]:
-    """Finished trials of the study by policy (a resumed study keeps them)."""
-    import optuna
-
-    out: dict[Policy, TrialResult] = {}
-    for t in study.trials:
-        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-            continue
-        if t.user_attrs.get("repeat_of") is not None:
-            continue  # a proposal of what was measured already: told its value, not measured
-        attrs = t.user_attrs
-        policy = trial_policy(t.params, n_max)
-        paired = (
-            Paired(attrs["paired_mean"], attrs["paired_se"], attrs["passes"])
-            if attrs.get("paired_mean") is not None
-            else None
-        )
-        reference = (
-            Policy.parse(attrs["reference"], attrs.get("reference_n_max") or n_max)
-            if attrs.get("reference")
-            else None
-        )
-        out[policy] = TrialResult(
-            t.number,
-            policy,
-            "complete" if t.state == optuna.trial.TrialState.COMPLETE else "pruned",
-            t.value,
-            paired,
-            reference,
-            list(attrs.get("levels", [])),
-            int(attrs.get("round", 0)),
-        )
-    return out
-
-
-class Tuner:
-    """Runs the live study: rounds of trials measured side by side through a Profiler."""
-
-    def __init__(
-        self,
-        profiler: Profiler,
-        model: CostModel,
-        weights: np.ndarray,
-        study: Any,
-        observer: Observer,
-        passes: int,
-    ) -> None:
-        self.profiler, self.model, self.weights, self.study = profiler, model, weights, study
-        self.observer, self.passes = observer, passes
-        self.round_number = 0
-
-    def _objectives(
-        self, policies: Sequence[Policy], levels: list[int], passes: Sequence[int]
-    ) -> dict[Policy, dict[int, float]]:
-        """Per policy, the objective at the levels in every pass of these that measured them."""
-        state = self.profiler.repeats_by_level(list(policies))
-        out = {}
-        for policy in policies:
-            name = self.profiler.level_name(policy)
-            table: dict[int, dict[int, float]] = {}
-            for (config, c), reps in state.items():
-                if config != name:
-                    continue
-                for r in reps:
-                    if r.get("pass") in passes and r.get("tokens_per_second"):
-                        table.setdefault(r["pass"], {})[c] = float(r["tokens_per_second"])
-            out[policy] = pass_objectives(table, levels, self.weights)
-        return out
-
-    def run_round(
-        self, trials: dict[Policy, Any], incumbent: TrialResult | None
-    ) -> list[TrialResult]:
-        """Measure asked trials and the incumbent side by side, prune, tell."""
-        self.round_number += 1
-        for trial in trials.values():
-            trial.set_user_attr("round", self.round_number)
-        policies = list(trials)
-        if incumbent is not None and incumbent.policy not in trials:
-            policies.append(incumbent.policy)
-        levels = decision_levels(policies, self.model.n_parallel)
-        if not levels:
-            raise ValueError(f"live trials of {', '.join(map(str, policies))} differ nowhere")
-        active = list(policies)
-        done_passes: list[int] = []
-        pruned: dict[Policy, tuple[Policy, Paired]] = {}
-        objectives: dict[Policy, dict[int, float]] = {}
-        leader = policies[0]
-        self.observer(
-            ProgressEvent(
-                "message",
-                text=f"live trials, round {self.round_number}: "
-                + ", ".join(self.profiler.level_name(p) for p in policies)
-                + f" at {', '.join(map(str, levels))} streams, up to {self.passes} passes",
-            )
-        )
-        last = self.profiler.last_pass()
-        first = 0 if last is None else last + 1
-        for k in range(self.passes):
-            p = first + k
-            order = active if k % 2 == 0 else list(reversed(active))
-            for policy in order:
-                self.profiler.run_config(policy, levels, pass_index=p)
-            done_passes.append(p)
-            objectives = self._objectives(policies, levels, done_passes)
-            means = {q: statistics.fmean(o.values()) for q, o in objectives.items() if o}
-            leader = max((q for q in active if q in means), key=lambda q: means[q])
-            for q in list(active):
-                if q == leader or (incumbent is not None and q == incumbent.policy):
-                    continue
-                paired = Paired.of(objectives[q], objectives[leader])
-                if paired.cannot_win:
-                    pruned[q] = (leader, paired)
-                    active.remove(q)
-                    self.observer(
-                        ProgressEvent(
-                            "message",
-                            text=f"pruned {self.profiler.level_name(q)}: {paired.mean:+.1f} "
-                            f"tok/s against {self.profiler.level_name(leader)} (se "
-                            f"{paired.se:.1f}, {paired.passes} passes side by side)",
-                        )
-                    )
-            if len(active) <= 1:
-                break
-        self.profiler.close_open_levels()
-        return self._tell(trials, incumbent, leader, levels, objectives, pruned)
-
-    def _tell(
-        self,
-        trials: dict[Policy, Any],
-        incumbent: TrialResult | None,
-        leader: Policy,
-        levels: list[int],
-        objectives: dict[Policy, dict[int, float]],
-        pruned: dict[Policy, tuple[Policy, Paired]],
-    ) -> list[TrialResult]:
-        """Tell the study each trial's value: in the first round the measured objective plus the
-        model where the round's policies agree; later, the incumbent's value plus the paired
-        difference to it."""
-        import optuna
-
-        out = []
-        for policy, trial in trials.items():
-            mine = objectives.get(policy, {})
-            ref: Policy | None
-            if incumbent is not None:
-                ref = incumbent.policy
-                paired: Paired | None = Paired.of(mine, objectives.get(ref, {}))
-                value = (incumbent.value or 0.0) + paired.mean
-            else:
-                ref = leader if policy != leader else None
-                paired = Paired.of(mine, objectives[leader]) if ref is not None else None
-                value = model_outside(self.model, policy, levels, self.weights) + (
-                    statistics.fmean(mine.values()) if mine else math.nan
-                )
-            if policy in pruned:
-                ref, paired = pruned[policy]
-            attrs = {
-                "levels": levels,
-                "reference": ref.label if ref is not None else None,
-                "reference_n_max": ref.n_max if ref is not None else None,
-                "paired_mean": paired.mean if paired else None,
-                "paired_se": paired.se if paired and math.isfinite(paired.se) else None,
-                "passes": paired.passes if paired else len(mine),
-            }
-            for key, v in attrs.items():
-                trial.set_user_attr(key, v)
-            state = "pruned" if policy in pruned or not math.isfinite(value) else "complete"
-            if state == "pruned":
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                self.study.tell(trial, value)
-            out.append(
-                TrialResult(
-                    trial.number,
-                    policy,
-                    state,
-                    value if state == "complete" else None,
-                    paired,
-                    ref,
-                    levels,
-                    self.round_number,
-                )
-            )
-        return out
-
-
-def _best(results: Mapping[Policy, TrialResult], n_parallel: int) -> TrialResult | None:
-    complete = [t for t in results.values() if t.state == "complete" and t.value is not None]
-    if not complete:
-        return None
-    return max(complete, key=lambda t: (t.value, -t.policy.effective(n_parallel)))
-
-
-def explore_further(incumbent: TrialResult | None, started_from: Policy, n_parallel: int) -> bool:
-    """Whether rounds beyond the model's candidates are worth their cost: only when the live
-    trials overturned the model's recommendation (or none completed)."""
-    if incumbent is None:
-        return True
-    return server_key(incumbent.policy, n_parallel) != server_key(started_from, n_parallel)
-
-
-def _neighbour(
-    best: TrialResult, tried: set[tuple[int, int | None]], n_parallel: int
-) -> Policy | None:
-    """The untried neighbour N of the best trial (at its n_max) on the side away from the
-    others."""
-    n = best.policy.effective(n_parallel)
-    n_max = best.policy.n_max
-    for step in (1, -1):
-        m = n + step
-        if (
-            1 <= m <= n_parallel
-            and (m, n_max) not in tried
-            and ((n_parallel, n_max) not in tried or m != n_parallel)
-        ):
-            return Policy.of_max_slots(m, n_max)
-    return None
-
-
 def tune(
     store: Store,
     model_name: str,
@@ -481,32 +185,36 @@ def tune(
     log_dir: Path,
     observer: Observer = quiet,
     *,
-    trials: int = DEFAULT_TRIALS,
-    passes: int = DEFAULT_PASSES,
+    budget_s: float = DEFAULT_BUDGET_S,
+    tolerance: float = settle.TOLERANCE,
     tune_n_max: bool = False,
     resume: bool = False,
     overrides: list[tuple[str, Any]] | None = None,
     skip_preflight: bool = False,
     seed: int = 0,
+    switch: str = "auto",
+    backend: Backend | None = None,
 ) -> TuneReport:
-    """`tuner tune`: the live study (see the module docstring); returns its report.
+    """`tuner tune`: settle N live (see the module docstring); returns its report.
 
-    tune_n_max: trials are (N, n_max) pairs, n_max in 1..the profiled one, from the model's
-    study over both."""
-    if trials < 1 or passes < 1:
-        raise ConfigError("--trials and --passes must be at least 1")
+    budget_s: seconds of measuring before it stops unresolved; tolerance: the share of the
+    objective a contender may be ahead by and the answer still hold; tune_n_max: the model's
+    study over (N, n_max) picks the draft length the answer is settled at; backend: measure on
+    this backend (the twin's) instead of launching the profile's llama-server."""
+    if budget_s <= 0:
+        raise ConfigError("--budget must be above 0")
+    if not 0 < tolerance < 1:
+        raise ConfigError("--tolerance is a share of the objective between 0 and 1, e.g. 0.01")
     rec = recommend.standing(store, model_name, host)
     study_now = recommend.model_study(store, model_name, host, seed=seed, tune_n_max=tune_n_max)
     cm, weights = study_now.fit.model, study_now.weights
-    started = rec.policy.with_n_max(rec.n_max or cm.n_max)
-    if not tune_n_max and started.n_max != cm.n_max:
-        # The standing recommendation tuned n_max; without --tune-n-max trials stay at the
-        # profiled n_max, where the model's candidates are.
-        started = started.with_n_max(cm.n_max)
-    candidates = live_candidates(study_now.result.candidates, started, cm.n_parallel, trials)
+    n_parallel = cm.n_parallel
+    n_max = (rec.n_max or cm.n_max) if tune_n_max else cm.n_max
+    answer = rec.policy.effective(n_parallel)
 
     stored_spec = validate.profile_spec_of(store, model_name, host)
-    spec = validate.validation_spec(stored_spec, [1], cm.n_max, overrides, kind="tune")
+    spec = validate.validation_spec(stored_spec, [1], n_max, overrides, kind="tune")
+    preflight_policies = [Policy.always(n_max), Policy.threshold(1, n_max)]
     profiler = validate.open_live_run(
         store,
         spec,
@@ -514,188 +222,208 @@ def tune(
         host,
         rec,
         "tune",
-        candidates,
+        preflight_policies,
         log_dir,
         observer,
         resume=resume,
-        skip_preflight=skip_preflight,
+        skip_preflight=skip_preflight or backend is not None,
+        backend=backend,
+        switch=switch,
     )
     run_id = profiler.run_id
-    assert run_id is not None
+    assert run_id is not None and profiler.backend is not None
     name = f"tuner:live:run{run_id}"
-    study = _study(store, name, seed)
-    _requeue_unfinished(study)
-    known = _known(study, cm.n_max)
-    if not known and not _waiting(study, cm.n_max):
-        for policy in candidates:
-            study.enqueue_trial(trial_params(policy, tune_n_max))
     report = TuneReport(run_id, name, rec)
-    tuner = Tuner(profiler, cm, weights, study, observer, passes)
-    tuner.round_number = max((t.round for t in known.values()), default=0)
-    n_values = cm.n_values() if tune_n_max else [cm.n_max]
-
-    def ask(policy: Policy | None) -> tuple[Policy, Any]:
-        """A trial of the policy (enqueued first so the study measures what was chosen), or of
-        what the sampler proposes when policy is None."""
-        if policy is not None and policy not in _waiting(study, cm.n_max):
-            study.enqueue_trial(trial_params(policy, tune_n_max))
-        trial = study.ask()
-        n = trial.suggest_int(search.MAX_SLOTS_PARAM, 0, cm.n_parallel)
-        n_max = (
-            trial.suggest_int(search.N_MAX_PARAM, n_values[0], n_values[-1])
-            if tune_n_max
-            else cm.n_max
-        )
-        return Policy.of_max_slots(n, n_max), trial
+    depth = profiler.depth
+    objective = model_objective(cm, answer, n_max, weights)
+    w = [float(x) for x in weights]
+    started = profiler.backend.elapsed
 
     def body() -> None:
-        repeats_asked = 0
-        while len(known) < trials:
-            incumbent = _best(known, cm.n_parallel)
-            tried = {server_key(t.policy, cm.n_parallel) for t in known.values()}
-            waiting = [p for p in _waiting(study, cm.n_max) if p not in known]
-            if waiting:
-                asked = dict(ask(p) for p in waiting[: trials - len(known)])
-            else:
-                if not explore_further(incumbent, started, cm.n_parallel):
-                    observer(
-                        ProgressEvent(
-                            "message",
-                            text=f"the live trials confirm {profiler.level_name(started)} "
-                            "against every policy the model could not rule out: no further "
-                            "rounds",
-                        )
-                    )
-                    return
-                nxt = _neighbour(incumbent, tried, cm.n_parallel) if incumbent else None
-                policy, trial = ask(nxt)
-                key = server_key(policy, cm.n_parallel)
-                if key in tried:
-                    # The sampler proposed what was measured: it learns the known value.
-                    same = next(
-                        t for t in known.values() if server_key(t.policy, cm.n_parallel) == key
-                    )
-                    _tell_known(study, trial, same)
-                    repeats_asked += 1
-                    if repeats_asked >= 3:
-                        return
+        nonlocal answer, objective
+        moves = 0
+        while True:
+            gains = live_gains(profiler.repeats_by_cell(), depth)
+            standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
+            report.settled, report.gains = standing, gains
+            report.history.append(standing.answer)
+            spent = profiler.backend.elapsed - started
+            if standing.status == settle.MOVED:
+                moves += 1
+                observer(
+                    ProgressEvent("message", text=_moved_text(answer, standing, report.sweeps))
+                )
+                answer = standing.answer
+                objective = model_objective(cm, answer, n_max, weights)
+                if moves < MAX_MOVES:
                     continue
-                asked = {policy: trial}
-            for t in tuner.run_round(asked, incumbent):
-                known[t.policy] = t
+                observer(ProgressEvent("message", text="the answer keeps moving: stopping"))
+                return
+            if standing.status == settle.SETTLED:
+                return
+            if spent >= budget_s:
+                observer(
+                    ProgressEvent(
+                        "message",
+                        text=f"budget of {budget_s:.0f} s spent with "
+                        f"{len(standing.unresolved)} comparison(s) unresolved",
+                    )
+                )
+                return
+            live = profiler.way == "live" or profiler.way == "twin"
+            arms = sweep_arms(standing.measure_next, depth, n_max, live)
+            levels = ", ".join(str(c) for c in sorted(standing.measure_next))
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"sweep {report.sweeps + 1}: N={answer} against "
+                    + ", ".join(f"N={c.contender}" for c in standing.unresolved)
+                    + f"; on and off in turn at {levels} streams",
+                )
+            )
+            profiler.run_pass(arms, pairs=2)
+            report.sweeps += 1
 
-    profiler.guarded(body)
-    report.trials = sorted(known.values(), key=lambda t: t.number)
-    best = _best(known, cm.n_parallel)
-    if best is not None:
-        report.standing = _store_live(
-            store, model_name, host, best, report.trials, rec, tune_n_max, profiler
-        )
+    profiler.guarded(body, resume_hint=f"tuner tune --model {model_name}")
+    report.way = profiler.way
+    report.seconds = profiler.backend.elapsed - started
+    assert report.settled is not None
+    study = _study(store, name, seed)
+    _tell(study, report.settled, answer, n_max, objective, tune_n_max)
+    report.standing = _store_live(
+        store, model_name, host, answer, n_max, objective, report, rec, tune_n_max
+    )
     return report
 
 
-def _requeue_unfinished(study: Any) -> None:
-    """Trials a killed tuning left running are failed and asked again."""
+def _moved_text(answer: int, standing: settle.Standing, sweeps: int) -> str:
+    if standing.tie and standing.answer in standing.tie:
+        return (
+            f"N={standing.answer} is equivalent to N={answer} within the tolerance: "
+            f"the smaller is the answer now (tie {standing.tie})"
+        )
+    comp = next(c for c in standing.comparisons if c.contender == standing.answer)
+    low, high = comp.advantage.bounds(settle.CONFIDENCE)
+    return (
+        f"N={standing.answer} is ahead of N={answer}: {comp.advantage.estimate:+.2f} tok/s "
+        f"weighted [{low:+.2f}, {high:+.2f}] after {sweeps} sweep(s): it is the answer now"
+    )
+
+
+def _tell(
+    study: Any, standing: settle.Standing, answer: int, n_max: int, objective: float, both: bool
+) -> None:
+    """Every evaluated N as a trial: the answer with its model objective, each contender with
+    the answer's plus its measured advantage; pruned when shown behind."""
     import optuna
 
-    for t in study.trials:
-        if t.state == optuna.trial.TrialState.RUNNING:
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-            if search.MAX_SLOTS_PARAM in t.params:
-                study.enqueue_trial(dict(t.params))
+    def params(n: int) -> dict[str, int]:
+        out = {search.MAX_SLOTS_PARAM: n}
+        if both:
+            out[search.N_MAX_PARAM] = n_max
+        return out
 
-
-def _waiting(study: Any, n_max: int) -> list[Policy]:
-    import optuna
-
-    return [
-        trial_policy(t.system_attrs["fixed_params"], n_max)
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if search.MAX_SLOTS_PARAM in t.system_attrs.get("fixed_params", {})
-    ]
-
-
-def _tell_known(study: Any, trial: Any, known: TrialResult) -> None:
-    import optuna
-
-    trial.set_user_attr("repeat_of", known.number)
-    if known.state == "complete" and known.value is not None:
-        study.tell(trial, known.value)
-    else:
-        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    study.enqueue_trial(params(answer))
+    trial = study.ask()
+    trial.suggest_int(search.MAX_SLOTS_PARAM, 0, max(answer, 1))
+    trial.set_user_attr("role", "answer")
+    trial.set_user_attr("status", standing.status)
+    trial.set_user_attr("tie", standing.tie)
+    study.tell(trial, objective)
+    for comp in standing.comparisons:
+        study.enqueue_trial(params(comp.contender))
+        trial = study.ask()
+        trial.suggest_int(search.MAX_SLOTS_PARAM, 0, max(comp.contender, 1))
+        for key, value in comp.as_dict().items():
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("role", "contender")
+        if comp.verdict == BEHIND:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif math.isfinite(comp.advantage.estimate):
+            study.tell(trial, objective + comp.advantage.estimate)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
 def _store_live(
     store: Store,
     model_name: str,
     host: str,
-    best: TrialResult,
-    results: list[TrialResult],
+    answer: int,
+    n_max: int,
+    objective: float,
+    report: TuneReport,
     started: Recommendation,
     tune_n_max: bool,
-    profiler: Profiler,
 ) -> Recommendation:
-    """The best live trial as the recommendation that stands for the fit of the data now."""
+    """The settled answer as the recommendation that stands for the fit of the data now."""
+    standing = report.settled
+    assert standing is not None
     fit = current_fit(store, model_name, host)
-    others = [t for t in results if t is not best]
-
-    def name(policy: Policy) -> str:
-        return f"{policy.label} (n_max {policy.n_max})" if tune_n_max else policy.label
-
-    reasons = [
-        Reason(
-            ReasonCode.LIVE_TRIALS,
-            f"{name(best.policy)}: best of {len(results)} live trials "
-            f"(objective {best.value:.1f} tok/s"
-            + (
-                f", {best.paired.mean:+.1f} ± {best.paired.se:.1f} against "
-                f"{name(best.reference)} side by side"
-                if best.paired and best.reference is not None and math.isfinite(best.paired.se)
-                else ""
+    policy = Policy.of_max_slots(answer, n_max)
+    reasons = [_head_reason(standing, answer, report)]
+    for comp in standing.comparisons:
+        low, high = comp.advantage.bounds(settle.CONFIDENCE)
+        code = ReasonCode.PRUNED if comp.verdict == BEHIND else ReasonCode.LIVE_TRIALS
+        if comp.verdict == settle.UNRESOLVED:
+            code = ReasonCode.UNRESOLVED
+        reasons.append(
+            Reason(
+                code,
+                f"N={comp.contender} against N={answer}: {comp.advantage.estimate:+.2f} tok/s "
+                f"weighted, one-sided 95 % bounds [{low:+.2f}, {high:+.2f}] "
+                f"(df {comp.advantage.df:.1f}, levels {', '.join(map(str, comp.levels))}): "
+                f"{comp.verdict}",
             )
-            + f"); the model's recommendation was {name(started.policy)}",
         )
-    ]
-    for t in others:
-        if t.state == "pruned" and t.paired is not None:
-            reasons.append(
-                Reason(
-                    ReasonCode.PRUNED,
-                    f"{name(t.policy)} pruned: {t.paired.mean:+.1f} tok/s (se "
-                    f"{t.paired.se:.1f}) behind over {t.paired.passes} passes side by side",
-                )
+    if len(standing.tie) > 1:
+        reasons.append(
+            Reason(
+                ReasonCode.TIE,
+                f"N in {standing.tie} are equivalent within +-{standing.tolerance:.2f} tok/s: "
+                f"the smallest, N={min(standing.tie)}, is the answer",
             )
-        elif t.value is not None:
-            reasons.append(
-                Reason(
-                    ReasonCode.LIVE_TRIALS, f"{name(t.policy)}: objective {t.value:.1f} tok/s live"
-                )
-            )
+        )
     rec = Recommendation(
         id=0,
         model=model_name,
         host=host,
-        policy=best.policy,
+        policy=policy,
         fit_id=fit.id,
-        objective=best.value,
+        objective=objective,
         objective_interval=None,
         tune_n_max=tune_n_max or started.tune_n_max,
-        study_name=f"live:{best.number}",
-        sampler="live trials",
-        trials=len(results),
+        study_name=report.study_name,
+        sampler="live comparisons",
+        trials=1 + len(standing.comparisons),
         reasons=reasons,
-        table=recommend.prediction_table(fit.model, best.policy, fit.measured),
-        alternatives=[
-            {
-                "max_slots": t.policy.max_slots,
-                "n_max": t.policy.n_max,
-                "objective": t.value,
-                "state": t.state,
-                "config": profiler.level_name(t.policy),
-            }
-            for t in results
-        ],
+        measure_next=list(standing.measure_next),
+        table=recommend.prediction_table(fit.model, policy, fit.measured),
+        alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
+        tie=list(standing.tie),
     )
-    recommendations.save(store, rec, {"live_trials": [t.as_dict() for t in results]})
+    recommendations.save(store, rec, {"tune": report.as_dict()})
     return rec
+
+
+def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> Reason:
+    pairs = sum(d.n for d in report.gains.values())
+    how = f"{report.sweeps} sweep(s), {pairs} pairs, {report.seconds:.0f} s, {report.way}"
+    if standing.status == settle.SETTLED:
+        return Reason(
+            ReasonCode.SETTLED,
+            f"N={answer}: every contender shown behind or within +-{standing.tolerance:.2f} "
+            f"tok/s (one-sided 95 %) live ({how})",
+        )
+    if standing.status == settle.OPEN:
+        return Reason(
+            ReasonCode.UNRESOLVED,
+            f"N={answer} stands, but the data show neither a difference nor equivalence for "
+            + ", ".join(f"N={c.contender}" for c in standing.unresolved)
+            + f" ({how}); measure next at "
+            + ", ".join(f"{c} streams" for c in standing.measure_next),
+        )
+    return Reason(ReasonCode.LIVE_TRIALS, f"N={answer}: the answer kept moving ({how})")

@@ -20,6 +20,7 @@ from tuner.decide import recommend, search
 from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport, grade
 from tuner.errors import ConfigError, NothingToDoError
+from tuner.measure.backend import Backend
 from tuner.measure.fingerprint import probe_build, probe_host, probe_model
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.preflight import preflight
@@ -119,9 +120,15 @@ def open_live_run(
     *,
     resume: bool = False,
     skip_preflight: bool = False,
+    backend: Backend | None = None,
+    switch: str = "auto",
 ) -> Profiler:
     """The patched server checked, its policies preflighted, and the run (of kind validate or
-    tune, noting the recommendation it checks) reopened when resuming or else created."""
+    tune, noting the recommendation it checks) reopened when resuming or else created.
+
+    backend: measure on it (the twin's) rather than on launches of the spec's server."""
+    if backend is not None:
+        return _open_on_backend(store, spec, model, host, rec, kind, log_dir, observer, backend)
     check_spec_files(spec, f"profile spec of {model}")
     build = probe_build(spec.server.binary)
     if not build.has_max_slots:
@@ -132,7 +139,7 @@ def open_live_run(
         )
     if not skip_preflight:
         preflight(spec, policies, log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer)
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch)
     run_id = find_resumable_run(store, spec, kind=kind, host_name=host) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)
@@ -145,6 +152,24 @@ def open_live_run(
             host=probe_host(spec.server.binary, host),
         )
         validations.record_checked(store, profiler.create_run(context, kind=kind), rec)
+    return profiler
+
+
+def _open_on_backend(
+    store: Store,
+    spec: ProfileSpec,
+    model: str,
+    host: str,
+    rec: Recommendation,
+    kind: str,
+    log_dir: Path,
+    observer: Observer,
+    backend: Backend,
+) -> Profiler:
+    """A live run measured on a given backend (the twin's): no binary to probe or preflight."""
+    profiler = Profiler(store, spec, log_dir, observer, backend=backend)
+    context = Context(model_name=model, model=None, build=None, host=probe_host(None, host))
+    validations.record_checked(store, profiler.create_run(context, kind=kind), rec)
     return profiler
 
 

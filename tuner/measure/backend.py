@@ -81,6 +81,11 @@ class Backend(Protocol):
         earlier ones are doing; failures are in the samples."""
         ...
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds spent on the backend's clock so far (launches, prefill, rounds)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -106,6 +111,7 @@ class ServerBackend:
     _launches: int = 0
     _checked: bool = False
     notes: list[str] = field(default_factory=list)
+    _started: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         if self.switch not in SWITCH_WAYS:
@@ -262,6 +268,10 @@ class ServerBackend:
     def launches(self) -> int:
         return self._launches
 
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
     # -- rounds --
 
     def explain(self, server: ManagedServer | None, where: str, detail: str) -> str:
@@ -316,6 +326,11 @@ class AttachedBackend:
     url: str
     api_key: str | None = None
     way: str = ATTACHED
+    _started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started
 
     def launch_key(self, policy: Target) -> Hashable:
         return ("attached",)

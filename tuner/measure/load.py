@@ -165,6 +165,23 @@ def request_seed(workload_seed: int, round_key: int, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") % SEED_VALUES
 
 
+def draw_request(
+    workload: Workload, concurrency: int, round_key: int, stream: int, length: int | None = None
+) -> tuple[Prompt | None, int, int]:
+    """What stream i of a round asks for, the same for every configuration measured with the
+    same round key: its prompt (None: the synthetic one), its output tokens (length, where
+    given, instead of the draw) and its sampling seed. Pure: the twin draws the same."""
+    w = workload
+    rng = draw_rng(w.seed, concurrency, round_key, stream)
+    prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
+    max_tokens = w.output.draw(rng, prompt) if w.output is not None else w.max_tokens
+    if w.output_scale < 1.0:
+        max_tokens = max(min(w.min_tokens, max_tokens), round(max_tokens * w.output_scale))
+    if length is not None:
+        max_tokens = length
+    return prompt, max_tokens, request_seed(w.seed, round_key, stream)
+
+
 @dataclass(frozen=True)
 class Request:
     """One stream's request: where it goes and what it sends."""
@@ -232,13 +249,7 @@ class LoadGenerator:
         """Stream i's request in this round: the same for every configuration measured here,
         sampling seed included (length: its output tokens, instead of the workload's draw)."""
         w = self.workload
-        rng = draw_rng(w.seed, concurrency, round_key, stream)
-        prompt: Prompt | None = draw_prompt(w.prompts, rng) if w.prompts is not None else None
-        max_tokens = w.output.draw(rng, prompt) if w.output is not None else w.max_tokens
-        if w.output_scale < 1.0:
-            max_tokens = max(min(w.min_tokens, max_tokens), round(max_tokens * w.output_scale))
-        if length is not None:
-            max_tokens = length
+        prompt, max_tokens, seed = draw_request(w, concurrency, round_key, stream, length)
         common = {
             "ignore_eos": True,  # every request generates its drawn length
             "temperature": 0.0,
@@ -247,7 +258,7 @@ class LoadGenerator:
             # outside the measured window either way.
             "cache_prompt": w.depth > 0,
             "stream": w.stream,
-            "seed": request_seed(w.seed, round_key, stream),
+            "seed": seed,
         }
         if w.depth > 0:
             # Rendered and padded here, so every request holds exactly `depth` tokens.

@@ -26,6 +26,7 @@ from typing import Any
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
 from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
+from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import Workload, summarize
 from tuner.measure.plan import (
     Observer,
@@ -316,21 +317,35 @@ class Profiler:
         for cell, ps in open_arms.items():  # cannot happen: max_repeats passes fill every cell
             self.recorder.close_levels(ps, cell)
 
+    def run_pass(self, arms: Arms, pairs: int = 1) -> int:
+        """One pass of the schedule over the arms, as the run's next pass; returns its index.
+        Where a launch holds two policies at a cell they alternate `pairs` times (A B B A for
+        two)."""
+        assert self.backend is not None
+        check = getattr(self.backend, "check_switch", None)
+        if check is not None:
+            self.recorder.set_way(check(_policies_of(arms)))
+        last = self.last_pass()
+        p = 0 if last is None else last + 1
+        self.run_steps(plan_pass(arms, self.backend.launch_key, p, pairs))
+        return p
+
     def arms(self, policies: list[Policy], cells: list[Cell]) -> dict[Cell, list[Policy]]:
-        """Every policy at every cell; on a live backend the profile's drafting launch also
-        measures each cell above one stream under a threshold that does not draft there (c-1):
-        what a threshold server does where it does not draft is measured, not inferred."""
+        """Every policy at every cell; where the backend switches drafting policies on one
+        launch (live), the drafting launch also measures each cell above one stream under a
+        threshold that does not draft there (c-1): what a threshold server does where it does
+        not draft is measured, not inferred, and paired with always-draft seconds apart."""
+        assert self.backend is not None
+        key = self.backend.launch_key
+        always = next((p for p in policies if p.is_always), None)
         out: dict[Cell, list[Policy]] = {}
         for cell in cells:
             here = list(policies)
             off = off_arm(cell[1])
-            if (
-                self.way == "live"
-                and off is not None
-                and any(p.is_always for p in policies)
-                and off not in here
-            ):
-                here.append(off)
+            if always is not None and off is not None:
+                off = off.with_n_max(always.n_max)
+                if off not in here and key(off) == key(always):
+                    here.append(off)
             out[cell] = here
         return out
 
@@ -458,29 +473,35 @@ def profile(
     host_name: str | None = None,
     skip_preflight: bool = False,
     switch: str = "auto",
+    backend: Backend | None = None,
 ) -> int:
     """`tuner profile`: measure plain, spec (and a threshold) at every level; returns the run id.
 
     switch: how drafting policies are switched (auto: live where the server reads the threshold
-    back, else relaunch; relaunch; live: fail when the live switch does not work)."""
-    context = gather_context(spec, host_name, store)
-    has_switch = bool(context.build and context.build.has_max_slots)
-    if spec.speculative.threshold and not has_switch:
-        raise ConfigError(
-            f"speculative.threshold needs a llama-server with --spec-draft-max-slots; "
-            f"{spec.server.binary} does not list it in --help"
-        )
-    if not has_switch:
-        if switch == "live":
+    back, else relaunch; relaunch; live: fail when the live switch does not work). backend:
+    measure on it (the twin's) instead of launching the spec's server: nothing is probed or
+    preflighted."""
+    if backend is not None:
+        context = Context(spec.model_name, None, None, probe_host(None, host_name))
+    else:
+        context = gather_context(spec, host_name, store)
+        has_switch = bool(context.build and context.build.has_max_slots)
+        if spec.speculative.threshold and not has_switch:
             raise ConfigError(
-                f"--switch live needs a llama-server with --spec-draft-max-slots; "
+                f"speculative.threshold needs a llama-server with --spec-draft-max-slots; "
                 f"{spec.server.binary} does not list it in --help"
             )
-        switch = "relaunch"
+        if not has_switch:
+            if switch == "live":
+                raise ConfigError(
+                    f"--switch live needs a llama-server with --spec-draft-max-slots; "
+                    f"{spec.server.binary} does not list it in --help"
+                )
+            switch = "relaunch"
     policies = profile_policies(spec)
-    if not skip_preflight:
+    if not skip_preflight and backend is None:
         preflight(spec, policies, log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer, switch=switch)
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
     run_id = find_resumable_run(store, spec, host_name=context.host.name) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)
@@ -489,4 +510,4 @@ def profile(
         if resume:
             observer(ProgressEvent("message", text="no unfinished run of this spec: starting anew"))
         profiler.create_run(context)
-    return profiler.execute(policies)
+    return profiler.execute(policies, kernel_level=backend is None)
