@@ -26,19 +26,20 @@ def rep(tps: float, key: int) -> dict:
 def test_gains_pair_on_and_off_by_round_key_at_each_level() -> None:
     repeats = {
         # at 4 streams always-draft drafts, threshold 3 does not: on - off per round key
-        ("spec", 0, 4): [rep(100.0, 0), rep(90.0, 1), rep(95.0, 2)],
-        ("max-slots-3", 0, 4): [rep(98.0, 0), rep(92.0, 1)],
+        (1, "spec", 4): [rep(100.0, 0), rep(90.0, 1), rep(95.0, 2)],
+        (1, "max-slots-3", 4): [rep(98.0, 0), rep(92.0, 1)],
         # threshold 5 drafts at 4 streams: another "on" of the same level
-        ("max-slots-5", 0, 4): [rep(97.0, 3)],
-        ("max-slots-1", 0, 4): [rep(99.0, 3)],
+        (1, "max-slots-5", 4): [rep(97.0, 3)],
+        (1, "max-slots-1", 4): [rep(99.0, 3)],
         # plain is another server: never part of a drafting gain
-        ("plain", 0, 4): [rep(80.0, 0)],
-        # another depth stays out
-        ("spec", 1024, 4): [rep(50.0, 0)],
-        ("max-slots-3", 1024, 4): [rep(40.0, 0)],
+        (1, "plain", 4): [rep(80.0, 0)],
+        # another run's round 0 pairs only within that run
+        (2, "spec", 4): [rep(50.0, 0)],
+        (2, "max-slots-3", 4): [rep(45.0, 0)],
+        (3, "max-slots-3", 4): [rep(40.0, 2)],
     }
-    gains = live_gains(repeats, depth=0)
-    assert sorted(gains[4].diffs) == sorted((2.0, -2.0, -2.0))
+    gains = live_gains(repeats)
+    assert sorted(gains[4].diffs) == sorted((2.0, -2.0, -2.0, 5.0))
 
 
 def test_a_live_sweep_pairs_always_draft_with_the_threshold_just_below_each_level() -> None:

@@ -184,10 +184,10 @@ def next_levels(
 
 
 def gains_from_rounds(
-    rounds: Mapping[int, Mapping[str, Mapping[int, float]]],
+    rounds: Mapping[int, Mapping[str, Mapping[Any, float]]],
 ) -> dict[int, LevelDiffs]:
-    """Paired on - off differences per level from rounds keyed (level -> arm -> round key ->
-    tok/s), arm "on" or "off": one difference per round key both arms measured."""
+    """Paired on - off differences per level from rounds keyed (level -> arm -> pair key ->
+    tok/s), arm "on" or "off": one difference per pair key both arms measured."""
     out = {}
     for c, arms in rounds.items():
         on, off = arms.get("on", {}), arms.get("off", {})

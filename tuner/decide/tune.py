@@ -49,6 +49,7 @@ from tuner.policy import Policy
 from tuner.storage import recommendations
 from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
+from tuner.storage.queries import paired_rounds
 
 DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tune stops
 MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
@@ -67,23 +68,23 @@ def stored_policy(config: str) -> Policy | None:
 
 
 def live_gains(
-    repeats: Mapping[tuple[str, int, int], Sequence[Mapping[str, Any]]], depth: int
+    rounds: Mapping[tuple[int, str, int], Sequence[Mapping[str, Any]]],
 ) -> dict[int, LevelDiffs]:
-    """Paired on - off differences per level at depth from a run's stored rounds: "on" a
-    drafting policy that drafts at the level, "off" a threshold that does not; one difference
-    per round key both measured (the halves of a pair)."""
-    rounds: dict[int, dict[str, dict[int, float]]] = {}
-    for (config, d, c), reps in repeats.items():
+    """Paired on - off differences per level from stored rounds keyed (run id, config,
+    concurrency): "on" a drafting policy that drafts at the level, "off" a threshold that does
+    not; one difference per (run, round key) both measured (the halves of a pair: one launch,
+    seconds apart, the same prompts and seeds). Plain is another server and never pairs here."""
+    by_level: dict[int, dict[str, dict[tuple[int, int], float]]] = {}
+    for (run_id, config, c), reps in rounds.items():
         policy = stored_policy(config)
-        if d != depth or policy is None or not policy.drafting:
+        if policy is None or not policy.drafting:
             continue
         arm = "on" if policy.drafts_at(c) else "off"
         for r in reps:
             if r.get("tokens_per_second") and r.get("round_key") is not None:
-                rounds.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
-                    r["tokens_per_second"]
-                )
-    return settle.gains_from_rounds(rounds)
+                key = (run_id, int(r["round_key"]))
+                by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])
+    return settle.gains_from_rounds(by_level)
 
 
 def sweep_arms(levels: Sequence[int], depth: int, n_max: int, live: bool) -> dict[Cell, list]:
@@ -235,6 +236,7 @@ def tune(
     name = f"tuner:live:run{run_id}"
     report = TuneReport(run_id, name, rec)
     depth = profiler.depth
+    workload_now = spec.model_dump(mode="json")["workload"]
     objective = model_objective(cm, answer, n_max, weights)
     w = [float(x) for x in weights]
     started = profiler.backend.elapsed
@@ -243,7 +245,7 @@ def tune(
         nonlocal answer, objective
         moves = 0
         while True:
-            gains = live_gains(profiler.repeats_by_cell(), depth)
+            gains = live_gains(paired_rounds(store, model_name, host, depth, n_max, workload_now))
             standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
             report.settled, report.gains = standing, gains
             report.history.append(standing.answer)

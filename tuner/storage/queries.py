@@ -186,3 +186,40 @@ def list_hosts(store: Store, model: str | None = None) -> list[HostSummary]:
                 )
             )
         return sorted(summaries, key=lambda h: h.name)
+
+
+def paired_rounds(
+    store: Store,
+    model: str,
+    host: str,
+    depth: int,
+    n_max: int,
+    workload: dict[str, Any],
+    kinds: tuple[str, ...] = ("profile", "validate", "tune"),
+) -> dict[tuple[int, str, int], list[dict[str, Any]]]:
+    """The stored rounds of every measured run of the model on host that measured like this one
+    (the same draft length, output length and prompts), at one depth: by (run id, config,
+    concurrency), each round with its round key. Rounds of one run pair by their round key, never
+    across runs (tuner.decide.tune.live_gains)."""
+    same = ("max_tokens", "prompts", "prompts_sha256", "output", "prompt_tokens")
+    out: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+    with store.session() as session:
+        runs = session.scalars(
+            select(Run)
+            .join(Model)
+            .join(Host, Run.host_id == Host.id)
+            .where(Model.name == model, Host.name == host, Run.kind.in_(kinds))
+            .where(Run.source == "measured", Run.label.is_(None))
+        ).all()
+        for run in runs:
+            spec = run.spec or {}
+            if (run.n_max or (spec.get("speculative") or {}).get("n_max")) != n_max:
+                continue
+            theirs = spec.get("workload") or {}
+            if any(theirs.get(k) != workload.get(k) for k in same):
+                continue
+            for level in run.levels:
+                if level.context_tokens == depth:
+                    reps = list((level.metrics or {}).get("repeats", []))
+                    out[(run.id, level.config, level.concurrency)] = reps
+    return out
