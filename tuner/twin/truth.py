@@ -162,7 +162,8 @@ class ClosedTruth:
         values = {p: self.objective(p, weights) for p in candidates}
         ranked = sorted(candidates, key=lambda p: (-values[p], p.sort_key))
         best = ranked[0]
-        runner = next((p for p in ranked[1:] if not self._same(p, best)), None)
+        # the runner-up: the best policy that is not the same server where the weights look
+        runner = next((p for p in ranked[1:] if not self._same(p, best, weights)), None)
         margin = values[best] - values[runner] if runner is not None else 0.0
         margin_se = self.difference_se(best, runner, weights) if runner is not None else 0.0
         ties = tuple(
@@ -197,8 +198,9 @@ class ClosedTruth:
             return Policy.plain()
         return Policy.of_max_slots(policy.max_slots, self.n_max)
 
-    def _same(self, a: Policy, b: Policy) -> bool:
-        return all(self.cell(a, c) is self.cell(b, c) for c in self.concurrency)
+    def _same(self, a: Policy, b: Policy, weights: Mapping[int, float] | None = None) -> bool:
+        # the same server, or one whose runs came out the same to the last bit
+        return all(self.cell(a, c).values == self.cell(b, c).values for c in self.weights(weights))
 
 
 def closed_truth(

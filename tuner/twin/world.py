@@ -261,7 +261,7 @@ class World(_Strict):
     depth: DepthCost = DepthCost()
     noise: NoiseSpec = NoiseSpec()
 
-    _tables: dict[int, CostTables] = PrivateAttr(default_factory=dict)
+    _tables: dict[tuple[object, ...], CostTables] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> World:
@@ -305,7 +305,16 @@ class World(_Strict):
     def cost_tables(self, n_max: int | None = None) -> CostTables:
         """The step-cost tables in seconds, built once per draft length and kept."""
         n = n_max or self.n_max
-        if n not in self._tables:
+        # Keyed by the tables themselves: model_copy shares this cache with the original.
+        key = (
+            n,
+            self.n_parallel,
+            tuple(self.step.rows_ms),
+            tuple(self.step.slots_ms),
+            tuple(self.draft.call_ms),
+            tuple(self.draft.reeval_ms),
+        )
+        if key not in self._tables:
             size = self.n_parallel * (n + 1) + 1
 
             def seconds(points: Table, zero_at_0: bool) -> tuple[list[float], Curve]:
@@ -319,10 +328,10 @@ class World(_Strict):
             slots, slots_curve = seconds(self.step.slots_ms, True)
             call, _ = seconds(self.draft.call_ms, True)
             reeval, reeval_curve = seconds(self.draft.reeval_ms, True)
-            self._tables[n] = CostTables(
+            self._tables[key] = CostTables(
                 rows, slots, call, reeval, rows_curve, slots_curve, reeval_curve
             )
-        return self._tables[n]
+        return self._tables[key]
 
     def with_updates(self, **changes: object) -> World:
         """A copy with top-level fields replaced, validated again."""

@@ -1,0 +1,148 @@
+"""The twin's truth (tuner.twin.truth): deterministic, the tuner's estimand, paired, with its
+error stated; the best N with its ties; a surface whose gain changes sign twice; open loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.policy import Policy
+from tuner.twin import World, closed_level, load_world, world_from_dict
+from tuner.twin.truth import closed_truth, open_loop_truth
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
+
+
+def zigzag_world(**over: Any) -> World:
+    """np 6, n_max 3, a gain that changes sign twice: the verify batches of 1-2 streams (4-8
+    rows) are cheap, those of 3-4 streams (12-16 rows) land on a steep stretch of rows_ms, and
+    at 5-6 streams a per-step cost by slots (slots_ms jumps there) weighs on every step alike,
+    so the stream that yields several tokens a step wins again; rows_ms plateaus from 16 to 24."""
+    data: dict[str, Any] = {
+        "name": "zigzag",
+        "model_name": "twin-zigzag",
+        "n_parallel": 6,
+        "n_max": 3,
+        "acceptance": {"synth_len": 2.8},
+        "step": {
+            "rows_ms": [
+                [1, 10.0],
+                [2, 12.0],
+                [4, 16.0],
+                [8, 24.0],
+                [12, 60.0],
+                [16, 70.0],
+                [20, 76.0],
+                [24, 80.0],
+                [32, 120.0],
+            ],
+            "slots_ms": [[1, 0.0], [4, 0.0], [5, 60.0], [6, 70.0]],
+        },
+        "draft": {"call_ms": [[1, 1.0], [6, 2.0]]},
+        "noise": {"preset": "vm"},  # the truth runs noise-free whatever the world says
+        **over,
+    }
+    return world_from_dict(data)
+
+
+def test_a_gain_can_change_sign_twice() -> None:
+    truth = closed_truth(zigzag_world(), rel_se=0.004)
+    signs = [truth.gain(c) > 0 for c in truth.concurrency]
+    assert signs == [True, True, False, False, True, True], [
+        round(truth.gain(c), 3) for c in truth.concurrency
+    ]
+
+
+def test_the_truth_is_deterministic_and_is_the_mean_of_paired_closed_levels() -> None:
+    world = zigzag_world()
+    one = closed_truth(world, concurrency=[1, 3], rel_se=0.004)
+    two = closed_truth(world, concurrency=[1, 3], rel_se=0.004)
+    assert one.cells == two.cells
+    cell = one.cell(Policy.always(), 3)
+    assert not cell.deterministic and cell.repeats >= 16
+    assert cell.rel_se <= 0.004
+    direct = [
+        closed_level(world, Policy.always(), 3, seed=r, noise=False).window_tps()
+        for r in range(cell.repeats)
+    ]
+    assert list(cell.values) == direct
+    assert cell.tps == pytest.approx(statistics.fmean(direct), rel=1e-12)
+
+
+def test_cells_that_cannot_differ_are_shared_and_deterministic_ones_run_once() -> None:
+    world = zigzag_world()
+    truth = closed_truth(world, concurrency=[2, 4], rel_se=0.004)
+    for c in (2, 4):
+        always = truth.cell(Policy.always(), c)
+        for n in range(c, world.n_parallel + 1):
+            assert truth.cell(Policy.threshold(n), c) is always
+        plain = truth.cell(Policy.plain(), c)
+        assert plain.deterministic and plain.repeats == 1 and plain.se == 0.0
+        for n in range(1, c):
+            held = truth.cell(Policy.threshold(n), c)
+            # all c generate from the first step: a threshold below c never drafts, and with no
+            # draft-model cost in this world it runs exactly as plain
+            assert held.deterministic and held.tps == pytest.approx(plain.tps, rel=1e-12)
+
+
+def test_the_best_n_follows_the_weights_and_shows_its_ties() -> None:
+    truth = closed_truth(zigzag_world(), rel_se=0.004)
+    # Only 1 stream: every drafting policy is the same server there; N=0 (the default) first.
+    only_one = truth.best({1: 1.0})
+    assert only_one.best == Policy.always(3)
+    assert set(only_one.ties) == {Policy.always(3)} | {Policy.threshold(n, 3) for n in range(1, 7)}
+    assert only_one.runner_up is None and only_one.margin == 0.0
+    # Only 3 streams, where spec loses: N = 1 or 2 (no drafts at 3) tie, the smaller first.
+    only_three = truth.best({3: 1.0})
+    assert only_three.best == Policy.threshold(1, 3)
+    assert set(only_three.ties) == {Policy.threshold(1, 3), Policy.threshold(2, 3)}
+    assert only_three.margin > 0 and only_three.regret(Policy.always(3)) > 0
+    # Uniform: the value of each N is the mean of its row.
+    uniform = truth.best()
+    for p, value in uniform.values.items():
+        assert value == pytest.approx(statistics.fmean(truth.row(p)))
+    assert uniform.value == max(uniform.values.values())
+    assert uniform.margin == pytest.approx(uniform.value - (uniform.runner_up_value or 0.0))
+    assert uniform.margin_se > 0
+    with_plain = truth.best(include_plain=True)
+    assert Policy.plain() in with_plain.values
+    with pytest.raises(ValueError, match="concurrencies the truth lacks"):
+        truth.best({9: 1.0})
+
+
+@pytest.mark.slow
+def test_the_bench_world_truth_meets_its_table_and_crosses_over_like_the_bench() -> None:
+    truth = closed_truth(load_world(BENCH_WORLD))
+    table_plain = {1: 27.0, 2: 38.0, 4: 62.5, 8: 95.9}
+    table_spec = {1: 40.2, 2: 48.5, 4: 69.4, 8: 77.3}
+    for c, value in table_plain.items():
+        assert truth.tps(Policy.plain(), c) == pytest.approx(value, rel=0.005)
+    for c, value in table_spec.items():
+        assert truth.tps(Policy.always(), c) == pytest.approx(value, rel=0.01)
+    assert truth.gain(1) > 0.4 and truth.gain(4) > 0 and truth.gain(8) < -0.15
+    assert max(cell.rel_se for cell in truth.cells.values()) <= 0.002
+    print(truth.table())
+
+
+@pytest.mark.slow
+def test_open_loop_truth_pairs_every_n_on_the_same_arrivals() -> None:
+    world = load_world(BENCH_WORLD)
+    policies = [Policy.plain(), Policy.always(6), Policy.threshold(3, 6), Policy.threshold(8, 6)]
+    figures = open_loop_truth(world, 0.4, duration_s=900.0, policies_=policies)
+    assert figures == open_loop_truth(world, 0.4, duration_s=900.0, policies_=policies)
+    offered = 0.4 * 900.0 * 128
+    for f in figures.values():
+        assert f.requests == 360
+        # a stable server serves what is offered
+        assert f.tokens_per_second * f.span_s == pytest.approx(offered)
+        assert 0 < f.mean_generating < world.n_parallel
+        assert f.tpot_ms[0] <= f.tpot_ms[1] <= f.tpot_ms[2]
+    always, top = figures[Policy.always(6)], figures[Policy.threshold(8, 6)]
+    assert always.tpot_mean_ms == top.tpot_mean_ms  # the same server at -np 8
+    # drafting while few generate beats plain on time per token at this light load
+    assert figures[Policy.threshold(3, 6)].tpot_mean_ms < figures[Policy.plain()].tpot_mean_ms
