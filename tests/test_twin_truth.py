@@ -90,6 +90,23 @@ def test_cells_that_cannot_differ_are_shared_and_deterministic_ones_run_once() -
             assert held.deterministic and held.tps == pytest.approx(plain.tps, rel=1e-12)
 
 
+def test_drawn_output_lengths_make_every_cell_repeat() -> None:
+    world = zigzag_world()
+
+    def lengths(streams: int, repeat: int) -> list[int]:
+        return [96 + 16 * ((repeat + i) % 4) for i in range(streams)]
+
+    truth = closed_truth(world, output_tokens=lengths, concurrency=[3], rel_se=0.01)
+    assert truth.output_tokens is None
+    held, always = truth.cell(Policy.threshold(1), 3), truth.cell(Policy.always(), 3)
+    assert not held.deterministic and held.repeats == always.repeats >= 16
+    assert len(set(always.values)) > 1
+    # The window ends when the first stream finishes, and until then all 3 generate: a
+    # threshold below 3 never drafts inside it, whatever the lengths (here: as plain, this
+    # world's draft model costs nothing when it does not draft).
+    assert held.values == truth.cell(Policy.plain(), 3).values
+
+
 def test_the_best_n_follows_the_weights_and_shows_its_ties() -> None:
     truth = closed_truth(zigzag_world(), rel_se=0.004)
     # Only 1 stream: every drafting policy is the same server there; N=0 (the default) first.
@@ -133,8 +150,8 @@ def test_the_bench_world_truth_meets_its_table_and_crosses_over_like_the_bench()
 def test_open_loop_truth_pairs_every_n_on_the_same_arrivals() -> None:
     world = load_world(BENCH_WORLD)
     policies = [Policy.plain(), Policy.always(6), Policy.threshold(3, 6), Policy.threshold(8, 6)]
-    figures = open_loop_truth(world, 0.4, duration_s=900.0, policies_=policies)
-    assert figures == open_loop_truth(world, 0.4, duration_s=900.0, policies_=policies)
+    figures = open_loop_truth(world, 0.4, duration_s=900.0, candidates=policies)
+    assert figures == open_loop_truth(world, 0.4, duration_s=900.0, candidates=policies)
     offered = 0.4 * 900.0 * 128
     for f in figures.values():
         assert f.requests == 360

@@ -6,7 +6,8 @@
 - `noise`: seeded step-time noise in virtual time, presets "off", "quiet", "vm";
 - `truth`: the noise-free value of every N at every concurrency, the best N per objective,
   and open-loop figures under Poisson arrivals;
-- `calibrate`: a world fitted to an imported table's plain and always-draft rows.
+- `calibrate`: a world fitted to an imported table's plain and always-draft rows (import it
+  from tuner.twin.calibrate: it reads tables through tuner.storage.importer).
 
 Pure: no I/O beyond reading and writing world files.
 """
@@ -29,15 +30,27 @@ from tuner.twin.engine import (
     simulate,
 )
 from tuner.twin.noise import NoiseParams, NoiseProcess, NoiseSpec
+from tuner.twin.truth import (
+    Cell,
+    Choice,
+    ClosedTruth,
+    OpenLoopTruth,
+    closed_truth,
+    open_loop_truth,
+)
 from tuner.twin.world import World, load_world, world_from_dict, world_to_toml
 
 __all__ = [
+    "Cell",
+    "Choice",
+    "ClosedTruth",
     "Emission",
     "Engine",
     "Metrics",
     "NoiseParams",
     "NoiseProcess",
     "NoiseSpec",
+    "OpenLoopTruth",
     "Request",
     "RequestResult",
     "SimResult",
@@ -48,7 +61,9 @@ __all__ = [
     "Workload",
     "World",
     "closed_level",
+    "closed_truth",
     "load_world",
+    "open_loop_truth",
     "policies",
     "request_seed",
     "simulate",

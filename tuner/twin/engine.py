@@ -43,8 +43,10 @@ Counters: `StepResult` carries each step's (drafts started, draft tokens, accept
 `Engine.metrics()` mirrors llama-server's /metrics, which adds a request's tokens and draft
 counters when the request finishes and counts n_decode per step.
 
-Two ways in: the incremental `Engine` (a live server: submit, set_max_slots, step, slots,
-metrics) and `simulate(world, policy, workload, seed)` for closed levels and open loops.
+Ways in: the incremental `Engine` (a live server: submit, set_max_slots, step, slots,
+metrics, advance_to over idle time), `Engine.closed_level` (a launch measuring level after level,
+its noise going on between them) and `simulate(world, policy, workload, seed)` for one closed
+level or open loop on a fresh engine, all in virtual seconds.
 """
 
 from __future__ import annotations
@@ -508,7 +510,8 @@ class Engine:
     # -- requests --
 
     def submit(self, request: Request, at: float | None = None) -> int:
-        """Queue a request arriving at virtual time `at` (default: now); its id."""
+        """Queue a request arriving at virtual time `at` (default, or anything earlier: now);
+        its id. It takes a slot at the start of the first step at or after its arrival."""
         if request.prompt_tokens >= self._slot_context:
             raise TwinError(
                 f"request ({request.prompt_tokens} tokens) exceeds the available context size "
@@ -593,7 +596,8 @@ class Engine:
         return Metrics(**{**m.__dict__, "accepted_per_pos": list(m.accepted_per_pos)})
 
     def advance_to(self, t: float) -> None:
-        """Move the clock to t while nothing runs (a live server's idle time)."""
+        """Move the clock to t while nothing runs (a live server's idle time); it stops at a
+        pending arrival before t, which the next step then serves."""
         if t <= self.now:
             return
         if any(s is not None for s in self._slots) or self._waiting:

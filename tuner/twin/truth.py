@@ -25,7 +25,8 @@ Open loop (`open_loop_truth`): per N, one long run (an hour of virtual time by d
 Poisson arrivals at a rate, the same arrivals and request seeds for every N: throughput, the mean
 time per output token over tokens (the tpot objective's E[c] / E[tps]), per-request TPOT and TTFT
 p50/p95/p99 as `summarize_open_loop` reports them, mean generating slots; standard errors by
-batch means over ten stretches of requests.
+batch means over ten stretches of requests (they are mostly the arrivals' own variation, shared
+by every N: differences between N are far more precise than these errors).
 
 Deterministic for a given world and arguments: every seed is fixed.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuner.policy import Policy
@@ -92,7 +93,7 @@ class ClosedTruth:
     model_name: str
     n_parallel: int
     n_max: int
-    output_tokens: int
+    output_tokens: int | None  # None: drawn per stream and repeat (see closed_truth)
     prompt_tokens: int
     depth: int
     cells: dict[tuple[Policy, int], Cell] = field(repr=False)
@@ -206,7 +207,7 @@ class ClosedTruth:
 def closed_truth(
     world: World,
     *,
-    output_tokens: int = 128,
+    output_tokens: int | Callable[[int, int], Sequence[int]] = 128,
     prompt_tokens: int = 32,
     depth: int = 0,
     rel_se: float = 0.002,
@@ -215,7 +216,12 @@ def closed_truth(
     batch: int = 64,
     concurrency: Sequence[int] | None = None,
 ) -> ClosedTruth:
-    """The closed-level truth of a world (see the module docstring)."""
+    """The closed-level truth of a world (see the module docstring).
+
+    output_tokens: every stream's output length, or a function (streams, repeat) -> one length
+    per stream, for a spec that draws lengths (tuner.measure.prompts); with drawn lengths no
+    cell is deterministic, every one repeats."""
+    fixed = isinstance(output_tokens, int)
     n_max = world.n_max
     levels = list(concurrency or range(1, world.n_parallel + 1))
     cells: dict[tuple[Policy, int], Cell] = {}
@@ -229,7 +235,7 @@ def closed_truth(
         for p in distinct:
             tps, drafted = _run(world, p, c, output_tokens, prompt_tokens, depth, 0)
             values[p].append(tps)
-            if drafted:
+            if drafted or not fixed:
                 random_ones.append(p)
         n = 1
         while random_ones and n < max_repeats:
@@ -253,7 +259,7 @@ def closed_truth(
         model_name=world.model_name,
         n_parallel=world.n_parallel,
         n_max=n_max,
-        output_tokens=output_tokens,
+        output_tokens=output_tokens if isinstance(output_tokens, int) else None,
         prompt_tokens=prompt_tokens,
         depth=depth,
         cells=cells,
@@ -264,17 +270,18 @@ def _run(
     world: World,
     policy: Policy,
     streams: int,
-    output_tokens: int,
+    output_tokens: int | Callable[[int, int], Sequence[int]],
     prompt_tokens: int,
     depth: int,
     repeat: int,
 ) -> tuple[float, bool]:
-    work = Workload.closed(streams, output_tokens, prompt_tokens, depth, seed=repeat)
+    lengths = output_tokens if isinstance(output_tokens, int) else output_tokens(streams, repeat)
+    work = Workload.closed(streams, lengths, prompt_tokens, depth, seed=repeat)
     result = simulate(world, policy, work, seed=repeat, noise=False)
     tps = result.window_tps()
     if tps is None:
         raise ValueError(
-            f"{streams} streams of {output_tokens} tokens leave no window in which all generate"
+            f"{streams} streams of {lengths} tokens leave no window in which all generate"
         )
     drafted = any(r.draft_n for r in result.requests)
     return tps, drafted
@@ -315,12 +322,12 @@ def open_loop_truth(
     output_tokens: int | Sequence[int] = 128,
     prompt_tokens: int = 32,
     seed: int = 0,
-    policies_: Sequence[Policy] | None = None,
+    candidates: Sequence[Policy] | None = None,
 ) -> dict[Policy, OpenLoopTruth]:
     """Every policy (default plain, N = 0..n_parallel) under the same Poisson arrivals."""
     work = Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
     out: dict[Policy, OpenLoopTruth] = {}
-    for policy in policies_ or policies(world):
+    for policy in candidates or policies(world):
         result = simulate(world, policy, work, seed=seed, noise=False)
         figures = result.open_loop_figures(rate)
         done = [r for r in result.requests if r.tokens >= 2]
