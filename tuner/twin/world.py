@@ -31,8 +31,9 @@ and, on a server started with a draft model (every policy but plain), whether it
 (x strictly increasing, first x at most 1), extended beyond their last point along their last
 segment. Tables are what lets a world leave any smooth family: a plateau (equal ms over a range
 of rows), a saw-tooth (a bump in slots_ms at 5 and at 7 slots), a spec/plain gain that changes
-sign twice (a cheap stretch of rows_ms where verify batches land). A table holding one point is
-a constant.
+sign twice (a cheap stretch of rows_ms where verify batches land); values may fall as well as
+rise. A table holding one point is a constant. A world without a [noise] table gets the "quiet"
+preset; the truth always runs noise-free.
 
 `catch_up_ms_per_token` defaults to 0: llama.cpp 11434's drafters keep the draft context in step
 by re-evaluating every target batch (the cost is reeval_ms, paid every step), so a slot that
