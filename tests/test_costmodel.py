@@ -233,7 +233,8 @@ def test_tok_s_only_folds_acceptance_and_fixes_n_max() -> None:
 
 def test_seed_rows_predict_the_measured_threshold_row() -> None:
     """From "MTP always" and "no MTP" alone, threshold 2 within 3 % of "max-slots 2"; with the
-    threshold rows, the server above N is its own regime: 1.5-1.8 % below plain on the seed."""
+    threshold rows, the server above N is its own regime: its own curve from the rows above N
+    (4 and 8 streams), 1.5-1.8 % below plain on the seed; from one such level, a ratio."""
     c = [1, 2, 4, 8]
     rows = {
         Policy.plain(): [38.7, 54.0, 67.5, 78.3],
@@ -253,35 +254,48 @@ def test_seed_rows_predict_the_measured_threshold_row() -> None:
     predicted = alone.predict(Policy.threshold(2), concurrency=c).tokens_per_second
     for p, m in zip(predicted, measured, strict=True):
         assert abs(p / m - 1) < 0.03
-    assert alone.threshold_rows == 0 and alone.threshold_overhead == 0.0
+    assert alone.threshold_rows == 0 and alone.threshold_overhead == 0.0 and alone.off is None
 
-    # The rows above N (4 and 8 streams, run-less: against the plain curve) set the overhead;
-    # the curves stay those of plain and always draft alone.
+    # The rows above N (4 and 8 streams) are the off curve's points: through them (two points,
+    # a line); the plain and always-draft curves stay those fitted alone.
     result = fit(FitData(8, 3, seed_rows + threshold_row))
-    assert result.model.threshold_rows == 2
-    plain_at = alone.plain_tps([4, 8])
-    expected = np.median([66.5 / plain_at[0] - 1, 76.9 / plain_at[1] - 1])
-    assert result.model.threshold_overhead == pytest.approx(expected)
-    assert -0.03 < result.model.threshold_overhead < 0
-    assert result.model.plain.params == alone.plain.params
-    assert result.model.spec.params == alone.spec.params
-    above = result.model.predict(Policy.threshold(2), concurrency=[4, 8]).tokens_per_second
-    assert above == pytest.approx(list(alone.plain_tps([4, 8]) * (1 + expected)))
-    # Paired with plain of the same run, the overhead is the measured ratio itself.
-    same_run = tuple(replace(lv, run_id=7) for lv in seed_rows + threshold_row)
-    paired = fit(FitData(8, 3, same_run), replicates=20).model
-    assert paired.threshold_overhead == pytest.approx(np.median([66.5 / 67.5, 76.9 / 78.3]) - 1)
-    assert [p.policy.label for p in result.quality.points].count("N=2") == 0
+    model = result.model
+    assert model.off is not None and model.threshold_rows == 2
+    assert model.plain.params == alone.plain.params
+    assert model.spec.params == alone.spec.params
+    above = model.predict(Policy.threshold(2), concurrency=[4, 8]).tokens_per_second
+    assert above == pytest.approx([66.5, 76.9])
+    # for display: the median of off / plain - 1 over the off levels, as the curves have it
+    ratio = np.array(above) / alone.plain_tps([4, 8]) - 1
+    assert model.threshold_overhead == pytest.approx(float(np.median(ratio)))
+    assert -0.03 < model.threshold_overhead < 0
+    regime = result.quality.threshold_regime
+    assert (regime["source"], regime["levels"], regime["rows"]) == ("curve", [4, 8], 2)
+    assert result.quality.forms["off"].chosen == "linear"
+    # fitted rows are points; the threshold's drafting rows (1 and 2 streams) are held out
+    off_points = [p for p in result.quality.points if p.policy == Policy.threshold(2)]
+    assert [(p.concurrency, p.level_id) for p in off_points] == [(4, 104), (8, 108)]
+    assert [p.residual_pct for p in off_points] == pytest.approx([0.0, 0.0], abs=1e-6)
     held = result.quality.held_out
     assert [(h.policy, h.concurrency, h.level_id) for h in held] == [
-        (Policy.threshold(2), ci, 100 + ci) for ci in c
+        (Policy.threshold(2), ci, 100 + ci) for ci in (1, 2)
     ]
-    assert [h.measured_tps for h in held] == measured
-    expected_pred = result.model.predict(Policy.threshold(2), concurrency=c).tokens_per_second
+    assert [h.measured_tps for h in held] == measured[:2]
+    expected_pred = model.predict(Policy.threshold(2), concurrency=[1, 2]).tokens_per_second
     assert [h.predicted_tps for h in held] == pytest.approx(expected_pred)
     assert max(abs(h.residual_pct) for h in held) < 3.0
     assert result.quality.worst_held_out is not None
     assert abs(result.quality.worst_held_out.residual_pct) == max(abs(h.residual_pct) for h in held)
+
+    # Off rows at one level only: too few for a curve, they set a ratio to plain, paired with
+    # plain of the same run where there is one.
+    one = tuple(replace(lv, run_id=7) for lv in seed_rows + threshold_row[:3])
+    ratio_model = fit(FitData(8, 3, one), replicates=20)
+    assert ratio_model.model.off is None and ratio_model.model.threshold_rows == 1
+    assert ratio_model.model.threshold_overhead == pytest.approx(66.5 / 67.5 - 1)
+    assert ratio_model.quality.threshold_regime["source"] == "ratio"
+    four = ratio_model.model.predict(Policy.threshold(2), concurrency=[4]).tokens_per_second
+    assert four == pytest.approx(list(ratio_model.model.plain_tps([4]) * 66.5 / 67.5))
 
 
 def test_fit_needs_two_levels_of_each() -> None:
@@ -409,7 +423,8 @@ def test_fit_quality_round_trips_through_json() -> None:
         LevelObs(Policy.threshold(2, 3), ci, (Repeat(1000 * ci / (10.0 + 2.0 * ci)),)) for ci in c
     )
     quality = fit(FitData(8, 3, data.levels + held), replicates=10).quality
-    assert len(quality.held_out) == len(c)
+    assert len(quality.held_out) == 2  # drafting at 1 and 2; above N (4, 8) the off curve's
+    assert "off" in quality.forms and quality.threshold_regime["source"] == "curve"
     stored = json.loads(json.dumps(quality.as_dict()))
     assert FitQuality.from_dict(stored) == quality
     assert stored["worst_residual_pct"] == quality.worst_point.residual_pct
@@ -589,3 +604,213 @@ def test_interleaved_passes_stay_paired_so_a_drift_cancels_in_the_gain() -> None
     paired, unpaired = width(True), width(False)
     assert np.all(paired < 0.01)  # the drift cancels: spec / plain is the same in every pass
     assert np.all(unpaired > 0.05)
+
+
+# --- the threshold server above its N: the off curve -----------------------------------------
+
+#: The off scenario: plain 10 + 2c ms, spec 7 + 9c ms at 2.5 tokens per step (spec = plain at
+#: 4.5 streams), and the threshold server not drafting 2 % slower than plain at every level.
+OFF_LENGTH = 2.5
+OFF_RATIO = 0.98
+
+
+def _off_levels(
+    *,
+    off: bool = True,
+    noise: float = 0.01,
+    drift: tuple[float, ...] = (0.95, 1.0, 1.06),
+    pairs: int = 1,
+    seed: int = 3,
+    plain_error: dict[int, float] | None = None,
+) -> FitData:
+    """Interleaved passes of plain, spec and the off arm (threshold c-1 at c) on one run: a
+    pass's drift hits all three alike; spec and off alternate in `pairs` pairs per pass.
+    plain_error: a step-time factor of plain's own launch at some levels (plain alone)."""
+    rng = np.random.default_rng(seed)
+    obs = []
+    for c in range(1, 9):
+        arms = [
+            (Policy.plain(), (10.0 + 2.0 * c) * (plain_error or {}).get(c, 1.0), 1.0, 1),
+            (Policy.always(), 7.0 + 9.0 * c, OFF_LENGTH, pairs),
+        ]
+        if off and c > 1:
+            arms.append((Policy.threshold(c - 1), (10.0 + 2.0 * c) / OFF_RATIO, 1.0, pairs))
+        for policy, step, length, rounds in arms:
+            reps = []
+            for p, d in enumerate(drift):
+                for pair in range(rounds):
+                    t = step * d * (1 + noise * rng.standard_normal())
+                    reps.append(Repeat(1000 * c * length / t, length, t, pass_index=p, pair=pair))
+            obs.append(LevelObs(policy, c, tuple(reps), run_id=1))
+    return FitData(8, 3, tuple(obs), accept_len=OFF_LENGTH)
+
+
+def test_threshold_n_above_its_n_is_the_measured_off_curve() -> None:
+    """Off rows 2 % below plain at every level, spec crossing plain at 4.5 streams, plain's own
+    launch 6 % fast at four levels: N=4 at 5..8 streams is the off curve, within the noise of
+    the off rows measured there (not plain's curve times the rows' median ratio to plain, which
+    takes in plain's errors); spec against off decides N, and the tps objective's best N is 4."""
+    plain_error = {2: 0.94, 3: 0.94, 4: 0.94, 6: 0.94}
+    data = _off_levels(plain_error=plain_error)
+    result = fit(data, replicates=40)
+    model = result.model
+    assert model.off is not None and model.threshold_rows == 7
+    above = np.arange(5, 9)
+    n4 = model.policy_tps(above, Policy.threshold(4))
+    assert np.array_equal(n4, model.threshold_tps(above))
+    off_measured = np.array(
+        [lv.tokens_per_second for c in above for lv in data.off if lv.concurrency == c]
+    )
+    assert np.all(np.abs(n4 / off_measured - 1) < 0.02)  # the rows' own noise: 1 % a repeat
+    truth = 1000 * above * OFF_RATIO / (10.0 + 2.0 * above)  # the middle pass drifts by 0
+    assert np.all(np.abs(n4 / truth - 1) < 0.02)
+    # plain's curve times the rows' median ratio to plain would miss by plain's launch errors
+    ratios = [
+        lv.tokens_per_second / p.tokens_per_second - 1
+        for lv in data.off
+        for p in data.plain
+        if p.concurrency == lv.concurrency
+    ]
+    as_before = model.plain_tps(above) * (1 + np.median(ratios))
+    assert np.max(np.abs(as_before / truth - 1)) > 0.03
+    ratio_at = model.plain.support
+    assert model.threshold_overhead == pytest.approx(
+        float(np.median(model.threshold_tps(ratio_at[1:]) / model.plain_tps(ratio_at[1:]))) - 1
+    )
+    # up to N, spec as before
+    below = np.arange(1, 5)
+    assert np.array_equal(model.policy_tps(below, Policy.threshold(4)), model.spec_tps(below))
+
+    # What decides N: spec against off (N=4 -> N=5 adds drafting at 5 streams only).
+    vs_off, vs_plain = model.gain(against="off"), model.gain()
+    assert vs_off.against == "off" and vs_plain.against == "plain"
+    assert vs_off.at(4)[0] > 0 > vs_off.at(5)[0]
+    assert vs_off.at(1) == vs_plain.at(1)  # every threshold drafts at one stream: plain there
+    spec5 = float(model.spec_tps([5])[0])
+    assert vs_off.at(5)[0] == pytest.approx(spec5 / float(model.threshold_tps([5])[0]) - 1)
+    cross = model.crossover(against="off")
+    assert cross.against == "off" and cross.spec_wins_upto == 4
+    assert cross.streams is not None and 4.5 < cross.streams < 5.0  # off 2 % below plain: later
+    c = model.levels
+    objective = [float(np.mean(model.policy_tps(c, Policy.of_max_slots(n)))) for n in range(9)]
+    assert int(np.argmax(objective)) == 4
+    # the quality report: off is a fitted curve and its rows are points
+    regime = result.quality.threshold_regime
+    assert regime["source"] == "curve" and regime["levels"] == list(range(2, 9))
+    assert "off" in result.quality.forms and "off" in result.quality.calibration
+    off_points = [p for p in result.quality.points if p.policy.is_threshold]
+    assert [p.concurrency for p in off_points] == list(range(2, 9))
+    assert all(abs(p.residual_pct) < 2.0 for p in off_points)
+    gains = result.quality.measured_gains(against="off")
+    assert gains[1] == result.quality.measured_gains()[1]
+    assert gains[4] > 0 > gains[5]
+
+
+def test_a_fit_without_off_rows_keeps_the_threshold_server_at_plain() -> None:
+    """No off rows: no off curve, no off draws in the replicates, the threshold server is plain
+    (the fit says it is assumed), and spec against off is spec against plain."""
+    with_rows = _off_levels()
+    data = replace(
+        with_rows, levels=tuple(lv for lv in with_rows.levels if lv not in with_rows.off)
+    )
+    assert not data.off and data.plain and data.always
+    result = fit(data, replicates=20)
+    model = result.model
+    assert model.off is None and model.threshold_rows == 0 and model.threshold_overhead == 0.0
+    assert not any(key.startswith("off") for rep in model.replicates for key in rep)
+    c = model.levels
+    assert np.array_equal(model.threshold_tps(c), model.plain_tps(c))
+    assert np.array_equal(model.gain(against="off").point, model.gain().point)
+    assert model.crossover(against="off").streams == model.crossover().streams
+    assert result.quality.threshold_regime["source"] == "assumed"
+    assert set(result.quality.forms) == {"plain", "spec"}
+    assert result.quality.measured_gains(against="off") == result.quality.measured_gains()
+    # the same data with off rows fits the same plain and spec curves
+    with_off = fit(with_rows, replicates=20).model
+    assert with_off.plain.params == model.plain.params
+    assert with_off.spec.params == model.spec.params
+
+
+def test_bootstrap_keeps_the_passes_of_spec_and_off_together() -> None:
+    """A machine drifting +-10 % from pass to pass, spec and off alternating in two pairs a
+    pass: replicates draw whole passes (both pairs), the same for spec and off, so the drift
+    cancels in spec / off; drawn level by level it does not."""
+    from tuner.model.fitting import _bootstrap_inputs, _draw_passes
+
+    data = _off_levels(noise=0.0, drift=(0.9, 1.0, 1.1), pairs=2)
+    rng = np.random.default_rng(0)
+    levels = data.plain + data.always + data.off
+    for _ in range(20):
+        drawn = _bootstrap_inputs(rng, levels, _draw_passes(rng, levels))
+        passes = {
+            (lv.policy, lv.concurrency): sorted((r.pass_index, r.pair) for r in reps)
+            for lv, reps in drawn
+        }
+        spec5, off5 = passes[(Policy.always(), 5)], passes[(Policy.threshold(4), 5)]
+        assert spec5 == off5 and len(spec5) == 6  # three passes drawn, both pairs of each
+        assert [p for p, _ in passes[(Policy.plain(), 5)]] == [p for p, pair in spec5 if pair == 0]
+
+    def width(paired: bool) -> np.ndarray:
+        fd = data if paired else _unpaired(data)
+        model = fit(fd, replicates=40, launch_noise=0.0, form_uncertainty=False).model
+        gain = model.gain(against="off")
+        return (gain.upper - gain.lower)[1:]
+
+    assert np.all(width(True) < 0.01)
+    assert np.all(width(False) > 0.05)
+
+
+def _unpaired(data: FitData) -> FitData:
+    levels = tuple(
+        replace(lv, repeats=tuple(replace(r, pass_index=None) for r in lv.repeats))
+        for lv in data.levels
+    )
+    return replace(data, levels=levels)
+
+
+def test_the_launch_offset_is_shared_by_spec_and_off() -> None:
+    """One launch of the threshold server runs both regimes: a replicate's launch offset moves
+    spec and off alike (plain, another launch, draws its own)."""
+    model = fit(_off_levels(), replicates=20).model
+    assert all(rep["off_shift"] == rep["spec_shift"] for rep in model.replicates)
+    assert any(rep["plain_shift"] != rep["spec_shift"] for rep in model.replicates)
+
+
+def test_a_model_with_an_off_curve_round_trips_and_an_old_fit_loads() -> None:
+    model = fit(_off_levels(), replicates=10).model
+    again = CostModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.version == "costmodel-4" and again.off is not None
+    assert "off=" in again.form
+    for policy in (Policy.threshold(2), Policy.threshold(5), Policy.plain(), Policy.always()):
+        assert again.predict(policy).to_dict() == model.predict(policy).to_dict()
+    assert again.crossover(against="off").to_dict() == model.crossover(against="off").to_dict()
+
+    # A costmodel-3 fit as stored (no off curve; the overhead per replicate): it loads and
+    # predicts the threshold server as it was fitted, plain times 1 + overhead.
+    old = {
+        "version": "costmodel-3",
+        "n_parallel": 8,
+        "n_max": 3,
+        "plain": {"form": "linear", "params": [10.0, 2.0], "support": [1.0, 2.0, 4.0, 8.0]},
+        "spec": {"form": "linear", "params": [7.0, 9.0], "support": [1.0, 2.0, 4.0, 8.0]},
+        "acceptance": {"n_max": 3, "mean_length": 2.5, "rates": None, "source": "inferred"},
+        "verify": {},
+        "replicates": [
+            {"plain": [10.0, 2.0], "spec": [7.0, 9.0], "threshold_overhead": v}
+            for v in (-0.07, -0.058, -0.05)
+        ],
+        "interval": 0.9,
+        "threshold_overhead": -0.058,
+        "threshold_rows": 3,
+    }
+    loaded = CostModel.from_dict(old)
+    assert loaded.version == "costmodel-3" and loaded.off is None
+    c = loaded.levels
+    assert loaded.threshold_tps(c) == pytest.approx(loaded.plain_tps(c) * (1 - 0.058))
+    pred = loaded.predict(Policy.threshold(4), concurrency=[8])
+    assert pred.tokens_per_second[0] == pytest.approx(float(loaded.plain_tps([8])[0]) * 0.942)
+    assert pred.lower[0] < pred.tokens_per_second[0] < pred.upper[0]
+    # its stored quality (no "source" in the regime) loads too
+    quality = fit(_off_levels(off=False), replicates=5).quality.as_dict()
+    quality["threshold_regime"] = {"overhead": -0.058, "rows": 3}
+    assert FitQuality.from_dict(quality).threshold_regime == {"overhead": -0.058, "rows": 3}

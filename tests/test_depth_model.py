@@ -14,9 +14,10 @@ from tuner.policy import Policy
 LEVELS = [1, 2, 4, 8]
 
 
-def _model(step_ms_per_depth: float, depth: int) -> CostModel:
+def _model(step_ms_per_depth: float, depth: int, off: float | None = None) -> CostModel:
     """A machine whose step time is 10 ms + 2 ms per stream, plus a KV read that grows
-    linearly with depth; spec steps cost 2.5x and yield 2 tokens."""
+    linearly with depth; spec steps cost 2.5x and yield 2 tokens; with `off`, the threshold
+    server not drafting (threshold c-1 at c) takes `off` times plain's step."""
     levels = []
     for c in LEVELS:
         plain_step = 10.0 + 2.0 * c + step_ms_per_depth * depth * c
@@ -25,6 +26,9 @@ def _model(step_ms_per_depth: float, depth: int) -> CostModel:
         levels.append(
             LevelObs(Policy.always(), c, (Repeat(1000 * c * 2.0 / spec_step, accept_len=2.0),))
         )
+        if off is not None and c > 1:
+            tps = 1000 * c / (off * plain_step)
+            levels.append(LevelObs(Policy.threshold(c - 1), c, (Repeat(tps),)))
     return fit(FitData(8, 3, tuple(levels)), replicates=5, form_uncertainty=False).model
 
 
@@ -53,6 +57,27 @@ def test_a_held_out_depth_is_predicted_from_its_neighbours() -> None:
         tps_at_depth(models, Policy.plain(), LEVELS, 0),
         models[0].policy_tps(LEVELS, Policy.plain()),
     )
+
+
+def test_the_threshold_server_above_n_is_interpolated_in_depth_from_its_off_curves() -> None:
+    """Fits with an off curve at two depths: at a depth between them, a threshold above its N
+    is the parts' off curves combined (time per token linear in depth), not plain's, and spec
+    against off is what the combined model's gain says too."""
+    from tuner.model.depth import model_at
+
+    slope = 0.004
+    models = {d: _model(slope, d, off=1.05) for d in (0, 4096)}
+    assert all(m.off is not None for m in models.values())
+    middle = model_at(models, 2048)
+    truth = _model(slope, 2048, off=1.05)
+    above = np.array([4, 6, 8])
+    predicted = middle.policy_tps(above, Policy.threshold(2))
+    assert np.max(np.abs(predicted / truth.threshold_tps(above) - 1)) < 0.03
+    assert np.all(predicted < 0.97 * middle.plain_tps(above))  # 5 % below plain, as measured
+    gain = middle.gain(against="off")
+    spec, off = middle.spec_tps(above), middle.threshold_tps(above)
+    assert gain.point[above - 1] == pytest.approx(spec / off - 1)
+    assert len(middle.replicate_models) == 5
 
 
 def _deeper(factor_per_stream: float) -> list:

@@ -10,10 +10,16 @@ Pure numpy/scipy, no I/O. The equations (tuner/ARCHITECTURE.md has them with the
   the profiled n_max over that expectation (steps without a draft: first token, last steps).
   Without per-position counts the rates are inferred (geometric) from the measured tokens per
   step; imported tables carry only tok/s, so their spec curve folds acceptance in (L = 1 unit).
-- Threshold policy N: spec(c) for c <= N; above N the threshold server is its own regime,
-  plain(c) * (1 + overhead), the overhead measured from threshold rows above their N (a server
-  with the draft loaded but not drafting is not quite plain); 0 while no such row exists.
-  N = 0 drafts always.
+- Threshold policy N: spec(c) for c <= N; above N the threshold server (draft loaded, not
+  drafting) is its own regime, off(c) = c / T_off(c), T_off fitted from threshold rows above
+  their N ("off" rows: the profiler's off arm, threshold c-1 at c, and any validation's
+  threshold rows above N) as plain is from plain rows. With off rows at one level only, the
+  regime is plain(c) * (1 + overhead), the overhead that level's ratio to plain; with none,
+  plain itself (overhead 0, the fit says so). N = 0 drafts always.
+- Which N: thresholds N and N+1 differ only at c = N+1, where N+1 drafts and N does not, so
+  the gain that decides between them is spec(c) / off(c) - 1 (`gain(against="off")`), two
+  regimes of one drafting server; spec against plain is the separate question of drafting at
+  all (`gain()`). At one stream every threshold drafts, so "off" there means plain.
 
 What is fitted is the effective step time of each level, T = c * L_measured / tok/s (it equals the
 server's step time up to the aggregate window, and it is stable where tok/s of a speculative run
@@ -33,11 +39,12 @@ kernel rows the verify cost is taken as linear in k, and T_spec is linear in n b
 
 Uncertainty: bootstrap replicates of the whole fit, over the repeats of each level when they were
 repeated (whole passes at once when the configurations were interleaved, so a drift of the
-machine hits plain and spec of a replicate alike), else over the curves' residuals
+machine hits plain, spec and off of a replicate alike), else over the curves' residuals
 (leverage-inflated). Each replicate also draws its curve form (weighted by leave-one-out error),
 an error away from the measured levels (one of the form's leave-one-out errors) and a
-launch-to-launch offset (a floor). Every prediction, gain and the crossover come with the
-percentile interval over the replicates, as it falls: it need not contain the point estimate.
+launch-to-launch offset (a floor; spec and off share theirs: one launch serves both regimes).
+Every prediction, gain and the crossover come with the percentile interval over the replicates,
+as it falls: it need not contain the point estimate.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -53,8 +60,12 @@ from tuner.model.acceptance import Acceptance
 from tuner.model.curves import Curve, verify_extra
 from tuner.policy import Policy
 
-VERSION = "costmodel-3"
+VERSION = "costmodel-4"
 DEFAULT_INTERVAL = 0.9
+
+#: What spec is compared with: plain (whether to draft at all) or the threshold server's
+#: not-drafting regime ("off": which N, the step from N to N+1).
+Against = Literal["plain", "off"]
 
 
 @dataclass(frozen=True)
@@ -79,13 +90,15 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Gain:
-    """spec / plain - 1 per concurrency: point, interval bounds and replicate standard deviation."""
+    """spec / reference - 1 per concurrency (reference: plain, or the threshold server not
+    drafting): point, interval bounds and replicate standard deviation."""
 
     concurrency: list[int]
     point: np.ndarray
     lower: np.ndarray
     upper: np.ndarray
     sd: np.ndarray
+    against: Against = "plain"
 
     def at(self, c: int) -> tuple[float, float, float, float]:
         i = self.concurrency.index(c)
@@ -94,11 +107,11 @@ class Gain:
 
 @dataclass(frozen=True)
 class Crossover:
-    """Where spec stops beating plain.
+    """Where spec stops beating its reference (plain, or the threshold server not drafting).
 
-    streams: the continuous concurrency where spec(c) = plain(c) first turns against spec (None if
-    spec loses already at 1 stream or still wins at n_parallel); spec_wins_upto: the largest integer
-    c with spec ahead at every level 1..c (0: never; n_parallel: always).
+    streams: the continuous concurrency where spec(c) = reference(c) first turns against spec
+    (None if spec loses already at 1 stream or still wins at n_parallel); spec_wins_upto: the
+    largest integer c with spec ahead at every level 1..c (0: never; n_parallel: always).
     """
 
     streams: float | None
@@ -107,6 +120,7 @@ class Crossover:
     spec_wins_upto: int
     spec_wins_upto_interval: tuple[int, int]
     interval: float
+    against: Against = "plain"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +130,7 @@ class Crossover:
             "spec_wins_upto": self.spec_wins_upto,
             "spec_wins_upto_interval": list(self.spec_wins_upto_interval),
             "interval": self.interval,
+            "against": self.against,
         }
 
 
@@ -132,8 +147,11 @@ class CostModel:
     replicates: list[dict[str, Any]] = field(default_factory=list)
     interval: float = DEFAULT_INTERVAL
     version: str = VERSION
-    threshold_overhead: float = 0.0  # threshold server above N against plain: tok/s ratio - 1
+    # The threshold server above N against plain, tok/s ratio - 1: what threshold_tps uses
+    # without an off curve; with one, the median over its measured levels (for display).
+    threshold_overhead: float = 0.0
     threshold_rows: int = 0  # how many measured rows set it (0: assumed to equal plain)
+    off: Curve | None = None  # T_off(c): the threshold server not drafting, fitted from off rows
 
     # -- step costs and throughput --
 
@@ -189,8 +207,25 @@ class CostModel:
         return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))
 
     def threshold_tps(self, c: Any) -> np.ndarray:
-        """tok/s of a threshold server above its N: plain with the measured overhead."""
+        """tok/s of a threshold server above its N: its own fitted curve where off rows were
+        measured, else plain with the overhead (0 where nothing measured it)."""
+        c = np.asarray(c, dtype=float)
+        if self.off is not None:
+            return 1000.0 * c / self.off(c)
         return self.plain_tps(c) * (1.0 + self.threshold_overhead)
+
+    def reference_tps(self, c: Any, against: Against = "plain") -> np.ndarray:
+        """What spec is compared with at c: plain, or the threshold server not drafting ("off").
+
+        No threshold stops drafting at one stream, so "off" is plain there, and off from two
+        streams on; between 1 and 2 (the crossover's continuous grid) the two are blended
+        linearly so the reference has no jump."""
+        c = np.asarray(c, dtype=float)
+        plain = self.plain_tps(c)
+        if against == "plain":
+            return plain
+        share = np.clip(c - 1.0, 0.0, 1.0)
+        return (1.0 - share) * plain + share * self.threshold_tps(c)
 
     # -- replicates and intervals --
 
@@ -212,7 +247,8 @@ class CostModel:
                 shift=rep.get(f"{key}_shift", 0.0),
                 gap_shift=rep.get(f"{key}_gap", 0.0),
             )
-            for key, curve in (("plain", self.plain), ("spec", self.spec))
+            for key, curve in (("plain", self.plain), ("spec", self.spec), ("off", self.off))
+            if curve is not None and (key != "off" or key in rep)
         }
         return CostModel(
             self.n_parallel,
@@ -226,6 +262,7 @@ class CostModel:
             self.version,
             float(rep.get("threshold_overhead", self.threshold_overhead)),
             self.threshold_rows,
+            curves.get("off", self.off),
         )
 
     @cached_property
@@ -257,12 +294,15 @@ class CostModel:
             self.interval,
         )
 
-    def gain(self, n: int | None = None) -> Gain:
-        """spec/plain - 1 at each level 1..n_parallel, with interval and replicate spread."""
+    def gain(self, n: int | None = None, against: Against = "plain") -> Gain:
+        """spec / reference - 1 at each level 1..n_parallel, with interval and replicate spread.
+
+        against="plain": whether drafting pays at all; "off": spec against the threshold server
+        not drafting, what decides N (N and N+1 differ only at c = N+1)."""
         c = self.levels.astype(float)
 
         def rel(m: CostModel) -> np.ndarray:
-            return m.spec_tps(c, n) / m.plain_tps(c) - 1.0
+            return m.spec_tps(c, n) / m.reference_tps(c, against) - 1.0
 
         point = rel(self)
         samples = self.samples(rel)
@@ -273,13 +313,14 @@ class CostModel:
             lo,
             hi,
             samples.std(axis=0, ddof=1) if len(samples) > 1 else np.zeros_like(point),
+            against,
         )
 
-    def _crossing(self, n: int | None) -> tuple[float | None, int]:
+    def _crossing(self, n: int | None, against: Against = "plain") -> tuple[float | None, int]:
         grid = np.linspace(1.0, float(self.n_parallel), 1 + 100 * (self.n_parallel - 1))
-        diff = self.spec_tps(grid, n) - self.plain_tps(grid)
+        diff = self.spec_tps(grid, n) - self.reference_tps(grid, against)
         ints = self.levels.astype(float)
-        ahead = self.spec_tps(ints, n) >= self.plain_tps(ints)
+        ahead = self.spec_tps(ints, n) >= self.reference_tps(ints, against)
         upto = int(np.argmin(ahead)) if not ahead.all() else self.n_parallel
         if diff[0] < 0 or np.all(diff >= 0):
             return None, upto
@@ -287,10 +328,11 @@ class CostModel:
         x0, x1, d0, d1 = grid[i - 1], grid[i], diff[i - 1], diff[i]
         return float(x0 + (x1 - x0) * d0 / (d0 - d1)), upto
 
-    def crossover(self, n: int | None = None) -> Crossover:
-        """Where spec stops beating plain, with an interval over the replicates."""
-        streams, upto = self._crossing(n)
-        reps = [m._crossing(n) for m in (self.replicate_models or [self])]
+    def crossover(self, n: int | None = None, against: Against = "plain") -> Crossover:
+        """Where spec stops beating its reference (see `gain`), with an interval over the
+        replicates."""
+        streams, upto = self._crossing(n, against)
+        reps = [m._crossing(n, against) for m in (self.replicate_models or [self])]
 
         def as_number(s: float | None, u: int) -> float:
             if s is not None:
@@ -308,13 +350,15 @@ class CostModel:
             upto,
             (round(ulo[0]), round(uhi[0])),
             self.interval,
+            against,
         )
 
     # -- serialisation --
 
     @property
     def form(self) -> str:
-        return f"plain={self.plain.form} spec={self.spec.form}"
+        off = f" off={self.off.form}" if self.off is not None else ""
+        return f"plain={self.plain.form} spec={self.spec.form}{off}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -329,10 +373,13 @@ class CostModel:
             "interval": self.interval,
             "threshold_overhead": self.threshold_overhead,
             "threshold_rows": self.threshold_rows,
+            "off": self.off.to_dict() if self.off is not None else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostModel:
+        """A stored model; costmodel-3 and older have no off curve (their threshold server is
+        plain with the stored overhead, as they were fitted)."""
         return cls(
             n_parallel=int(data["n_parallel"]),
             n_max=int(data["n_max"]),
@@ -345,4 +392,5 @@ class CostModel:
             version=str(data.get("version", VERSION)),
             threshold_overhead=float(data.get("threshold_overhead", 0.0)),
             threshold_rows=int(data.get("threshold_rows", 0)),
+            off=Curve.from_dict(data["off"]) if data.get("off") else None,
         )

@@ -27,6 +27,7 @@ class Repeat:
     drafts: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
     pass_index: int | None = None  # the interleaved pass that measured it (None: not interleaved)
+    pair: int = 0  # which of the pass's pairs at its cell (a live launch alternates spec and off)
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,25 @@ class FitData:
     def thresholds(self) -> list[LevelObs]:
         return self.of(lambda p: p.is_threshold)
 
+    @property
+    def off(self) -> list[LevelObs]:
+        """Threshold levels above their N: the threshold server with the draft loaded, not
+        drafting (the profiler's off arm, threshold c-1 at c, or a validation's rows above N)."""
+        return [lv for lv in self.thresholds if not lv.policy.drafts_at(lv.concurrency)]
+
 
 def level_step(level: LevelObs, acceptance: Acceptance | None, repeats: Sequence[Repeat]) -> float:
     """Effective step time (ms) of a level from (a resample of) its repeats: median over repeats.
 
-    T = c * L / tok/s with L = 1 for plain, the repeat's own tokens per step for spec when every
-    repeat of the level measured it, else the model's mean length (1 when acceptance is folded).
+    T = c * L / tok/s with L = 1 where the server does not draft at this level (plain, a threshold
+    above its N), the repeat's own tokens per step for spec when every repeat of the level
+    measured it, else the model's mean length (1 when acceptance is folded).
     """
-    own = not level.policy.is_plain and all(r.accept_len for r in level.repeats)
+    drafts = level.policy.drafts_at(level.concurrency)
+    own = drafts and all(r.accept_len for r in level.repeats)
     values = []
     for r in repeats:
-        if level.policy.is_plain or acceptance is None or acceptance.source == "folded":
+        if not drafts or acceptance is None or acceptance.source == "folded":
             length = 1.0
         elif own:
             length = float(r.accept_len or 0.0)

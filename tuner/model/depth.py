@@ -63,6 +63,7 @@ class CombinedCostModel(CostModel):
             first.version,
             first.threshold_overhead,
             first.threshold_rows,
+            first.off,
         )
         self.parts, self.weights, self.harmonic = list(parts), list(weights), harmonic
 

@@ -3,12 +3,14 @@
 What is fitted is the effective step time of each level, T = c * L_measured / tok/s (stable
 where tok/s of a speculative run is not). Each curve's form is chosen by leave-one-out error;
 where levels were repeated, the form is calibrated towards the measured medians by as much of
-its residual as the repeats' noise does not explain. Threshold rows above their N set the
-threshold server's overhead against plain (paired with plain of the same run where it exists).
+its residual as the repeats' noise does not explain. Threshold rows above their N (the threshold
+server not drafting: "off") get a curve of their own, fitted as plain's is, where they were
+measured at two levels or more; at one level they set an overhead against plain (paired with
+plain of the same run where it exists); without any the threshold server is taken as plain.
 
 Uncertainty: bootstrap replicates of the whole fit, over the repeats of each level when they
-were repeated (whole interleaved passes at once, so plain and spec measured side by side stay
-paired), else over the curves' residuals (leverage-inflated). The point estimate keeps the
+were repeated (whole interleaved passes at once, so plain, spec and off measured side by side
+stay paired), else over the curves' residuals (leverage-inflated). The point estimate keeps the
 chosen form; each replicate also
 
 - draws its form among those the leave-one-out test scored, weighted by RMSE^-n (a pseudo-Bayes
@@ -17,6 +19,7 @@ chosen form; each replicate also
   a random sign (a jackknife prediction error), full size half an octave from any measured level;
 - draws a launch-to-launch offset, normal with sd LAUNCH_NOISE_FLOOR: a new launch of the same
   server measures differently from the one fitted, however precisely that one was measured.
+  spec and off share theirs: one launch of the threshold server runs both regimes.
 """
 
 from __future__ import annotations
@@ -110,13 +113,17 @@ def _draw_passes(rng: np.random.Generator, levels: list[LevelObs]) -> PassDraw:
 def _bootstrap_inputs(
     rng: np.random.Generator, levels: list[LevelObs], passes: PassDraw | None = None
 ) -> list[tuple[LevelObs, tuple[Repeat, ...]]]:
-    """Each level's repeats resampled: by the drawn passes where its repeats carry one, else
-    independently."""
+    """Each level's repeats resampled: by the drawn passes where its repeats carry one (every
+    repeat of a drawn pass: a live launch measures spec and off in pairs, several to a pass),
+    else independently."""
     out = []
     for lv in levels:
         reps = lv.repeats
-        by_pass = {r.pass_index: r for r in reps if r.pass_index is not None}
-        drawn = [by_pass[p] for p in (passes or {}).get(lv.run_id, []) if p in by_pass]
+        by_pass: dict[int, list[Repeat]] = {}
+        for r in reps:
+            if r.pass_index is not None:
+                by_pass.setdefault(r.pass_index, []).append(r)
+        drawn = [r for p in (passes or {}).get(lv.run_id, []) for r in by_pass.get(p, [])]
         if drawn:
             reps = tuple(drawn)
         elif len(reps) >= 2:
@@ -183,12 +190,11 @@ def _replicate_curve(
 
 def threshold_observations(data: FitData, plain: Callable[[float], float]) -> list[float]:
     """tok/s of each threshold row above its N over plain's - 1: against plain measured in the
-    same run at the same level where there is one (side by side), else the plain curve."""
+    same run at the same level where there is one (side by side), else the plain curve. What
+    sets the overhead where off rows exist at one level only (too few for a curve)."""
     paired = {(lv.run_id, lv.concurrency): lv.tokens_per_second for lv in data.plain}
     out = []
-    for lv in data.thresholds:
-        if lv.policy.max_slots is None or lv.concurrency <= lv.policy.max_slots:
-            continue
+    for lv in data.off:
         ref = paired.get((lv.run_id, lv.concurrency)) if lv.run_id is not None else None
         out.append(lv.tokens_per_second / (ref or plain(lv.concurrency)) - 1.0)
     return out
@@ -249,74 +255,104 @@ def fit(
     for name, levels in (("plain", plain_levels), ("spec", spec_levels)):
         if len({lv.concurrency for lv in levels}) < 2:
             raise ValueError(f"a fit needs {name} measurements at two or more concurrency levels")
+    # The threshold server not drafting gets a curve of its own from two levels on; fewer off
+    # levels leave it to the overhead (or to plain).
+    off_levels = data.off if len({lv.concurrency for lv in data.off}) >= 2 else []
     x_max = float(data.n_parallel)
     acceptance = estimate_acceptance(data, spec_levels)
     verify, kernel_report = _kernel_curves(data, x_max)
 
-    xp, yp = _points_from([(lv, lv.repeats) for lv in plain_levels], None)
-    xs, ys = _points_from([(lv, lv.repeats) for lv in spec_levels], acceptance)
-    plain_forms = list(forms) + (["kernel"] if 1 in verify else [])
+    fitted: dict[str, tuple[list[LevelObs], Acceptance | None]] = {
+        "plain": (plain_levels, None),
+        "spec": (spec_levels, acceptance),
+    }
+    if off_levels:
+        fitted["off"] = (off_levels, None)
+    points = {
+        key: _points_from([(lv, lv.repeats) for lv in lvs], acc)
+        for key, (lvs, acc) in fitted.items()
+    }
+    decode_forms = list(forms) + (["kernel"] if 1 in verify else [])
     spec_base = verify_curve(verify, data.n_max + 1, x_max) if verify else None
     spec_forms = list(forms) + (["kernel"] if spec_base is not None else [])
-    plain_choice = _with_base(select_form(xp, yp, x_max, plain_forms, verify.get(1)), verify.get(1))
-    spec_choice = _with_base(select_form(xs, ys, x_max, spec_forms, spec_base), spec_base)
-    noise = {
-        "plain": _level_noise(plain_levels, None),
-        "spec": _level_noise(spec_levels, acceptance),
+    bases = {"plain": verify.get(1), "spec": spec_base, "off": verify.get(1)}
+    choices = {
+        key: _with_base(
+            select_form(
+                *points[key], x_max, spec_forms if key == "spec" else decode_forms, bases[key]
+            ),
+            bases[key],
+        )
+        for key in fitted
     }
+    noise = {key: _level_noise(lvs, acc) for key, (lvs, acc) in fitted.items()}
     weight = {
-        "plain": _calibration_weight(plain_choice.curve, xp, yp, noise["plain"]),
-        "spec": _calibration_weight(spec_choice.curve, xs, ys, noise["spec"]),
+        key: _calibration_weight(choices[key].curve, *points[key], noise[key]) for key in fitted
     }
-    plain_curve = _calibrate(plain_choice.curve, xp, yp, weight["plain"]).supported_on(xp)
-    overhead_obs = threshold_observations(
-        data, lambda c: 1000.0 * c / float(plain_curve(np.array([c]))[0])
-    )
+    curves = {
+        key: _calibrate(choices[key].curve, *points[key], weight[key]).supported_on(points[key][0])
+        for key in fitted
+    }
+    if "off" in curves:
+        # For display: the fitted curves' ratio at the levels off was measured at.
+        xo = points["off"][0]
+        overhead_obs: list[float] = []
+        overhead = float(np.median(curves["plain"](xo) / curves["off"](xo)) - 1.0)
+        rows = len(off_levels)
+    else:
+        overhead_obs = threshold_observations(
+            data, lambda c: 1000.0 * c / float(curves["plain"](np.array([c]))[0])
+        )
+        overhead = float(np.median(overhead_obs)) if overhead_obs else 0.0
+        rows = len(overhead_obs)
     model = CostModel(
         data.n_parallel,
         data.n_max,
-        plain_curve,
-        _calibrate(spec_choice.curve, xs, ys, weight["spec"]).supported_on(xs),
+        curves["plain"],
+        curves["spec"],
         acceptance,
         verify,
         [],
         interval,
-        threshold_overhead=float(np.median(overhead_obs)) if overhead_obs else 0.0,
-        threshold_rows=len(overhead_obs),
+        threshold_overhead=overhead,
+        threshold_rows=rows,
+        off=curves.get("off"),
     )
 
     # -- bootstrap: over repeats where levels were repeated, else over residuals --
     rng = np.random.default_rng(seed)
-    has_repeats = any(len(lv.repeats) >= 2 for lv in plain_levels + spec_levels)
-    pools = {
-        "plain": _residual_pool(plain_choice.curve, xp, yp),
-        "spec": _residual_pool(spec_choice.curve, xs, ys),
-    }
+    has_repeats = any(len(lv.repeats) >= 2 for lv in plain_levels + spec_levels + off_levels)
+    pools = {key: _residual_pool(choices[key].curve, *points[key]) for key in fitted}
     averaging = {
-        key: form_weights(choice, len(x)) if form_uncertainty else {choice.curve.form: 1.0}
-        for key, choice, x in (("plain", plain_choice, xp), ("spec", spec_choice, xs))
+        key: form_weights(choice, len(points[key][0]))
+        if form_uncertainty
+        else {choice.curve.form: 1.0}
+        for key, choice in choices.items()
     }
     reps: list[dict[str, Any]] = []
     for _ in range(replicates):
+        drawn: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if has_repeats:
-            passes = _draw_passes(rng, plain_levels + spec_levels)
+            # One draw of whole passes for every configuration: plain, spec and off of a pass
+            # (spec and off seconds apart on one launch) stay together.
+            passes = _draw_passes(rng, plain_levels + spec_levels + off_levels)
             rs = _bootstrap_inputs(rng, spec_levels, passes)
             acc_b = _resampled_acceptance(acceptance, data, rs)
-            xp_b, yp_b = _points_from(_bootstrap_inputs(rng, plain_levels, passes), None)
-            xs_b, ys_b = _points_from(rs, acc_b)
+            drawn["plain"] = _points_from(_bootstrap_inputs(rng, plain_levels, passes), None)
+            drawn["spec"] = _points_from(rs, acc_b)
+            if off_levels:
+                drawn["off"] = _points_from(_bootstrap_inputs(rng, off_levels, passes), None)
         else:
             acc_b = acceptance
-            xp_b, yp_b = xp, _perturb(rng, plain_choice.curve.trend(xp), pools["plain"])
-            xs_b, ys_b = xs, _perturb(rng, spec_choice.curve.trend(xs), pools["spec"])
+            for key in fitted:
+                x = points[key][0]
+                drawn[key] = (x, _perturb(rng, choices[key].curve.trend(x), pools[key]))
         rep: dict[str, Any] = {}
-        for key, choice, x_b, y_b in (
-            ("plain", plain_choice, xp_b, yp_b),
-            ("spec", spec_choice, xs_b, ys_b),
-        ):
+        for key, (x_b, y_b) in drawn.items():
             rep |= _replicate_curve(
                 rng,
                 key,
-                choice,
+                choices[key],
                 averaging[key],
                 x_b,
                 y_b,
@@ -325,24 +361,26 @@ def fit(
                 launch_noise,
                 form_uncertainty,
             )
+        if "off" in rep:
+            rep["off_shift"] = rep["spec_shift"]  # one launch runs both regimes
         if acc_b is not acceptance:
             rep["mean_length"] = acc_b.mean_length
             rep["rates"] = list(acc_b.rates) if acc_b.rates is not None else None
         if overhead_obs:
-            drawn = rng.choice(np.asarray(overhead_obs), size=len(overhead_obs))
-            rep["threshold_overhead"] = float(np.median(drawn))
+            picked = rng.choice(np.asarray(overhead_obs), size=len(overhead_obs))
+            rep["threshold_overhead"] = float(np.median(picked))
         reps.append(rep)
     model.replicates = reps
 
     quality = assess(
         model,
         data,
-        {"plain": plain_choice, "spec": spec_choice},
+        choices,
         calibration={
             key: Calibration(
                 weight[key], 100 * math.sqrt(noise[key]) if noise[key] is not None else None
             )
-            for key in ("plain", "spec")
+            for key in fitted
         },
         uncertainty=Uncertainty(
             "repeats" if has_repeats else "residuals",

@@ -1,5 +1,6 @@
 """How well a fit matches its data, as one typed value: per-point residuals, the forms chosen and
-their held-out errors, threshold levels predicted without being fitted, calibration, uncertainty.
+their held-out errors, threshold levels predicted without being fitted, calibration, uncertainty,
+and what the threshold server above its N rests on (`threshold_regime`).
 
 Stored with every fit (as_dict / from_dict) and shown by `tuner fit` and `tuner report` through
 one renderer (tuner.report.tables.fit_quality_table).
@@ -15,8 +16,8 @@ import numpy as np
 
 from tuner.model.acceptance import _mean_length
 from tuner.model.costmodel import CostModel
-from tuner.model.curves import FormChoice
-from tuner.model.data import FitData, level_step
+from tuner.model.curves import Curve, FormChoice
+from tuner.model.data import FitData, LevelObs, level_step
 from tuner.policy import Policy
 
 
@@ -101,14 +102,17 @@ class Uncertainty:
 class FitQuality:
     """Everything `tuner fit` shows about a fit, stored with it."""
 
-    points: list[PointFit]  # the fitted levels: plain and always draft
-    held_out: list[PointFit]  # threshold levels: not in the curves; above N they set the overhead
-    forms: dict[str, FormReport]  # "plain", "spec"
+    points: list[PointFit]  # the fitted levels: plain, always draft and (with its curve) off
+    held_out: list[PointFit]  # threshold levels not in the curves (drafting; off without a curve)
+    forms: dict[str, FormReport]  # "plain", "spec" and, where off rows were fitted, "off"
     calibration: dict[str, Calibration]
     uncertainty: Uncertainty
     acceptance: dict[str, Any]
     kernel: dict[str, Any] = field(default_factory=dict)
-    # the threshold server above N: {"overhead": tok/s ratio to plain - 1, "rows": how many set it}
+    # the threshold server above N: "source" "curve" (its own, fitted from off rows at
+    # "levels"), "ratio" (plain times 1 + overhead, off rows at one level) or "assumed" (plain);
+    # "overhead" its tok/s ratio to plain - 1 (with a curve: the median over "levels"); "rows"
+    # how many off rows set it. Fits before costmodel-4 store overhead and rows only.
     threshold_regime: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -123,11 +127,23 @@ class FitQuality:
     def worst_held_out(self) -> PointFit | None:
         return max(self.held_out, key=lambda p: abs(p.residual_pct), default=None)
 
-    def measured_gains(self) -> dict[int, float]:
-        """spec / plain - 1 at the levels where both were measured."""
+    def measured_gains(self, against: str = "plain") -> dict[int, float]:
+        """spec / reference - 1 at the levels where both were measured.
+
+        against="plain": spec against plain. "off": spec against the threshold server not
+        drafting (the median of the off rows measured at the level) where it was measured,
+        else against plain (the model's prior there; at one stream every threshold drafts):
+        what decides N."""
         plain = {p.concurrency: p.measured_tps for p in self.points if p.policy.is_plain}
         spec = {p.concurrency: p.measured_tps for p in self.points if p.policy.is_always}
-        return {c: spec[c] / plain[c] - 1.0 for c in sorted(plain.keys() & spec.keys())}
+        reference = dict(plain)
+        if against == "off":
+            off: dict[int, list[float]] = {}
+            for p in self.points + self.held_out:
+                if p.policy.is_threshold and not p.policy.drafts_at(p.concurrency):
+                    off.setdefault(p.concurrency, []).append(p.measured_tps)
+            reference |= {c: float(np.median(v)) for c, v in off.items()}
+        return {c: spec[c] / reference[c] - 1.0 for c in sorted(reference.keys() & spec.keys())}
 
     def as_dict(self) -> dict[str, Any]:
         worst = self.worst_point
@@ -180,14 +196,19 @@ def assess(
     levels it was not."""
     acc = model.acceptance
     points: list[PointFit] = []
-    for policy, curve, levels in (
-        (Policy.plain(), model.plain, data.plain),
-        (Policy.always(), model.spec, data.always),
-    ):
+    fitted: list[tuple[Curve, list[LevelObs]]] = [
+        (model.plain, data.plain),
+        (model.spec, data.always),
+    ]
+    if model.off is not None:
+        fitted.append((model.off, data.off))
+    for curve, levels in fitted:
         for lv in levels:
             c = lv.concurrency
+            policy = lv.policy.with_n_max(None)
+            drafts = policy.drafts_at(c)
             pred = model.predict(policy, concurrency=[c])
-            step_measured = level_step(lv, None if policy.is_plain else acc, lv.repeats)
+            step_measured = level_step(lv, acc if drafts else None, lv.repeats)
             step_pred = float(curve(np.array([c]))[0])
             step_trend = float(curve.trend(np.array([c]))[0])
             points.append(
@@ -207,13 +228,15 @@ def assess(
                     measured_accept_len=(
                         1.0 if policy.is_plain else _mean_length([(c, r) for r in lv.repeats])
                     ),
-                    model_accept_len=1.0 if policy.is_plain else acc.mean_length,
+                    model_accept_len=acc.mean_length if drafts else 1.0,
                 )
             )
     held_out = []
     for lv in sorted(data.thresholds, key=lambda lv: (lv.policy.max_slots, lv.concurrency)):
         if lv.concurrency > model.n_parallel:
             continue
+        if model.off is not None and not lv.policy.drafts_at(lv.concurrency):
+            continue  # fitted: the off curve's point
         policy = lv.policy.with_n_max(None)
         pred = model.predict(policy, concurrency=[lv.concurrency])
         held_out.append(
@@ -240,5 +263,17 @@ def assess(
         acceptance=acc.to_dict()
         | {"length_by_n": {str(n): acc.length(n) for n in model.n_values()}},
         kernel=kernel,
-        threshold_regime={"overhead": model.threshold_overhead, "rows": model.threshold_rows},
+        threshold_regime=threshold_regime(model),
     )
+
+
+def threshold_regime(model: CostModel) -> dict[str, Any]:
+    """What the threshold server above its N rests on (see FitQuality.threshold_regime)."""
+    measured = "ratio" if model.threshold_rows else "assumed"
+    source = "curve" if model.off is not None else measured
+    return {
+        "source": source,
+        "overhead": model.threshold_overhead,
+        "rows": model.threshold_rows,
+        "levels": [int(c) for c in model.off.support] if model.off is not None else [],
+    }

@@ -138,6 +138,7 @@ def _repeats(level: Level) -> tuple[Repeat, ...]:
                 float(m.get("drafts") or 0.0),
                 tuple(float(v) for v in m.get("accepted_per_position") or ()),
                 int(r["pass"]) if r.get("pass") is not None else None,
+                int(r.get("pair") or 0),
             )
         )
     if not out and level.tokens_per_second:
