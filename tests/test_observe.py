@@ -15,26 +15,47 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
+from tuner.measure import observe as observe_module
+from tuner.measure.client import parse_metrics
 from tuner.measure.observe import (
     LENGTHS_KEPT,
+    Ended,
     Finished,
     FinishedRequests,
+    Poller,
+    TokenLedger,
     TrafficProfile,
     generating_histogram,
     generating_slots,
+    split_tokens,
     total_variation,
 )
 from tuner.storage.traffic import merged
 
 
-def slot(i: int, processing: bool, decoded: int, task: int | None = None, prompt: int = 40) -> dict:
+def slot(
+    i: int,
+    processing: bool,
+    decoded: int,
+    task: int | None = None,
+    prompt: int = 40,
+    limit: int | None = None,
+) -> dict:
+    """A slot as /slots shows it: a generating slot's context is its prompt plus what it decoded;
+    an idle one keeps prompt + output - 1 with its counts reset (as the bench's server does)."""
+    context = prompt + decoded if processing else prompt
+    remain = limit - decoded if limit is not None and processing else -1
     return {
         "id": i,
         "is_processing": processing,
         "id_task": task,
-        "n_prompt_tokens": prompt,
-        "next_token": [{"n_decoded": decoded}],
+        "n_prompt_tokens": context,
+        "next_token": [{"n_decoded": decoded if processing else 0, "n_remain": remain}],
     }
+
+
+def idle(i: int, task: int, prompt: int, output: int) -> dict:
+    return slot(i, False, 0, task=task, prompt=prompt + output - 1)
 
 
 def test_a_slot_generates_once_it_has_decoded_a_token() -> None:
@@ -70,15 +91,46 @@ def test_the_offered_histogram_counts_overlapping_streams() -> None:
 def test_finished_requests_are_seen_when_they_leave_their_slot() -> None:
     seen = FinishedRequests()
     assert seen.update([slot(0, True, 3, task=7, prompt=50), slot(1, False, 0)], 100.0) == []
-    assert seen.update([slot(0, True, 9, task=7, prompt=50)], 100.25) == []
-    # finished between polls: the idle slot still shows the request's final counts, and it
-    # arrived when first seen
-    assert seen.update([slot(0, False, 12, task=7, prompt=50)], 100.5) == [Finished(100.0, 50, 12)]
-    assert seen.update([slot(0, False, 12, task=7, prompt=50)], 100.75) == []  # counted once
-    seen.update([slot(1, True, 4, task=8, prompt=20)], 101.0)
-    # the slot took another request before the next poll: the first ended at its last sight
-    assert seen.update([slot(1, True, 2, task=9, prompt=30)], 101.25) == [Finished(101.0, 20, 4)]
-    assert seen.update([slot(1, False, 2, task=9, prompt=30)], 101.5) == [Finished(101.25, 30, 2)]
+    assert seen.update([slot(0, True, 9, task=7, prompt=50, limit=12)], 100.25) == []
+    # Ended between polls and seen idle: its context gives the output exactly; it arrived
+    # when first seen, and its prompt is the context less what it had decoded.
+    ended = seen.update([idle(0, 7, prompt=50, output=12)], 100.5)
+    assert ended == [Ended(100.0, 50, 9, 12, 12)]
+    assert ended[0].finished() == Finished(100.0, 50, 12)
+    assert seen.update([idle(0, 7, prompt=50, output=12)], 100.75) == []  # counted once
+    seen.update([slot(1, True, 4, task=8, prompt=20, limit=30)], 101.0)
+    # The slot took another request before the next poll: the first ended after its last
+    # sight, within what it was allowed.
+    ended = seen.update([slot(1, True, 2, task=9, prompt=30)], 101.25)
+    assert ended == [Ended(101.0, 20, 4, 30)]
+    assert ended[0].finished() == Finished(101.0, 20, 4)  # without counters: as last seen
+    assert seen.update([idle(1, 9, prompt=30, output=3)], 101.5) == [Ended(101.25, 30, 2, None, 3)]
+    # An idle context that cannot be the request's (its cache changed): no exact output.
+    seen.update([slot(2, True, 5, task=10, prompt=20, limit=8)], 102.0)
+    assert seen.update([idle(2, 10, prompt=20, output=40)], 102.25)[0].exact is None
+
+
+def test_split_tokens_keeps_each_request_within_its_bounds() -> None:
+    assert split_tokens(48, [(40, 48)]) == [48]
+    assert split_tokens(45, [(40, 48)]) == [45]  # ended early (end of text): still exact
+    assert split_tokens(144, [(40, 48), (44, 48), (47, 48)]) == [48, 48, 48]
+    # One ended early (4 tokens short in all): each gained the same since last seen until its
+    # limit, so the one furthest from its limit is the one that stopped short.
+    assert split_tokens(140, [(40, 48), (44, 48), (47, 48)]) == [44, 48, 48]
+    assert split_tokens(20, [(3, None), (5, 6)]) == [14, 6]
+    assert split_tokens(30, [(10, 12), (10, 12)]) == [12, 12]  # left over: requests never seen
+    assert split_tokens(5, [(4, 8), (3, 8)]) == [4, 3]  # less than seen: never below a low
+
+
+def test_the_ledger_settles_a_counter_increase_over_the_requests_waiting() -> None:
+    ledger = TokenLedger()
+    ledger.waiting = [Ended(1.0, 30, 44, 48)]
+    assert ledger.settle(500.0) == [Finished(1.0, 30, 44)]  # no base yet: as last seen
+    ledger.waiting = [Ended(2.0, 30, 44, 48), Ended(2.5, 20, 40, 48, 48)]
+    assert ledger.settle(596.0) == [Finished(2.0, 30, 48), Finished(2.5, 20, 48)]
+    ledger.waiting = [Ended(3.0, 30, 5, None)]
+    assert ledger.settle(10.0) == [Finished(3.0, 30, 5)]  # the counter went back: a restart
+    assert ledger.base == 10.0
 
 
 def test_a_profile_counts_every_request_but_keeps_only_the_newest() -> None:
@@ -96,6 +148,67 @@ def test_a_profile_counts_every_request_but_keeps_only_the_newest() -> None:
     assert list(again.requests) == list(profile.requests)
     both = again.plus(profile)
     assert both.finished == 2 * profile.finished and len(both.requests) == LENGTHS_KEPT
+
+
+class Scripted:
+    """A stand-in for the client: each /slots and /metrics call answers the next state."""
+
+    url = "http://scripted"
+
+    def __init__(self, states: list[tuple[str, object]]) -> None:
+        self.states = list(states)
+        self.calls: list[str] = []
+
+    def props(self) -> dict:
+        return {"total_slots": 2, "model_path": "/m/x.gguf"}
+
+    def _next(self, kind: str) -> object:
+        self.calls.append(kind)
+        want, answer = self.states.pop(0)
+        assert want == kind, (want, kind, self.calls)
+        return answer
+
+    def slots(self) -> list[dict]:
+        return self._next("slots")  # type: ignore[return-value]
+
+    def metrics(self):
+        return parse_metrics(f"llamacpp:tokens_predicted_total {self._next('metrics')}\n")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_poller_settles_outputs_only_when_no_request_ended_around_the_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = 7, 8  # two requests of 48 tokens, prompts 30 and 20
+    states: list[tuple[str, object]] = [
+        ("slots", []),  # attach: /slots answers
+        ("metrics", 100),  # attach: and /metrics, so outputs come from the counter
+        # poll 1: both generating; the base is read (nothing ended around it)
+        ("slots", [slot(0, True, 10, a, 30, 48), slot(1, True, 12, b, 20, 48)]),
+        ("metrics", 100),
+        ("slots", [slot(0, True, 11, a, 30, 48), slot(1, True, 13, b, 20, 48)]),
+        # poll 2: a's slot took another request; b ends between /slots and the reading
+        ("slots", [slot(0, True, 2, 9, 25, 48), slot(1, True, 47, b, 20, 48)]),
+        ("metrics", 196),
+        ("slots", [slot(0, True, 3, 9, 25, 48), slot(1, True, 1, 10, 20, 48)]),
+        # poll 3: nothing ended around this reading: a and b are settled
+        ("slots", [slot(0, True, 20, 9, 25, 48), slot(1, True, 18, 10, 20, 48)]),
+        ("metrics", 196),
+        ("slots", [slot(0, True, 21, 9, 25, 48), slot(1, True, 19, 10, 20, 48)]),
+    ]
+    client = Scripted(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    poller = Poller("http://scripted", sleep=lambda s: None, wall=lambda: 1000.0)
+    assert poller.view.counters
+    profile = TrafficProfile(2)
+    for _ in range(3):
+        assert poller.step(profile)
+    assert not client.states
+    # a was last seen at 11 of 48 and b at 47: the counter says 96 for the two, so 48 each.
+    assert sorted(profile.requests) == [Finished(1000.0, 20, 48), Finished(1000.0, 30, 48)]
+    assert poller.ledger.base == 196 and not poller.ledger.waiting
 
 
 class _Fake(BaseHTTPRequestHandler):

@@ -4,9 +4,20 @@ It polls `/slots` (how many slots are generating: processing with at least one t
 a slot still reading its prompt is not generating yet) every SAMPLE_INTERVAL_S over one kept-alive
 connection, and adds the time between two polls to the histogram bin of the count seen. Where
 `/slots` is off (`--no-slots`) it reads the `requests_processing` gauge from `/metrics` instead,
-which counts slots reading their prompt too (said so in the stored profile). From `/slots` it
-also records, per finished request, its prompt and output length (as last seen: a request
-that finishes between two polls may be a poll's worth of tokens longer).
+which counts slots reading their prompt too (said so in the stored profile).
+
+From `/slots` it also records every request seen finishing: when it arrived (first seen), its
+prompt (a generating slot's context less its decoded tokens) and its output. The output comes
+from the server's own count: llama-server adds a request's whole output to
+`tokens_predicted_total` (/metrics) when the request ends, so the counter's increase since the
+last settlement, read while no request ended (a /slots poll before and after the reading show the
+same requests ending), is the sum of the outputs of the requests seen ending, split over them
+within what each was seen to have decoded and was allowed (`split_tokens`; exact when one ended
+alone or all ran to their limit). Without /metrics, an output is exact when the request's slot is
+seen idle before it takes the next request (its context then holds prompt + output - 1 tokens),
+else the decoded count last seen. Reading /metrics restarts the averaging window of the server's
+two rate gauges (prompt and predicted tokens per second) for anyone else scraping them; observe
+reads it only at polls where a request ended.
 
 It never changes the server. When the server goes away it says so, keeps what it has, polls
 until the server is back and goes on; time without an answer counts nowhere. The profile is
@@ -212,37 +223,130 @@ def generating_histogram(
     return {k: v for k, v in seconds.items() if v > 0}
 
 
+class Ended(NamedTuple):
+    """A request seen ending, before its output is settled: what polling tells about it."""
+
+    arrival: float
+    prompt: int
+    low: int  # tokens decoded when last seen generating (the output is at least this)
+    high: int | None  # decoded + remaining then: what it was allowed (None: no limit)
+    exact: int | None = None  # from its idle slot's context, when seen idle before reuse
+
+    def finished(self, output: int | None = None) -> Finished:
+        """As finished with this output (default: the exact one, else the last seen)."""
+        if output is None:
+            output = self.exact if self.exact is not None else self.low
+        return Finished(self.arrival, self.prompt, output)
+
+
+class _Followed(NamedTuple):
+    task: Any
+    arrival: float
+    prompt: int
+    decoded: int
+    high: int | None
+
+
 @dataclass
 class FinishedRequests:
-    """Follows each slot's task from poll to poll; a task that left its slot has finished."""
+    """Follows each slot's task from poll to poll; a task that left its slot has ended."""
 
-    current: dict[int, tuple[Any, float, int, int]] = field(default_factory=dict)  # task, t, p, o
+    current: dict[int, _Followed] = field(default_factory=dict)
 
-    def update(self, slots: list[Mapping[str, Any]], now: float = 0.0) -> list[Finished]:
-        """The requests seen finishing since the last poll; now (epoch seconds) is when a task
+    def update(self, slots: list[Mapping[str, Any]], now: float = 0.0) -> list[Ended]:
+        """The requests seen ending since the last poll; now (epoch seconds) is when a task
         first seen in this poll arrived, as near as polling tells."""
-        done: list[Finished] = []
+        done: list[Ended] = []
         for slot in slots:
             sid = int(slot.get("id", -1))
             task = slot.get("id_task")
             nxt = (slot.get("next_token") or [{}])[0]
-            seen = (int(slot.get("n_prompt_tokens") or 0), int(nxt.get("n_decoded") or 0))
+            context = int(slot.get("n_prompt_tokens") or 0)
+            decoded = int(nxt.get("n_decoded") or 0)
             before = self.current.get(sid)
-            if before is not None and before[0] != task:
-                # The slot took another request: the one followed ended after the last poll,
-                # at least as long as last seen.
-                done.append(Finished(*before[1:]))
+            if before is not None and before.task != task:
+                # The slot took another request: the one followed ended after the last poll.
+                done.append(Ended(before.arrival, before.prompt, before.decoded, before.high))
                 del self.current[sid]
                 before = None
             if slot.get("is_processing"):
-                arrival = before[1] if before is not None else now
-                self.current[sid] = (task, arrival, *seen)
+                remain = int(nxt.get("n_remain", -1))
+                self.current[sid] = _Followed(
+                    task,
+                    before.arrival if before is not None else now,
+                    # A generating slot's context is its prompt plus what it decoded; one still
+                    # reading its prompt shows only the part read so far.
+                    context - decoded
+                    if decoded > 0
+                    else max(context, before.prompt if before else 0),
+                    decoded,
+                    decoded + remain if remain >= 0 else None,
+                )
             elif before is not None:
-                # Same request, now finished. A released slot may show its counts reset: the
-                # longest seen stands.
-                done.append(Finished(before[1], max(before[2], seen[0]), max(before[3], seen[1])))
+                # Same request, now ended. Its idle slot keeps the context (prompt + output - 1:
+                # the last token is never fed back) while its counts are reset.
+                exact: int | None = context - before.prompt + 1 if before.decoded > 0 else None
+                if exact is not None and (
+                    exact < before.decoded or (before.high is not None and exact > before.high)
+                ):
+                    exact = None  # the slot's cache changed under us: not to be trusted
+                ended = Ended(before.arrival, before.prompt, before.decoded, before.high, exact)
+                done.append(ended)
                 del self.current[sid]
-        return [r for r in done if r.output > 0]  # one only seen reading its prompt: unknown
+        return done
+
+
+def split_tokens(total: int, bounds: list[tuple[int, int | None]]) -> list[int]:
+    """Split `total` tokens over requests that ended together, each within its (low, high)
+    (high None: no limit): every one gets its low, then the rest goes one equal step at a time
+    to those below their high, as slots generating side by side gain about the same per step.
+    Exact when there is one request or every one ran to its high. Tokens left over once all are
+    at their high belong to requests never seen (they started and ended between two polls)."""
+    out = [low for low, _ in bounds]
+    left = total - sum(out)
+    while left > 0:
+        room = [i for i, (_, high) in enumerate(bounds) if high is None or out[i] < high]
+        if not room:
+            break
+        caps = [bounds[i][1] - out[i] for i in room if bounds[i][1] is not None]
+        step = min([left // len(room), *caps])
+        if step == 0:
+            for i in room[:left]:
+                out[i] += 1
+            break
+        for i in room:
+            out[i] += step
+        left -= step * len(room)
+    return out
+
+
+@dataclass
+class TokenLedger:
+    """Outputs from tokens_predicted_total: the counter at the last settlement, and the
+    requests seen ending since."""
+
+    base: float | None = None
+    waiting: list[Ended] = field(default_factory=list)
+
+    def settle(self, counter: float) -> list[Finished]:
+        """The waiting requests with their outputs, at a counter reading taken while no request
+        ended; everything the counter gained since the last settlement is theirs."""
+        waiting, self.waiting = self.waiting, []
+        if self.base is None or counter < self.base:
+            # First reading (or the server restarted): no increase to split.
+            done = [e.finished() for e in waiting]
+        else:
+            bounds = [(e.low, e.high) if e.exact is None else (e.exact, e.exact) for e in waiting]
+            outputs = split_tokens(round(counter - self.base), bounds)
+            done = [e.finished(n) for e, n in zip(waiting, outputs, strict=True)]
+        self.base = counter
+        return [f for f in done if f.output > 0]
+
+    def reset(self) -> list[Finished]:
+        """The server went away: what waits is kept as seen, and the counter read anew."""
+        done = [e.finished() for e in self.waiting if e.finished().output > 0]
+        self.base, self.waiting = None, []
+        return done
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -256,6 +360,7 @@ class ServerView:
     model: str
     n_slots: int
     source: str
+    counters: bool = False  # /metrics answers: outputs come from tokens_predicted_total
 
 
 def _client(url: str, api_key: str | None) -> LlamaClient:
@@ -276,7 +381,6 @@ def attach_view(client: LlamaClient) -> ServerView:
     model = str(props.get("model_alias") or props.get("model_path") or "unknown").rsplit("/", 1)[-1]
     try:
         client.slots()
-        return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS)
     except EndpointMissingError as no_slots:
         try:
             client.metrics()
@@ -286,6 +390,12 @@ def attach_view(client: LlamaClient) -> ServerView:
                 f"{url} exposes neither /slots (HTTP {no_slots.status}) nor /metrics (HTTP "
                 f"{no_metrics.status}): start llama-server with --slots or --metrics"
             ) from no_metrics
+    try:
+        client.metrics()
+        counters = True
+    except EndpointMissingError:
+        counters = False
+    return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS, counters)
 
 
 def poll(client: LlamaClient, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:
@@ -326,6 +436,7 @@ class Poller:
             self.client.close()
             raise
         self.finished = FinishedRequests()
+        self.ledger = TokenLedger()
         self.gone_since: float | None = None
         self.last = clock()
 
@@ -361,12 +472,36 @@ class Poller:
             self.message(f"the server is back after {now - self.gone_since:.0f} s; observing")
             self.gone_since = None
             self.finished = FinishedRequests()  # a restarted server numbers tasks anew
+            for request in self.ledger.reset():
+                profile.add_finished(request)
         else:
             profile.add(count, now - self.last)
-        for request in self.finished.update(slots, self.wall()):
-            profile.add_finished(request)
+        ended = self.finished.update(slots, self.wall())
+        if self.view.counters:
+            self.ledger.waiting += ended
+            if self.ledger.waiting or self.ledger.base is None:
+                self._settle(profile)
+        else:
+            for request in ended:
+                profile.add_finished(request.finished())
         self.last = now
         return True
+
+    def _settle(self, profile: TrafficProfile) -> None:
+        """Read tokens_predicted_total, then /slots again: when no request ended in between,
+        the reading holds exactly the outputs of the requests waiting (and those never seen),
+        so they are settled; otherwise they wait for a later poll."""
+        try:
+            counter = self.client.metrics().value("tokens_predicted_total")
+            again = self.client.slots()
+        except ServerError:
+            return  # the next poll says whether the server is gone
+        more = self.finished.update(again, self.wall())
+        if more:
+            self.ledger.waiting += more
+            return
+        for request in self.ledger.settle(counter):
+            profile.add_finished(request)
 
 
 def observe(
