@@ -136,6 +136,22 @@ def tokens_so_far(chunk: Mapping[str, Any]) -> int:
     return int((chunk.get("timings") or {}).get("predicted_n") or 0)
 
 
+def server_clock(answer: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(time of this chunk or response, arrival of its request) on the server's own clock, in
+    seconds, where the server says (the twin, tuner.twin.server: its virtual time, whatever
+    its speed); None from a llama-server, whose times are the client's."""
+    if answer.get("t_server") is None:
+        return None
+    t = float(answer["t_server"])
+    return t, float(answer.get("t_arrival", t))
+
+
+def server_speed(props: Mapping[str, Any]) -> float:
+    """How many times faster than the wall the server's clock runs (a twin's --speed; 1 for a
+    llama-server), from GET /props."""
+    return float((props.get("twin") or {}).get("speed") or 1.0)
+
+
 def is_final_chunk(chunk: Mapping[str, Any]) -> bool:
     """/completion ends with stop: true; the chat endpoint with a finish_reason (whose chunk
     carries the request's timings)."""

@@ -4,9 +4,11 @@ A request is the synthetic prompt (a fixed number of tokens) or one drawn from t
 file: text goes to /completion, a chat (`messages`) to /v1/chat/completions so the model's chat
 template applies; output lengths are fixed or drawn (tuner.measure.prompts).
 One shared async client (tuner.measure.client) per level; every stream is released by one
-barrier so all c slots start together; times come from `time.perf_counter`; a failed request is
-recorded, not raised. Every request carries a sampling `seed` (`request_seed`), which also seeds
-`--spec-synth-len`'s synthetic acceptance: the configurations of a pass draw the same.
+barrier so all c slots start together; times come from `time.perf_counter`, or from the server's
+own clock where its answers carry one (the twin's `t_server`, tuner.twin.server: its virtual time,
+so its figures do not depend on its speed); a failed request is recorded, not raised. Every
+request carries a sampling `seed` (`request_seed`), which also seeds `--spec-synth-len`'s
+synthetic acceptance: the configurations of a pass draw the same.
 `summarize` is a pure function from samples to the level's figures.
 """
 
@@ -27,6 +29,8 @@ from tuner.measure.client import (
     COMPLETION_PATH,
     AsyncLlamaClient,
     auth_headers,
+    server_clock,
+    server_speed,
     tokens_so_far,
 )
 from tuner.measure.client import is_final_chunk as is_final_chunk  # re-exported: tests use it
@@ -53,8 +57,9 @@ class RequestSample:
     latency_ms: float | None = None
     draft_n: int = 0
     draft_accepted: int = 0
-    start: float = 0.0  # perf_counter seconds
-    token_times: list[float] = field(default_factory=list)  # perf_counter of every token (stream)
+    # perf_counter seconds, or a twin's own clock where its answers carry it (t_server)
+    start: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # time of every token (stream)
 
     @property
     def steps(self) -> int | None:
@@ -295,12 +300,21 @@ class LoadGenerator:
             await barrier.wait()
         if at is not None:
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        sample.start = time.perf_counter()
+        sample.start = wall_start = time.perf_counter()
+
+        def clock(answer: dict[str, Any]) -> float:
+            # A twin's answers carry its own (virtual) clock: then every time of the sample is
+            # on it, the request's start being its arrival there, whatever the twin's speed.
+            own = server_clock(answer)
+            if own is None:
+                return time.perf_counter()
+            sample.start = own[1]
+            return own[0]
 
         def on_chunk(chunk: dict[str, Any]) -> None:
             # One time per generated token; the count, not the text, says how many (a piece of
             # a multi-byte character arrives with empty content).
-            now = time.perf_counter()
+            now = clock(chunk)
             seen = tokens_so_far(chunk)
             sample.token_times.extend([now] * (seen - len(sample.token_times)))
 
@@ -309,7 +323,7 @@ class LoadGenerator:
                 done = await client.stream(request.body, request.path, on_chunk)
             else:
                 done = await client.complete(request.body, request.path)
-            end = time.perf_counter()
+            end = clock(done.final)
             sample.tokens = done.tokens
             sample.prompt_tokens = done.prompt_tokens
             sample.generation_ms = done.generation_ms
@@ -324,7 +338,7 @@ class LoadGenerator:
         except ServerError as exc:
             sample.ok = False
             sample.error = str(exc)[:500]
-            sample.latency_ms = (time.perf_counter() - sample.start) * 1000
+            sample.latency_ms = (time.perf_counter() - wall_start) * 1000
         return sample
 
     def _client(
@@ -399,6 +413,12 @@ class LoadGenerator:
     def prefill(self, streams: int) -> list[RequestSample]:
         return asyncio.run(self.prefill_async(streams))
 
+    async def _speed(self, client: AsyncLlamaClient) -> float:
+        try:
+            return server_speed(await client.props())
+        except ServerError:  # no /props to ask: a llama-server's clock is the wall's
+            return 1.0
+
     async def run_arrivals_async(
         self,
         offsets: list[float],
@@ -416,6 +436,10 @@ class LoadGenerator:
         async with self._client(max_connections, pool_timeout=None, keep_alive=False) as client:
             # Prompts and lengths are drawn per request, keyed by its index in the schedule.
             requests = await self._requests(client, 0, round_key, len(offsets), lengths)
+            # A twin running X times faster than the wall gets its arrivals X times closer
+            # together: they arrive at the offsets on its clock.
+            speed = await self._speed(client)
+            offsets = [off / speed for off in offsets]
             start = time.perf_counter() + 0.05
             samples = await asyncio.gather(
                 *(
