@@ -32,6 +32,7 @@ SAMPLE_BYTES = 1 << 20
 HEADER_CAP_BYTES = 64 << 20
 # Changing how content_id is computed changes every id: the tag keeps old and new apart.
 CONTENT_ID_TAG = b"tuner-content-id-v1\0"
+TWIN_SUFFIX = ".toml"  # a twin world (tuner.twin.world) as the model of the twin server
 
 
 @dataclass(frozen=True)
@@ -196,21 +197,38 @@ def probe_host(binary: Path | None, name: str | None = None) -> HostInfo:
 
 
 def require_gguf(path: Path, what: str = "model file") -> None:
-    """Raise ConfigError unless path is an existing GGUF file."""
+    """Raise ConfigError unless path is an existing GGUF file (or a twin world, which stands in
+    for the model of the twin server, tuner.twin.server)."""
     if not path.exists():
         raise ConfigError(f"{what}: file not found: {path}")
+    if path.suffix == TWIN_SUFFIX:
+        _twin_world(path, what)
+        return
     with path.open("rb") as fh:
         if fh.read(4) != GGUF_MAGIC:
             raise ConfigError(f"{what}: {path} is not a GGUF file")
 
 
+def _twin_world(path: Path, what: str) -> None:
+    from tuner.twin.world import load_world  # only a twin's spec needs it
+
+    try:
+        load_world(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from exc
+
+
 def probe_model(path: Path, hashes: FileHashCache | None = None) -> ModelInfo:
     """GGUF file size, sha256, content_id, architecture and quantization; rejects a file that is
     not GGUF. The full sha256 comes from hashes when it holds one for the file as it is now, else
-    it is computed (and stored there); with no hashes it is always computed."""
+    it is computed (and stored there); with no hashes it is always computed. A twin world is
+    its own model: its file's hashes, architecture "twin"."""
     import gguf
 
     require_gguf(path)
+    if path.suffix == TWIN_SUFFIX:
+        size = path.stat().st_size
+        return ModelInfo(size, sha256_file(path), content_id(path, size, size), "twin", None)
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as exc:
