@@ -2,8 +2,8 @@
 llama-server only to produce protocol cases: a wrong or missing key, a URL that is not a
 llama-server, endpoints switched off, POST /props on a server without `--props`, a server that
 accepts the live switch and changes nothing, a bad body, and server-sent events split anywhere.
-Also the request seeds the load generator sends. What the switch does to drafting is tested on
-the real bench (tests/test_client_bench section at the end, marked bench)."""
+Also the request seeds the load generator sends. The last test sets and reads the switch on the
+real bench (what the switch does to drafting is tests/test_live_switch.py's)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tuner.bench import Bench
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
 from tuner.measure.client import (
     CHAT_PATH,
@@ -26,6 +28,7 @@ from tuner.measure.client import (
     parse_metrics,
 )
 from tuner.measure.load import LoadGenerator, Workload, request_seed
+from tuner.measure.server import LaunchConfig, ManagedServer
 
 PROPS = {"total_slots": 4, "model_path": "/m/x.gguf"}
 PROPS_ERROR = "This server does not support changing global properties. Start it with `--props`"
@@ -401,3 +404,37 @@ def test_every_request_carries_its_seed(fake: Fake, stream: bool) -> None:
     _, arrivals = generator.run_arrivals([0.0, 0.01, 0.02, 0.03], round_key=2)
     assert all(s.ok for s in arrivals) and time.perf_counter() - start < 30
     assert sorted(_sent_seeds(fake)) == sorted(request_seed(11, 2, i) for i in range(4))
+
+
+# --- the live switch on the real bench --------------------------------------------------------
+
+
+@pytest.mark.bench
+def test_the_live_switch_on_the_bench(bench: Bench, tmp_path: Path) -> None:
+    """The patched bench server: the switch set and read back; a bad body refused in one line;
+    a server started without --props names the flag. (What the switch does to drafting is
+    tests/test_live_switch.py's.)"""
+
+    def launch(*args: str, name: str) -> ManagedServer:
+        # The tiny draft model alone: enough for /props, quick to start.
+        config = LaunchConfig(bench.server, bench.draft, 2, 512, threads=1, args=list(args))
+        return ManagedServer(config, tmp_path / f"{name}.log", start_timeout_s=120)
+
+    with (
+        launch("--props", "--spec-draft-max-slots", "2", name="props") as server,
+        LlamaClient(server.url) as api,
+    ):
+        assert api.max_slots() == 2  # the launch's value
+        api.set_max_slots(1)
+        assert api.max_slots() == 1
+        api.set_max_slots(0)
+        assert api.max_slots() == 0
+        text = error_of(lambda: api.set_props({"spec_draft_max_slots": -3}))
+        assert text.startswith(f'{server.url} refused POST /props {{"spec_draft_max_slots": -3}}')
+        assert "negative" in text
+        assert api.max_slots() == 0  # a refused value changes nothing
+    with launch(name="plain") as server, LlamaClient(server.url) as api:
+        assert api.max_slots() == 0  # the patch reports the field with or without --props
+        text = error_of(lambda: api.set_max_slots(1), EndpointMissingError)
+        assert text.endswith("start llama-server with --props"), text
+        assert api.max_slots() == 0
