@@ -47,6 +47,7 @@ from tuner.cli.options import (
     this_host,
 )
 from tuner.cli.progress import LogLines, ProgressDisplay
+from tuner.cli.twin import twin_app
 from tuner.decide.objective import ObjectiveKind
 from tuner.decide.recommendation import OutputFormat
 from tuner.errors import ConfigError
@@ -59,6 +60,7 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="The bundled bench: patched llama-server and small test models.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(twin_app, name="twin")
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,222 @@
+"""A twin world calibrated to a stored profile run: its plain and always-draft levels fitted, its
+threshold levels held out (`tuner twin calibrate --run RUN`).
+
+`run_levels(store, run_id)` reads what the fit needs from the database (tuner.storage): the
+run's completed levels at its shallowest depth (tok/s, tokens per step, the pooled per-position
+acceptance from /metrics), its llama-batched-bench rows and its workload. `calibrate_run(data)`
+is then pure, the solver of tuner.twin.calibrate on a template built from the run:
+
+- acceptance: the rates a_i pooled over the always-draft levels' /metrics (accepted tokens at
+  position i over drafts) where the run has them, else the mean tokens per step of those levels
+  as the synthetic length (a little short of the server's: drafts shortened at a request's end
+  count too);
+- `step.rows_ms` is solved at every plain level and `draft.call_ms` at every always-draft level
+  so that the world's noise-free closed levels (the run's own prompt and output lengths) give
+  the run's tok/s (`fit_world`); beyond the largest plain level rows_ms follows the kernel rows
+  (decode and verify batches by rows) shifted onto the plain step there, or its last segment
+  without kernel rows;
+- the draft model's re-evaluation of every batch is `reeval_share` of the target's forward (what
+  the threshold levels above their N pay over plain; plain and spec levels cannot tell it);
+- slots, depth and prefill costs are 0 and the noise is the preset given (a run's noise is not
+  a world's: its spread is the machine's).
+
+Threshold levels are predicted by the world and set beside the run (`Calibration.held_out`).
+The world's `model_name` is "twin-" and the run's model: never the measured model's own, so
+data measured on the twin never pools with the real model's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from tuner.errors import NotFoundError, NothingToDoError
+from tuner.policy import Policy
+from tuner.storage.engine import Store
+from tuner.storage.orm import KernelRow, Level, Run
+from tuner.twin.calibrate import Calibration, LevelFit, fit_world
+from tuner.twin.truth import closed_truth
+from tuner.twin.world import Curve, World
+
+
+@dataclass(frozen=True)
+class RunLevel:
+    """One completed level of the run."""
+
+    policy: Policy
+    concurrency: int
+    tokens_per_second: float
+    accept_len: float | None = None
+    drafts: float = 0.0
+    accepted_per_position: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What a calibration takes from a stored run."""
+
+    run_id: int
+    model: str
+    n_parallel: int
+    n_max: int
+    output_tokens: int
+    prompt_tokens: int
+    depth: int
+    levels: tuple[RunLevel, ...]
+    kernel: tuple[tuple[int, float], ...] = field(default=())  # (rows, step_ms)
+
+    def of(self, kind: str) -> dict[int, RunLevel]:
+        """plain, spec (always draft) or threshold levels by concurrency (thresholds: the last
+        one stored at a concurrency)."""
+        test = {
+            "plain": lambda p: p.is_plain,
+            "spec": lambda p: p.is_always,
+            "threshold": lambda p: p.is_threshold,
+        }[kind]
+        return {lv.concurrency: lv for lv in self.levels if test(lv.policy)}
+
+
+def run_levels(store: Store, run_id: int) -> RunData:
+    """A stored run's completed levels at its shallowest depth, its kernel rows and workload."""
+    with store.session() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFoundError(f"run {run_id} does not exist; `tuner runs` lists them")
+        spec = run.spec or {}
+        workload = spec.get("workload") or {}
+        done = [lv for lv in run.levels if lv.status == "completed" and lv.tokens_per_second]
+        if not done:
+            raise NothingToDoError(f"run {run_id} has no completed level to calibrate to")
+        depth = min(lv.context_tokens for lv in done)
+        levels = tuple(_level(lv) for lv in done if lv.context_tokens == depth and lv.policy)
+        rows = session.scalars(select(KernelRow).where(KernelRow.run_id == run_id)).all()
+        kernel = tuple(sorted((row.rows, row.step_ms) for row in rows))
+        n_max = run.n_max or (spec.get("speculative") or {}).get("n_max") or 3
+        return RunData(
+            run_id=run_id,
+            model=run.model.name,
+            n_parallel=int(run.n_parallel or max(lv.concurrency for lv in levels)),
+            n_max=int(n_max),
+            output_tokens=int(workload.get("max_tokens") or 128),
+            prompt_tokens=int(workload.get("prompt_tokens") or 32),
+            depth=depth,
+            levels=levels,
+            kernel=kernel,
+        )
+
+
+def _level(level: Level) -> RunLevel:
+    pooled = level.metrics or {}
+    policy = level.policy
+    assert policy is not None
+    return RunLevel(
+        policy=policy,
+        concurrency=level.concurrency,
+        tokens_per_second=float(level.tokens_per_second or 0.0),
+        accept_len=level.accept_len,
+        drafts=float(pooled.get("drafts") or 0.0),
+        accepted_per_position=tuple(float(v) for v in pooled.get("accepted_per_position") or ()),
+    )
+
+
+def acceptance_of(data: RunData) -> tuple[dict[str, object], float, str]:
+    """The world's [acceptance], its mean length (1 + sum a_i) and where it came from."""
+    spec = list(data.of("spec").values())
+    drafts = sum(lv.drafts for lv in spec)
+    width = max((len(lv.accepted_per_position) for lv in spec), default=0)
+    if drafts > 0 and width:
+        rates = []
+        for i in range(data.n_max):
+            accepted = sum(
+                lv.accepted_per_position[i] for lv in spec if i < len(lv.accepted_per_position)
+            )
+            rate = min(1.0, accepted / drafts)
+            rates.append(min(rate, rates[-1]) if rates else rate)  # never rising with position
+        return {"rates": rates}, 1.0 + sum(rates), "pooled /metrics acceptance per position"
+    lengths = [lv.accept_len for lv in spec if lv.accept_len]
+    if not lengths:
+        raise NothingToDoError(
+            f"run {data.run_id} measured no tokens per step at its always-draft levels: "
+            "no acceptance to calibrate to"
+        )
+    length = min(max(1.0, statistics.fmean(lengths)), data.n_max + 1.0)
+    return {"synth_len": length}, length, "mean tokens per step of the always-draft levels"
+
+
+def _rows_template(data: RunData, plain: dict[int, float]) -> list[tuple[float, float]]:
+    """rows_ms before solving: the plain steps (c / tok/s), and beyond the largest plain level
+    the kernel rows shifted onto the plain step there."""
+    points = sorted((float(c), 1000.0 * c / tps) for c, tps in plain.items())
+    if points[0][0] > 1:
+        points.insert(0, (1.0, points[0][1]))
+    if data.kernel:
+        by_rows: dict[int, list[float]] = {}
+        for rows, ms in data.kernel:
+            by_rows.setdefault(rows, []).append(ms)
+        kernel = sorted((float(r), statistics.median(v)) for r, v in by_rows.items())
+        top_x, top_ms = points[-1]
+        shift = top_ms - Curve(kernel)(top_x)
+        points += [(x, max(0.0, ms + shift)) for x, ms in kernel if x > top_x]
+    return points
+
+
+def calibrate_run(
+    data: RunData,
+    *,
+    name: str | None = None,
+    reeval_share: float = 0.02,
+    noise: str = "quiet",
+    rel_se: float = 0.002,
+) -> Calibration:
+    """A world for a stored run (see the module docstring)."""
+    plain = {c: lv.tokens_per_second for c, lv in data.of("plain").items()}
+    spec = {c: lv.tokens_per_second for c, lv in data.of("spec").items()}
+    if not plain or not spec:
+        raise NothingToDoError(
+            f"run {data.run_id} needs completed plain and always-draft (spec) levels to "
+            "calibrate a world to"
+        )
+    acceptance, length, source = acceptance_of(data)
+    template = World.model_validate(
+        {
+            "name": name or f"run-{data.run_id}",
+            "model_name": f"twin-{data.model}",
+            "description": f"calibrated to run {data.run_id} of {data.model}",
+            "n_parallel": data.n_parallel,
+            "n_max": data.n_max,
+            "acceptance": acceptance,
+            "step": {"rows_ms": [list(p) for p in _rows_template(data, plain)]},
+            "draft": {"call_ms": [[1, 1.0]]},
+            "noise": {"preset": noise},
+        }
+    )
+    work = {"output_tokens": data.output_tokens, "prompt_tokens": data.prompt_tokens}
+    world, notes = fit_world(
+        template, plain, spec, reeval_share=reeval_share, rel_se=rel_se, **work
+    )
+    thresholds = data.of("threshold")
+    levels = sorted(set(plain) | set(spec) | set(thresholds))
+    truth = closed_truth(world, rel_se=rel_se, concurrency=levels, **work)
+
+    def fits(policy: Policy, values: dict[int, float]) -> list[LevelFit]:
+        return [
+            LevelFit(policy, c, v, truth.cell(policy, c).tps, truth.cell(policy, c).se)
+            for c, v in sorted(values.items())
+        ]
+
+    held: list[LevelFit] = []
+    for c, lv in sorted(thresholds.items()):
+        held += fits(lv.policy.with_n_max(data.n_max), {c: lv.tokens_per_second})
+    if data.depth:
+        notes.append(f"levels at depth {data.depth} (the run's shallowest); the world's depth is 0")
+    return Calibration(
+        world=world,
+        synth_len=length,
+        synth_len_source=source,
+        reeval_share=reeval_share,
+        fitted=tuple(fits(Policy.plain(), plain) + fits(Policy.always(data.n_max), spec)),
+        held_out=tuple(held),
+        notes=tuple(notes),
+    )
