@@ -5,49 +5,13 @@ error stated; the best N with its ties; a surface whose gain changes sign twice;
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
-from typing import Any
 
 import pytest
+from twinworlds import BENCH_WORLD, zigzag_world
 
 from tuner.policy import Policy
-from tuner.twin import World, closed_level, load_world, world_from_dict
+from tuner.twin import closed_level, load_world
 from tuner.twin.truth import closed_truth, open_loop_truth
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
-
-
-def zigzag_world(**over: Any) -> World:
-    """np 6, n_max 3, a gain that changes sign twice: the verify batches of 1-2 streams (4-8
-    rows) are cheap, those of 3-4 streams (12-16 rows) land on a steep stretch of rows_ms, and
-    at 5-6 streams a per-step cost by slots (slots_ms jumps there) weighs on every step alike,
-    so the stream that yields several tokens a step wins again; rows_ms plateaus from 16 to 24."""
-    data: dict[str, Any] = {
-        "name": "zigzag",
-        "model_name": "twin-zigzag",
-        "n_parallel": 6,
-        "n_max": 3,
-        "acceptance": {"synth_len": 2.8},
-        "step": {
-            "rows_ms": [
-                [1, 10.0],
-                [2, 12.0],
-                [4, 16.0],
-                [8, 24.0],
-                [12, 60.0],
-                [16, 70.0],
-                [20, 76.0],
-                [24, 80.0],
-                [32, 120.0],
-            ],
-            "slots_ms": [[1, 0.0], [4, 0.0], [5, 60.0], [6, 70.0]],
-        },
-        "draft": {"call_ms": [[1, 1.0], [6, 2.0]]},
-        "noise": {"preset": "vm"},  # the truth runs noise-free whatever the world says
-        **over,
-    }
-    return world_from_dict(data)
 
 
 def test_a_gain_can_change_sign_twice() -> None:
