@@ -40,7 +40,9 @@ class ProgressDisplay:
 
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "plan":
-            self.progress.update(self.task, total=event.total)
+            # Each phase (a profile's passes, an adaptive round, a sweep of tune) plans its
+            # own rounds: the count starts again, so done / planned always adds up.
+            self.progress.reset(self.task, total=event.total)
         elif event.kind in ("server", "kernel", "message"):
             self.progress.console.print(f"[cyan]{event.text}[/]", highlight=False)
             self.progress.update(self.task, description=event.text[:40])

@@ -43,11 +43,17 @@ class AdaptiveProfile:
     base_s: float
     added: list[AddedLevel] = field(default_factory=list)
     spent_s: float = 0.0
-    outcome: str = "decided"  # decided | budget | off
+    outcome: str = "decided"  # decided | budget | off | one-level
 
     def summary(self) -> str:
         if self.outcome == "off":
             return "adaptive levels: off (--budget 0)"
+        if self.outcome == "one-level":
+            return (
+                "adaptive levels: none: the adaptive step needs measurements at two or more "
+                "concurrency levels to fit a model (profile more levels, e.g. --levels 1,2,4,8); "
+                "what was measured is kept"
+            )
         if not self.added and self.outcome == "decided":
             return "adaptive levels: none needed, the base levels decide N"
         added = "; ".join(f"{a.concurrency} streams ({a.why})" for a in self.added) or "none"
@@ -118,6 +124,9 @@ def profile_adaptively(
     )
     base_s = clock() - started
     report = AdaptiveProfile(run_id, budget_s, base_s)
+    if len(set(spec.levels)) < 2:
+        report.outcome = "one-level"
+        return report
     if budget_s <= 0:
         report.outcome = "off"
         return report

@@ -327,7 +327,9 @@ class Profiler:
             self.recorder.set_way(check(_policies_of(arms)))
         last = self.last_pass()
         p = 0 if last is None else last + 1
-        self.run_steps(plan_pass(arms, self.backend.launch_key, p, pairs))
+        steps = plan_pass(arms, self.backend.launch_key, p, pairs)
+        self.observer(ProgressEvent("plan", total=len(steps)))
+        self.run_steps(steps)
         return p
 
     def arms(self, policies: list[Policy], cells: list[Cell]) -> dict[Cell, list[Policy]]:
