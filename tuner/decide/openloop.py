@@ -2,8 +2,10 @@
 the recommendation under open-loop load.
 
 For each rate, every configuration validate checks (plain, always draft, the recommended N and
-its neighbours) is launched in turn (alternating order from rate to rate) and serves the same
-seeded Poisson arrivals for the window, output lengths from the profile's workload. A trace
+its neighbours) serves the same seeded Poisson arrivals for the window (the same request seeds
+too), output lengths from the profile's workload, in the schedule's order
+(tuner/measure/schedule.py: the rates are its places; with the live switch every drafting
+configuration is one launch switched between rounds, plain its own launch). A trace
 replays the requests `tuner observe` (or `watch`) saw arrive, at their observed offsets and with
 their observed output lengths, the first --window of them. Per
 configuration and rate it stores throughput, TTFT and time per output token at p50/p95/p99 and
@@ -30,6 +32,7 @@ from tuner.measure.openloop import (
     trace_schedule,
 )
 from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.measure.schedule import plan_pass
 from tuner.policy import Policy
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
@@ -148,12 +151,19 @@ def validate_open_loop(
     assert profiler.run_id is not None
     report = OpenLoopReport(profiler.run_id, rec, window_s)
 
+    arms = {k: policies for k in range(len(rounds))}
+
     def body() -> None:
-        for k, schedule in enumerate(rounds):
-            order = policies if k % 2 == 0 else list(reversed(policies))
-            for policy in order:
-                figures = _one(profiler, policy, schedule, k, observer)
-                report.results.setdefault(schedule.rate, {})[policy.config_name] = figures
+        assert profiler.backend is not None
+        check = getattr(profiler.backend, "check_switch", None)
+        if check is not None:
+            profiler.recorder.set_way(check(policies))
+        steps = plan_pass(arms, profiler.backend.launch_key, 0)
+        observer(ProgressEvent("plan", total=len(steps)))
+        for step in steps:
+            schedule = rounds[step.cell]
+            figures = _one(profiler, step.policy, schedule, step.cell, observer)
+            report.results.setdefault(schedule.rate, {})[step.policy.config_name] = figures
 
     profiler.guarded(body)
     return report

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.policy import Policy
 
 Cell = tuple[int, int]  # (context depth, concurrency): what one level row measures
+# What a step measures: a closed level's Cell, or any other key a driver walks in order (the
+# open loop walks its arrival schedules by index).
+Place = Hashable
 PAIRS_PER_PASS = 1000  # round keys: pass * PAIRS_PER_PASS + pair (a pass never holds that many)
 
 
@@ -35,7 +39,7 @@ class Step:
     """One round to measure: a policy at a cell, in a pass, as the given pair's half."""
 
     policy: Policy
-    cell: Cell
+    cell: Any  # a Cell for closed levels; a driver's own key otherwise (Place)
     pass_index: int
     pair: int = 0
 
@@ -53,7 +57,7 @@ class Step:
         return self.cell[1]
 
 
-Arms = Mapping[Cell, Sequence[Policy]]  # the policies that measure at each open cell
+Arms = Mapping[Any, Sequence[Policy]]  # the policies that measure at each open cell (Place)
 
 
 def launch_groups(arms: Arms, launch_key: Callable[[Policy], Hashable]) -> list[Hashable]:
