@@ -40,16 +40,21 @@ def slot(
     task: int | None = None,
     prompt: int = 40,
     limit: int | None = None,
+    drafting: int = 0,
 ) -> dict:
-    """A slot as /slots shows it: a generating slot's context is its prompt plus what it decoded;
-    an idle one keeps prompt + output - 1 with its counts reset (as the bench's server does)."""
-    context = prompt + decoded if processing else prompt
+    """A slot as /slots shows it (as the bench's server does): a generating slot's context is its
+    prompt, what it decoded and any draft being verified (drafting); an idle one keeps
+    prompt + output - 1 (passed as prompt) with its counts reset."""
+    context = prompt + decoded + drafting if processing else prompt
     remain = limit - decoded if limit is not None and processing else -1
+    cached = min(prompt, 8) if processing else 0
     return {
         "id": i,
         "is_processing": processing,
         "id_task": task,
         "n_prompt_tokens": context,
+        "n_prompt_tokens_processed": prompt - cached if processing else 0,
+        "n_prompt_tokens_cache": cached,
         "next_token": [{"n_decoded": decoded if processing else 0, "n_remain": remain}],
     }
 
@@ -91,7 +96,8 @@ def test_the_offered_histogram_counts_overlapping_streams() -> None:
 def test_finished_requests_are_seen_when_they_leave_their_slot() -> None:
     seen = FinishedRequests()
     assert seen.update([slot(0, True, 3, task=7, prompt=50), slot(1, False, 0)], 100.0) == []
-    assert seen.update([slot(0, True, 9, task=7, prompt=50, limit=12)], 100.25) == []
+    # Mid-step, a draft being verified sits in the context: the prompt is what was read.
+    assert seen.update([slot(0, True, 9, task=7, prompt=50, limit=12, drafting=3)], 100.25) == []
     # Ended between polls and seen idle: its context gives the output exactly; it arrived
     # when first seen, and its prompt is the context less what it had decoded.
     ended = seen.update([idle(0, 7, prompt=50, output=12)], 100.5)
@@ -126,7 +132,8 @@ def test_the_ledger_settles_a_counter_increase_over_the_requests_waiting() -> No
     ledger = TokenLedger()
     ledger.waiting = [Ended(1.0, 30, 44, 48)]
     assert ledger.settle(500.0) == [Finished(1.0, 30, 44)]  # no base yet: as last seen
-    ledger.waiting = [Ended(2.0, 30, 44, 48), Ended(2.5, 20, 40, 48, 48)]
+    ledger.waiting = [Ended(2.0, 30, 44, 48), Ended(2.5, 20, 40, 48, 47)]
+    # The counter decides (an idle slot's context only stands in without it).
     assert ledger.settle(596.0) == [Finished(2.0, 30, 48), Finished(2.5, 20, 48)]
     ledger.waiting = [Ended(3.0, 30, 5, None)]
     assert ledger.settle(10.0) == [Finished(3.0, 30, 5)]  # the counter went back: a restart

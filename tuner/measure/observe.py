@@ -7,21 +7,21 @@ connection, and adds the time between two polls to the histogram bin of the coun
 which counts slots reading their prompt too (said so in the stored profile).
 
 From `/slots` it also records every request seen finishing: when it arrived (first seen), its
-prompt (a generating slot's context less its decoded tokens) and its output. The output comes
-from the server's own count: llama-server adds a request's whole output to
-`tokens_predicted_total` (/metrics) when the request ends, so the counter's increase since the
-last settlement, read while no request ended (a /slots poll before and after the reading show the
-same requests ending), is the sum of the outputs of the requests seen ending, split over them
-within what each was seen to have decoded and was allowed (`split_tokens`; exact when one ended
-alone or all ran to their limit). Without /metrics, an output is exact when the request's slot is
-seen idle before it takes the next request (its context then holds prompt + output - 1 tokens),
-else the decoded count last seen. Reading /metrics restarts the averaging window of the server's
-two rate gauges (prompt and predicted tokens per second) for anyone else scraping them; observe
-reads it only at polls where a request ended.
+prompt (the tokens its slot read plus those it found cached) and its output. The output is the
+server's own count: llama-server adds a request's whole output to `tokens_predicted_total`
+(/metrics) when the request ends, so the counter's increase since the last settlement, read
+between two /slots polls that show no request ending in between, is the sum of the outputs of
+the requests seen ending since, split over them within what each had decoded when last seen and
+what it was allowed (`split_tokens`: exact when one ended alone or all ran to their limit).
+Without /metrics an output is exact when its slot is seen idle before it takes the next request
+(the idle slot's context holds prompt + output - 1 tokens), else the decoded count last seen.
 
-It never changes the server. When the server goes away it says so, keeps what it has, polls
-until the server is back and goes on; time without an answer counts nowhere. The profile is
-written to the database every FLUSH_S, so a kill loses at most that much.
+It never changes how the server serves; reading /metrics restarts the averaging window of the
+server's two rate gauges (prompt and predicted tokens per second) for anyone else scraping them,
+so observe reads it only to start and at polls where a request ended. When the server goes away
+it says so, keeps what it has, polls until the server is back and goes on; time without an
+answer counts nowhere. The profile is written to the database every FLUSH_S, so a kill loses at
+most that much.
 
 Pure parts (counting, the histogram and its distances) are functions and a dataclass here; the
 loop (`observe`) is the only part that does I/O.
@@ -263,6 +263,14 @@ class FinishedRequests:
             nxt = (slot.get("next_token") or [{}])[0]
             context = int(slot.get("n_prompt_tokens") or 0)
             decoded = int(nxt.get("n_decoded") or 0)
+            # The prompt: what the slot read plus what it found cached (its timings' prompt_n and
+            # cache_n). The context less the decoded tokens also holds a draft being verified.
+            read = slot.get("n_prompt_tokens_processed")
+            prompt = (
+                int(read) + int(slot.get("n_prompt_tokens_cache") or 0)
+                if read is not None
+                else context - decoded
+            )
             before = self.current.get(sid)
             if before is not None and before.task != task:
                 # The slot took another request: the one followed ended after the last poll.
@@ -274,17 +282,15 @@ class FinishedRequests:
                 self.current[sid] = _Followed(
                     task,
                     before.arrival if before is not None else now,
-                    # A generating slot's context is its prompt plus what it decoded; one still
-                    # reading its prompt shows only the part read so far.
-                    context - decoded
-                    if decoded > 0
-                    else max(context, before.prompt if before else 0),
+                    # One still reading its prompt shows only the part read so far.
+                    prompt if decoded > 0 else max(prompt, before.prompt if before else 0),
                     decoded,
                     decoded + remain if remain >= 0 else None,
                 )
             elif before is not None:
                 # Same request, now ended. Its idle slot keeps the context (prompt + output - 1:
-                # the last token is never fed back) while its counts are reset.
+                # the last token is never fed back) while its counts are reset (seen on the
+                # bench, plain and drafting, ended at the limit or by a stop).
                 exact: int | None = context - before.prompt + 1 if before.decoded > 0 else None
                 if exact is not None and (
                     exact < before.decoded or (before.high is not None and exact > before.high)
@@ -336,8 +342,8 @@ class TokenLedger:
             # First reading (or the server restarted): no increase to split.
             done = [e.finished() for e in waiting]
         else:
-            bounds = [(e.low, e.high) if e.exact is None else (e.exact, e.exact) for e in waiting]
-            outputs = split_tokens(round(counter - self.base), bounds)
+            # The counter decides; an idle slot's context (exact) only stands in without it.
+            outputs = split_tokens(round(counter - self.base), [(e.low, e.high) for e in waiting])
             done = [e.finished(n) for e, n in zip(waiting, outputs, strict=True)]
         self.base = counter
         return [f for f in done if f.output > 0]
