@@ -224,8 +224,10 @@ class CostModel:
         plain = self.plain_tps(c)
         if against == "plain":
             return plain
+        off = self.threshold_tps(c)
         share = np.clip(c - 1.0, 0.0, 1.0)
-        return (1.0 - share) * plain + share * self.threshold_tps(c)
+        blend = (1.0 - share) * plain + share * off
+        return np.where(c <= 1.0, plain, np.where(c >= 2.0, off, blend))
 
     # -- replicates and intervals --
 
