@@ -1,11 +1,13 @@
 """The bench set-up's safety nets: a patch that no longer applies fails loudly, a damaged model
 is rebuilt rather than used, the cache key follows the patch and the instruction set, a build
-that dies of an illegal instruction gives way to a safer one, and a bench proven on another CPU
-or missing is explained."""
+that dies of an illegal instruction gives way to a safer one, a build whose POST /props changes
+nothing fails its proof, and a bench proven on another CPU or missing is explained."""
 
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 import tuner.bench as bench_setup
 from tuner.bench import build, load_bench, models, proof
 from tuner.errors import BenchError
+from tuner.measure.server import LaunchConfig, ManagedServer
 
 
 def test_a_patch_that_does_not_apply_fails_with_the_reason(tmp_path: Path) -> None:
@@ -163,3 +166,54 @@ def test_a_bench_proven_on_another_cpu_is_not_used_here(tmp_path: Path) -> None:
         "\n".join([*lines, 'variant = "portable"', f'machine = "{proof.machine_id()}"'])
     )
     assert load_bench(manifest).variant == "portable"
+
+
+class _PropsStandIn(BaseHTTPRequestHandler):
+    """GET/POST /props as llama-server answers them; `patched` says whether POST sets the value
+    (an unpatched or older server started with --props answers 200 and changes nothing)."""
+
+    patched = False
+    value = 0
+
+    def _answer(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        props = {"total_slots": 1}
+        if self.patched:
+            props["spec_draft_max_slots"] = type(self).value
+        self._answer(props)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.patched:
+            type(self).value = body["spec_draft_max_slots"]
+        self._answer({"success": True})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["changes-nothing", "live-switch"])
+def test_the_proof_reads_the_live_switch_back(tmp_path: Path, patched: bool) -> None:
+    handler = type("Handler", (_PropsStandIn,), {"patched": patched, "value": 0})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    server = ManagedServer(LaunchConfig(Path("x"), Path("m"), 1, 256), tmp_path / "log")
+    server.port = httpd.server_address[1]
+    try:
+        if patched:
+            proof._prove_live_switch(server)
+            assert handler.value == 2
+        else:
+            with pytest.raises(BenchError, match="lacks the patch's live switch"):
+                proof._prove_live_switch(server)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

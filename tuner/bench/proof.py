@@ -4,7 +4,8 @@ A build can compile and still die on the first draft step: ggml's native flags c
 kernels on a VM that advertises AMX but faults on it (SIGILL), and a cached build carried to
 another CPU may use instructions that CPU lacks. So every built binary answers real work with
 every bench model (llama-server one short completion with drafting on; llama-batched-bench a
-tiny batch per model), and the CPU features the build was compiled for (llama-server's
+tiny batch per model), llama-server's live switch (`POST /props` with the draft threshold) must
+read back through `GET /props`, and the CPU features the build was compiled for (llama-server's
 `system_info` line) must all be present in this CPU's flags. A proof is recorded per machine.
 """
 
@@ -21,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tuner.errors import BenchError, ServerDiedError, ServerError
 from tuner.measure import kernel
@@ -44,7 +47,8 @@ FEATURE_FLAGS = {
     "AMX_INT8": "amx_int8",
 }
 PROOF_TIMEOUT_S = 120.0
-PROOF_VERSION = "3"  # bump when prove() checks more: older proofs are then run again
+LIVE_SWITCH = "spec_draft_max_slots"  # the key of POST /props and GET /props
+PROOF_VERSION = "4"  # bump when prove() checks more: older proofs are then run again
 
 
 # Instructions a portable build must not contain, as objdump spells their registers/mnemonics.
@@ -160,6 +164,7 @@ def _prove_server(
             "3",
             "-lv",
             "4",  # trace level: llama-server then logs its system_info line
+            "--props",  # enables POST /props, the patch's live switch
         ],
     )
     server = ManagedServer(config, log, start_timeout_s=PROOF_TIMEOUT_S, name="bench llama-server")
@@ -170,6 +175,7 @@ def _prove_server(
                 n_predict=24,
                 timeout_s=PROOF_TIMEOUT_S,
             )
+            _prove_live_switch(server)
     except ServerDiedError as exc:
         if exc.returncode == -signal.SIGILL:
             raise IllegalInstruction(str(exc)) from exc
@@ -183,6 +189,24 @@ def _prove_server(
             f"(timings {timings}); see {log}"
         )
     return _system_info(log), drafted, int(timings.get("draft_n_accepted") or 0)
+
+
+def _prove_live_switch(server: ManagedServer, value: int = 2) -> None:
+    """POST /props sets the draft threshold and GET /props reads it back: an older patch (or an
+    unpatched server) answers the POST with 200 and changes nothing."""
+    try:
+        posted = httpx.post(f"{server.url}/props", json={LIVE_SWITCH: value}, timeout=10)
+        shown = server.props().get(LIVE_SWITCH)
+    except (httpx.HTTPError, ServerError) as exc:
+        raise BenchError(
+            f"the bench failed its proof: the live switch did not answer: {exc}"
+        ) from exc
+    if posted.status_code != 200 or shown != value:
+        raise BenchError(
+            f'the bench failed its proof: POST /props {{"{LIVE_SWITCH}": {value}}} answered '
+            f"HTTP {posted.status_code} {posted.text[:200]!r}, and GET /props then showed "
+            f"{LIVE_SWITCH} = {shown!r}: the build lacks the patch's live switch"
+        )
 
 
 def _prove_batched_bench(binary: Path, model: Path, log: Path) -> None:
