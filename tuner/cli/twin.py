@@ -252,6 +252,9 @@ def calibrate(
     synth_len: Annotated[
         float | None, typer.Option(help="--table: acceptance length when the table has none")
     ] = None,
+    rel_se: Annotated[
+        float, typer.Option(help="solve each level until its mean's error is this small")
+    ] = 0.002,
 ) -> None:
     """A world fitted to measurements: plain and always-draft levels fitted, threshold levels
     held out (printed beside the world's prediction)."""
@@ -263,14 +266,21 @@ def calibrate(
         from tuner.twin.calibrate import calibrate_table
 
         result = calibrate_table(
-            table, name=name, synth_len=synth_len, reeval_share=reeval_share, noise=noise.value
+            table,
+            name=name,
+            synth_len=synth_len,
+            reeval_share=reeval_share,
+            noise=noise.value,
+            rel_se=rel_se,
         )
     else:
         assert run is not None
         from tuner.twin.from_run import calibrate_run, run_levels
 
         data = run_levels(open_store(), run)
-        result = calibrate_run(data, name=name, reeval_share=reeval_share, noise=noise.value)
+        result = calibrate_run(
+            data, name=name, reeval_share=reeval_share, noise=noise.value, rel_se=rel_se
+        )
     _write_world(result, out_path)
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from tuner.twin.engine import Engine, Metrics, Request, RequestResult, SlotView, TwinError
 
-ADMIT_QUIET_S = 0.004  # wall seconds without a new command that end an idle twin's admission
-ADMIT_MAX_S = 0.05  # at most this long
+ADMIT_QUIET_S = 0.05  # wall seconds without a new command that end an idle twin's admission
+ADMIT_MAX_S = 0.25  # at most this long
 IDLE_WAIT_S = 0.5  # an idle thread wakes this often (to notice a stop)
 
 
@@ -169,7 +169,8 @@ class LiveEngine:
                     continue
                 self._apply_all()
                 step = engine.step()
-                if step is None:
+                if step is None:  # the commands left nothing to run (a cancel): say so
+                    self._publish()
                     continue
                 self._pace(step.end)
                 events: list[tuple[int, Event]] = []

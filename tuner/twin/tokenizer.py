@@ -89,7 +89,8 @@ def apply_template(messages: Sequence[Mapping[str, Any]]) -> str:
     return "".join(parts) + f"{BOS_TEXT}assistant\n"
 
 
-_GENERATED_IDS = tokenize(GENERATED)
+# Whole pieces only, so a request's text tokenizes back to its tokens across the cycles.
+_GENERATED_IDS = tokenize(GENERATED + " " * (-len(GENERATED) % PIECE))
 
 
 def generated(start: int, n: int) -> list[int]:
