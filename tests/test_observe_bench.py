@@ -2,7 +2,10 @@
 (1, 3 and 2 streams in turn) while observe polls /slots; the time-share histogram it stores is
 close to the one the load generator's own token times give. Both see the same seconds, so the
 contrast is not a matter of machine speed; the test allows 0.15 of total-variation distance
-(benchmarks/observe_accuracy.py prints the figure over a longer run)."""
+(benchmarks/observe_accuracy.py prints the figure over a longer run). Every request seen
+finishing is recorded with the output it generated, exactly, and its prompt: the second test
+offers a fixed number of 48-token requests and observes from before the first to after the
+last, so it does not depend on how fast the machine is."""
 
 from __future__ import annotations
 
@@ -15,12 +18,21 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.bench.traffic import offer_cycle, plain_server
-from tuner.measure.observe import generating_histogram, observe, total_variation
+from tuner.measure.load import LoadGenerator, RequestSample, Workload
+from tuner.measure.observe import (
+    Poller,
+    TrafficProfile,
+    generating_histogram,
+    observe,
+    total_variation,
+)
 from tuner.measure.server import ManagedServer
 from tuner.storage.engine import Store
 from tuner.storage.traffic import TrafficSaver, load
 
 pytestmark = pytest.mark.bench
+
+CYCLE = [(1, 96), (3, 96), (2, 96)]  # streams and output tokens of each round
 
 
 @pytest.fixture
@@ -36,7 +48,7 @@ def test_observe_sees_the_offered_concurrency(server: ManagedServer, tmp_path: P
     stop = threading.Event()
     load_thread = threading.Thread(
         target=offer_cycle,
-        args=(server.url, [(1, 96), (3, 96), (2, 96)], stop, intervals),
+        args=(server.url, CYCLE, stop, intervals),
         daemon=True,
     )
     load_thread.start()
@@ -55,10 +67,40 @@ def test_observe_sees_the_offered_concurrency(server: ManagedServer, tmp_path: P
     distance = total_variation(profile.shares(), offered_shares)
     assert distance < 0.15, (profile.shares(), offered_shares)
     assert profile.seconds.get(3, 0.0) > 3.0  # the 3-stream rounds were seen
-    # It was saved, and finished requests' lengths were recorded from /slots.
+    # It was saved, and finished requests' lengths were recorded: outputs exactly as generated
+    # (from the server's counter, not as last polled), prompts as sent.
     stored = load(store, "bench-test")
     assert stored.covered_s == pytest.approx(profile.covered_s)
-    # Lengths as last seen: at most one poll's worth of tokens short of the 96 generated.
-    lengths = profile.output_tokens
-    assert lengths and all(48 <= n <= 97 for n in lengths), lengths
+    assert view.counters
+    assert profile.finished and set(profile.output_tokens) == {96}, profile.output_tokens
+    assert set(profile.prompt_tokens) == {32}, profile.prompt_tokens
     store.dispose()
+
+
+def test_outputs_are_recorded_as_generated(server: ManagedServer) -> None:
+    """Two cycles of 1, 3 and 2 streams of 48 tokens: the streams of a round end at the same
+    step, so several end between two polls, usually after their last sight (at four polls a
+    second they were recorded as 44 in the median, 47 at p90, before outputs came from the
+    server's counter). Each is recorded with exactly 48 tokens and its 32-token prompt."""
+    rounds = [1, 3, 2] * 2
+    samples: list[RequestSample] = []
+
+    def offer() -> None:
+        generator = LoadGenerator(server.url, Workload(prompt_tokens=32, max_tokens=48))
+        for key, streams in enumerate(rounds):
+            samples.extend(generator.run(streams, round_key=key))
+            time.sleep(0.05)
+
+    profile = TrafficProfile(4)
+    with Poller(server.url, clock=time.perf_counter) as poller:
+        assert poller.view.counters  # outputs come from tokens_predicted_total
+        load_thread = threading.Thread(target=offer, daemon=True)
+        load_thread.start()
+        while load_thread.is_alive():
+            poller.step(profile)
+        for _ in range(4):  # the last round's ends, settled once nothing ends around a reading
+            poller.step(profile)
+    assert len(samples) == sum(rounds) and all(s.ok and s.tokens == 48 for s in samples)
+    assert profile.finished == sum(rounds), list(profile.requests)
+    assert profile.output_tokens == [48] * sum(rounds), profile.output_tokens
+    assert profile.prompt_tokens == [32] * sum(rounds), profile.prompt_tokens
