@@ -119,7 +119,7 @@ class Answer:
     def _completion_common(self) -> dict[str, Any]:
         return {
             "index": 0,
-            "id_slot": self._slot(),
+            "id_slot": -1,  # as llama-server's partial results (its final ones name the slot)
             "tokens_predicted": self.n,
             "tokens_evaluated": self.request.prompt_tokens,
         }
@@ -134,7 +134,12 @@ class Answer:
             "model": self.server.model_name,
             "tokens_predicted": self.n,
             "tokens_evaluated": self.request.prompt_tokens,
-            "generation_settings": {**self.server._params(), "n_predict": self.request.max_tokens},
+            "generation_settings": {
+                **self.server._params(),
+                "max_tokens": self.request.max_tokens,
+                "n_predict": self.request.max_tokens,
+                "stream": bool(self.body.get("stream", False)),
+            },
             "prompt": "",
             "has_new_line": False,
             "truncated": False,
@@ -238,7 +243,13 @@ class Answer:
 
 def parse_max_slots_body(raw: bytes) -> int:
     """POST /props: exactly {"spec_draft_max_slots": N}, N an integer 0..2^31-1; anything else
-    is a BadRequest whose one line says what is wrong (the patch's own messages)."""
+    is a BadRequest whose one line says what is wrong, in the patch's own words (its
+    parse_post_props: keys in nlohmann's sorted order, values as it dumps them, 40 characters
+    at most)."""
+
+    def shown(value: Any) -> str:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        return text[:40] + "..." if len(text) > 40 else text
 
     def refuse(reason: str) -> BadRequest:
         return BadRequest(bad_request(f"invalid POST /props body ({reason}): {PROPS_EXPECTED}"))
@@ -246,19 +257,19 @@ def parse_max_slots_body(raw: bytes) -> int:
     try:
         body = json.loads(raw)
     except ValueError:
-        raise refuse("not valid JSON") from None
+        raise refuse("the body is not valid JSON") from None
     if not isinstance(body, dict):
-        raise refuse("not a JSON object")
-    unknown = [k for k in body if k != MAX_SLOTS_KEY]
-    if unknown:
-        raise refuse(f'unknown key "{unknown[0]}"')
+        raise refuse(f"the body is not a JSON object: {shown(body)}")
+    for key in sorted(body):
+        if key != MAX_SLOTS_KEY:
+            raise refuse(f"unknown key {shown(key)}")
     if MAX_SLOTS_KEY not in body:
         raise refuse(f'no key "{MAX_SLOTS_KEY}"')
     value = body[MAX_SLOTS_KEY]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse(f"not an integer: {json.dumps(value)}")
+        raise refuse(f"{MAX_SLOTS_KEY} is not an integer: {shown(value)}")
     if value < 0:
-        raise refuse(f"negative: {value}")
+        raise refuse(f"{MAX_SLOTS_KEY} is negative: {shown(value)}")
     if value > INT32_MAX:
-        raise refuse(f"too large: {value}")
+        raise refuse(f"{MAX_SLOTS_KEY} is too large: {shown(value)}")
     return value

@@ -322,15 +322,18 @@ class TwinServer:
         return self.live.snapshot
 
     def _params(self) -> dict[str, Any]:
+        """A few of llama-server's sampling params (the twin samples nothing)."""
         return {
-            "n_predict": -1,
             "seed": SEED_RANDOM,
             "temperature": 0.8,
             "top_k": 40,
             "top_p": 0.95,
+            "max_tokens": -1,
+            "n_predict": -1,
+            "ignore_eos": False,
             "stream": False,
-            "speculative.n_max": self.policy.n_max or self.world.n_max,
-            "speculative.n_min": 0,
+            "speculative.types": "none,draft-simple" if self.policy.drafting else "none",
+            "timings_per_token": False,
         }
 
     def props(self) -> dict[str, Any]:
@@ -398,24 +401,23 @@ class TwinServer:
                 "is_processing": view.is_processing,
             }
             if task is not None:
-                processing = view.is_processing
+                # A released slot shows its last task with its counts reset, as llama-server's.
+                busy = view.is_processing
                 entry.update(
                     {
                         "id_task": task.ticket,
                         "n_prompt_tokens": task.prompt_tokens,
-                        "n_prompt_tokens_processed": max(0, task.prompt_done - task.cached),
-                        "n_prompt_tokens_cache": task.cached,
+                        "n_prompt_tokens_processed": task.prompt_done - task.cached if busy else 0,
+                        "n_prompt_tokens_cache": task.cached if busy else 0,
                         "params": self._params(),
                         "next_token": [
                             {
-                                "has_next_token": processing,
+                                "has_next_token": busy,
                                 "has_new_line": False,
-                                "n_remain": max(0, task.max_tokens - task.n_decoded),
-                                "n_decoded": task.n_decoded,
+                                "n_remain": task.max_tokens - task.n_decoded if busy else -1,
+                                "n_decoded": task.n_decoded if busy else 0,
                             }
                         ],
-                        "prompt": "",
-                        "generated": "",
                     }
                 )
             entry["t_server"] = snap.time
