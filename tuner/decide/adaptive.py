@@ -86,8 +86,9 @@ class Decision:
 def decision(store: Store, model: str, host: str, seed: int = 0) -> Decision:
     """What the data decide now (the model's study kept in memory, nothing stored but the fit)."""
     study = model_study(store, model, host, host_explicit=True, seed=seed)
-    choice = choose(study.fit.model, study.result, study.fit.quality.measured_gains())
-    return Decision(choice, study.fit.model.gain(choice.policy.n_max))
+    gains = study.fit.quality.measured_gains(against="off")
+    choice = choose(study.fit.model, study.result, gains)
+    return Decision(choice, study.fit.model.gain(choice.policy.n_max, against="off"))
 
 
 def profile_adaptively(

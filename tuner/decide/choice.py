@@ -175,8 +175,10 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
             break
 
     # 3. Why, in terms of levels.
-    gain = model.gain(n)
-    cross = model.crossover(n)
+    # Thresholds N and N+1 differ only at N+1, where one drafts and the other does not: the
+    # gain that places N is spec against the threshold server not drafting (plain at 1 stream).
+    gain = model.gain(n, against="off")
+    cross = model.crossover(n, against="off")
     chosen_eff = eff(chosen)
     levels = list(range(1, npar + 1))
     if gain.point[0] < 0 and (not gains_measured or gains_measured.get(1, -1) < 0):
@@ -193,7 +195,7 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
             0,
             Reason(
                 ReasonCode.SPEC_EVERYWHERE,
-                f"spec is ahead of plain at every level up to {_streams(npar)}: "
+                f"drafting is ahead of not drafting at every level up to {_streams(npar)}: "
                 "N=0 (no limit, the server's default)",
             ),
         )
@@ -207,7 +209,8 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
             0,
             Reason(
                 ReasonCode.CROSSOVER,
-                f"N={chosen_eff}: spec up to {_streams(chosen_eff)}, plain above; spec vs plain "
+                f"N={chosen_eff}: drafting up to {_streams(chosen_eff)}, not above; drafting vs "
+                "the threshold server not drafting "
                 f"{_level_gain(gain, gains_measured, chosen_eff)}, "
                 f"{_level_gain(gain, gains_measured, chosen_eff + 1)}; {where}",
             ),

@@ -95,7 +95,8 @@ def recommend(
         if newest is not None and newest.source == "live":
             return newest
     cm = stored.model
-    measured_gains = stored.quality.measured_gains()
+    # Which N: spec against the threshold server not drafting (the off arm) where measured.
+    measured_gains = stored.quality.measured_gains(against="off")
     measured_levels = stored.measured
     reasons_first: list[Reason] = []
     if derived:

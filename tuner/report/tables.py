@@ -30,11 +30,16 @@ def streams(c: int) -> str:
 
 
 def crossover_text(cross: Crossover) -> str:
+    """Where drafting stops paying: against plain (whether to draft at all) or against the
+    threshold server not drafting (where N sits)."""
+    off = getattr(cross, "against", "plain") == "off"
+    other = "not drafting" if off else "plain"
     if cross.streams is None:
         if cross.spec_wins_upto == 0:
-            return "no crossover: plain ahead from 1 stream"
-        return "no crossover: spec ahead at every level"
-    return f"crossover {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
+            return f"no crossover: {other} ahead from 1 stream"
+        return f"no crossover: drafting ahead of {other} at every level"
+    what = "crossover against not drafting" if off else "crossover"
+    return f"{what} {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
 
 
 def _row(p: PointFit, held_out: bool) -> list[str]:
@@ -59,7 +64,9 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
     """The forms, acceptance and intervals; per point measured against predicted; the worst
     residual, the held-out threshold levels and the crossover."""
     head = []
-    for key in ("plain", "spec"):
+    for key in ("plain", "spec", "off"):
+        if key not in quality.forms:
+            continue
         form = quality.forms[key]
         loo = form.chosen_loo_pct
         loo_text = f"leave-one-out error {loo:.1f}%" if loo is not None else "no point to hold out"
@@ -88,7 +95,14 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
         f"({unc.replicates} replicates){extra}"
     )
     regime = quality.threshold_regime
-    if regime.get("rows"):
+    if regime.get("source") == "curve":
+        levels = ", ".join(str(c) for c in regime.get("levels", []))
+        head.append(
+            f"threshold server above N: its own curve ({quality.forms['off'].chosen}) from off "
+            f"rows at {levels} streams; {pct(100 * regime['overhead'])} against plain (median "
+            "over those levels)"
+        )
+    elif regime.get("rows"):
         head.append(
             f"threshold server above N: {pct(100 * regime['overhead'])} against plain "
             f"(median of {regime['rows']} measured row(s))"
@@ -102,10 +116,12 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
     ]
     held = quality.worst_held_out
     if held is not None:
-        notes.append(
-            f"threshold levels (spec up to N, plain with the overhead above; not in the "
-            f"curves): worst error {pct(held.residual_pct)}"
+        what = (
+            "threshold levels up to their N (drafting; not in the curves)"
+            if regime.get("source") == "curve"
+            else "threshold levels (spec up to N, plain with the overhead above; not in the curves)"
         )
+        notes.append(f"{what}: worst error {pct(held.residual_pct)}")
     notes.append(f"model {crossover_text(crossover)}")
     return Table(
         title=f"fit quality ({100 * unc.interval:.0f}% intervals)",
