@@ -13,6 +13,7 @@ import json
 import math
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from tuner.measure import metrics
 from tuner.measure.client import LlamaClient, parse_metrics
 from tuner.measure.fingerprint import probe_build, probe_model, require_gguf
 from tuner.measure.load import LoadGenerator, Workload, summarize
+from tuner.measure.observe import Poller, TrafficProfile
 from tuner.policy import Policy
 from tuner.twin import tokenizer
 from tuner.twin.backend import TwinBackend
@@ -275,6 +277,38 @@ def test_a_client_that_goes_away_cancels_its_request() -> None:
         server.stop_thread()
     assert scraped["requests_processing"] == 0
     assert not any(s["is_processing"] for s in slots)
+
+
+def test_observe_records_what_the_twin_served() -> None:
+    """`tuner observe`'s poller on the twin (as tests/test_observe_bench.py on the bench): rounds
+    of 1, 3 and 2 streams of 48 tokens, each request recorded with exactly its output and its
+    32-token prompt, from /slots (a released slot: its context, counts reset) and /metrics."""
+    server = serve("--metrics", *DRAFTING, speed=2.0)
+    rounds = [1, 3, 2]
+    samples: list = []
+
+    def offer() -> None:
+        generator = LoadGenerator(server.url, Workload(prompt_tokens=32, max_tokens=48))
+        for key, streams in enumerate(rounds):
+            samples.extend(generator.run(streams, round_key=key))
+            time.sleep(0.05)
+
+    profile = TrafficProfile(4)
+    try:
+        with Poller(server.url, clock=time.perf_counter) as poller:
+            assert poller.view.counters and poller.view.n_slots == 4
+            load_thread = threading.Thread(target=offer, daemon=True)
+            load_thread.start()
+            while load_thread.is_alive():
+                poller.step(profile)
+            for _ in range(4):  # the last round's ends, settled
+                poller.step(profile)
+    finally:
+        server.stop_thread()
+    assert len(samples) == sum(rounds) and all(s.ok and s.tokens == 48 for s in samples)
+    assert profile.output_tokens == [48] * sum(rounds), profile.output_tokens
+    assert profile.prompt_tokens == [32] * sum(rounds), profile.prompt_tokens
+    assert profile.seconds.get(3, 0.0) > 0  # the 3-stream round was seen generating
 
 
 # --- the command line -------------------------------------------------------------------------

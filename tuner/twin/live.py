@@ -79,6 +79,7 @@ class SlotTask:
     cached: int
     n_decoded: int
     max_tokens: int
+    context: int  # tokens the slot's context holds (a finished one: prompt + output - 1)
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,8 @@ class LiveEngine:
             cached=request.cached_tokens,
             n_decoded=result.tokens,
             max_tokens=request.max_tokens,
+            # llama-server never feeds the last token back: the idle slot holds one less
+            context=request.prompt_tokens + max(0, result.tokens - 1),
         )
 
     def _publish(self) -> None:
@@ -291,6 +294,7 @@ class LiveEngine:
                 cached=request.cached_tokens,
                 n_decoded=view.n_decoded,
                 max_tokens=view.max_tokens,
+                context=view.context,
             )
         metrics = engine.metrics()
         self.snapshot = Snapshot(

@@ -401,12 +401,13 @@ class TwinServer:
                 "is_processing": view.is_processing,
             }
             if task is not None:
-                # A released slot shows its last task with its counts reset, as llama-server's.
+                # A released slot shows its last task, its context (prompt + output - 1) and its
+                # counts reset, as llama-server's does.
                 busy = view.is_processing
                 entry.update(
                     {
                         "id_task": task.ticket,
-                        "n_prompt_tokens": task.prompt_tokens,
+                        "n_prompt_tokens": task.context,  # llama-server: its context
                         "n_prompt_tokens_processed": task.prompt_done - task.cached if busy else 0,
                         "n_prompt_tokens_cache": task.cached if busy else 0,
                         "params": self._params(),
