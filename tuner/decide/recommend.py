@@ -345,10 +345,12 @@ def model_study(
     host_explicit: bool = False,
     seed: int = 0,
     tune_n_max: bool = False,
+    fit: StoredFit | None = None,
 ) -> ModelStudy:
-    """Every N (and n_max, with tune_n_max) evaluated on the current fit, for a decision made on
-    the way (adaptive levels, live candidates) rather than one `recommend` stores."""
-    fit = current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
+    """Every N (and n_max, with tune_n_max) evaluated on the current fit (or the one given:
+    a command fits its data once), for a decision made on the way (adaptive levels, live
+    candidates) rather than one `recommend` stores."""
+    fit = fit or current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
     weights = search.objective_weights(fit.model.n_parallel, fit.weights)
     study = search.run_study(
         None, "in-memory", fit.model, weights, seed=seed, tune_n_max=tune_n_max
@@ -364,14 +366,16 @@ def standing(
     host_explicit: bool = False,
     like: Recommendation | None = None,
     seed: int = 0,
+    fit: StoredFit | None = None,
 ) -> Recommendation:
     """The recommendation that stands for host now: the newest one stored for the fit of the
-    current data, else a new one made with like's options (n_max tuning, single-stream floor).
+    current data (or the fit given: a command fits its data once), else a new one made with
+    like's options (n_max tuning, single-stream floor).
 
     The data are host's own or, where host has none, the newest host's (the reasons say so);
     never a recommendation merely because it is the newest in the database.
     """
-    fit = current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
+    fit = fit or current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
     stored = recommendations.newest_for_fit(store, fit.id)
     if stored is not None:
         return stored
@@ -379,6 +383,7 @@ def standing(
         store,
         model,
         host,
+        fit_id=fit.id,
         host_explicit=host_explicit,
         tune_n_max=like.tune_n_max if like else False,
         min_single_stream=like.min_single_stream if like else None,

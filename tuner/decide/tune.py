@@ -206,8 +206,11 @@ def tune(
         raise ConfigError("--budget must be above 0")
     if not 0 < tolerance < 1:
         raise ConfigError("--tolerance is a share of the objective between 0 and 1, e.g. 0.01")
-    rec = recommend.standing(store, model_name, host)
-    study_now = recommend.model_study(store, model_name, host, seed=seed, tune_n_max=tune_n_max)
+    fit = current_fit(store, model_name, host, seed=seed)  # once: the data the answer starts from
+    rec = recommend.standing(store, model_name, host, seed=seed, fit=fit)
+    study_now = recommend.model_study(
+        store, model_name, host, seed=seed, tune_n_max=tune_n_max, fit=fit
+    )
     cm, weights = study_now.fit.model, study_now.weights
     n_parallel = cm.n_parallel
     n_max = (rec.n_max or cm.n_max) if tune_n_max else cm.n_max
