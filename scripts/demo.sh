@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the bundled bench, from a fresh machine: set up (cached), profile the bench,
-# recommend N, check it live, and write the report. The recommendation written to server.env is
-# the one that stands after validation, the same N the report shows.
+# The main job on the bundled bench, from a fresh machine: set up (cached), profile the bench
+# (drafting policies on one launch, the threshold switched live), settle N with paired live
+# comparisons where the candidates differ (tune), and write the report. The recommendation
+# written to server.env is the one tune leaves standing, the same N the report shows.
 # Results go to out/demo.db and out/report/ (override with TUNER_DB and OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +16,9 @@ spec=profiles/bench-smollm2-cpu.toml
 model=smollm2-135m-f32
 
 $tuner profile "$spec" --resume
-echo "recommended from the profile: $($tuner recommend --model "$model" --quiet)"
-$tuner validate --model "$model" --resume
-# Validation's points are part of the next fit: this is the answer that stands now.
+echo "the cost model's answer after the profile: $($tuner recommend --model "$model" --quiet)"
+$tuner tune --model "$model"
+# tune stored the settled answer for the data now: recommend and report give the same N.
 $tuner recommend --model "$model" > "$OUT/server.env"
 $tuner report --model "$model" --out "$OUT/report"
 standing=$(cat "$OUT/server.env")
