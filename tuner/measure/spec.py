@@ -393,10 +393,21 @@ def prompt_file(value: str, base: Path, where: str) -> tuple[Path, str]:
 
 
 def check_spec_files(spec: ProfileSpec, source: str) -> None:
-    """The binary must exist and the model must be a GGUF file."""
+    """The binary must exist and the model must be a GGUF file (or a twin world, whose own
+    model name the spec must use: the stored data of two worlds never pool)."""
     if not spec.server.binary.exists():
         raise ConfigError(f"{source}: server.binary: file not found: {spec.server.binary}")
     require_gguf(spec.server.model, f"{source}: server.model")
+    if spec.server.model.suffix == ".toml":
+        from tuner.twin.world import load_world
+
+        world = load_world(spec.server.model)
+        if spec.model_name != world.model_name:
+            raise ConfigError(
+                f"{source}: model_name {spec.model_name!r} is not the twin world's own "
+                f"({world.model_name!r} in {spec.server.model}): use it, so that measurements "
+                "of two worlds are never stored under one name"
+            )
 
 
 def attached_spec(

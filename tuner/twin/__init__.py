@@ -7,9 +7,18 @@
 - `truth`: the noise-free value of every N at every concurrency, the best N per objective,
   and open-loop figures under Poisson arrivals;
 - `calibrate`: a world fitted to an imported table's plain and always-draft rows (import it
-  from tuner.twin.calibrate: it reads tables through tuner.storage.importer).
+  from tuner.twin.calibrate: it reads tables through tuner.storage.importer); `from_run`: a world
+  fitted to a stored profile run.
 
-Pure: no I/O beyond reading and writing world files.
+Those are pure (no I/O beyond world files) and are what this package exports. Built on them,
+imported by their own module names:
+
+- `backend`: the twin as a measurement backend of the schedule, in-process in virtual time;
+  `method`: the tuner's methods run against a world (what `benchmarks/twin_regret.py` grades);
+- `server` (with `launch`, `live`, `http`, `answers`, `tokenizer`): `tuner-twin-server`, the
+  twin as an HTTP llama-server taking llama-server's command line, in virtual time at
+  `--speed`; `summary`: what `tuner twin truth` prints;
+- `frozen`: the frozen set of worlds the method is graded on.
 """
 
 from tuner.twin.engine import (
