@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
+from tuner.errors import EndpointMissingError
 from tuner.measure import observe as observe_module
 from tuner.measure.client import parse_metrics
 from tuner.measure.observe import (
@@ -216,6 +217,32 @@ def test_the_poller_settles_outputs_only_when_no_request_ended_around_the_readin
     # a was last seen at 11 of 48 and b at 47: the counter says 96 for the two, so 48 each.
     assert sorted(profile.requests) == [Finished(1000.0, 20, 48), Finished(1000.0, 30, 48)]
     assert poller.ledger.base == 196 and not poller.ledger.waiting
+
+
+def test_without_metrics_an_idle_slot_gives_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoMetrics(Scripted):
+        def metrics(self):
+            self.calls.append("metrics")
+            raise EndpointMissingError("no /metrics", path="/metrics", status=501)
+
+    states: list[tuple[str, object]] = [
+        ("slots", []),  # attach
+        ("slots", [slot(0, True, 10, 7, 30, 48), slot(1, True, 0, 8, 12, 48)]),
+        # 7 ended and its slot is seen idle: exact; 8 ended while still reading its prompt, and
+        # its slot took 9 at once: unknown, not recorded
+        ("slots", [idle(0, 7, prompt=30, output=48), slot(1, True, 5, 9, 20, 64)]),
+        # 9's slot took another request before it was seen idle: as last seen
+        ("slots", [idle(0, 7, prompt=30, output=48), slot(1, True, 1, 10, 20, 64)]),
+    ]
+    client = NoMetrics(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    poller = Poller("http://scripted", sleep=lambda s: None, wall=lambda: 1000.0)
+    assert not poller.view.counters
+    profile = TrafficProfile(2)
+    for _ in range(3):
+        assert poller.step(profile)
+    assert list(profile.requests) == [Finished(1000.0, 30, 48), Finished(1000.0, 20, 5)]
+    assert client.calls.count("metrics") == 1  # only the attach's probe
 
 
 class _Fake(BaseHTTPRequestHandler):

@@ -488,8 +488,9 @@ class Poller:
             if self.ledger.waiting or self.ledger.base is None:
                 self._settle(profile)
         else:
-            for request in ended:
-                profile.add_finished(request.finished())
+            for request in (e.finished() for e in ended):
+                if request.output > 0:  # one only seen reading its prompt: unknown
+                    profile.add_finished(request)
         self.last = now
         return True
 
