@@ -17,6 +17,7 @@ from tuner import __version__
 from tuner.cli import render
 from tuner.cli.options import (
     ApiKeyOption,
+    ApplyWay,
     ContextOption,
     FitOption,
     HostOption,
@@ -548,6 +549,15 @@ def watch(
             "llama-server' (at most once per --every; nothing is restarted without it)"
         ),
     ] = None,
+    apply: Annotated[
+        ApplyWay,
+        typer.Option(
+            help="env: write the env file (a restart, e.g. --on-change, applies it); live: also "
+            "set N on the running server through POST /props (needs the patched server started "
+            "with --props, and --api-key where it has one), read it back, and re-read it every "
+            "interval so a restarted server or a flag that overrides the env file is corrected"
+        ),
+    ] = ApplyWay.ENV,
     every: Annotated[str, typer.Option(help="decide this often: 600, 600s, 10m or 1h")] = "1h",
     window: Annotated[
         str | None,
@@ -576,7 +586,8 @@ def watch(
     Polls /slots (or /metrics) like `tuner observe`, keeps the traffic of the last --window
     (saved every 10 s: a crash loses at most that), and at the end of every --every interval
     runs `tuner recommend --traffic` when the traffic drifted. A new answer is written to the env
-    file atomically, then --on-change runs once. SIGTERM stops it cleanly.
+    file atomically, set on the running server with --apply live, then --on-change runs once.
+    SIGTERM stops it cleanly.
     """
     from tuner.decide.watch import WatchOptions
     from tuner.decide.watch import watch as run_watch
@@ -590,6 +601,7 @@ def watch(
         window_s=duration_option(window, "--window") if window else 3 * every_s,
         drift=drift,
         on_change=on_change,
+        apply=apply.value,
         recommend={
             "objective": objective,
             "slo_tpot_ms": slo_tpot_ms,

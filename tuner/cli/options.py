@@ -185,6 +185,13 @@ OverridesOption = Annotated[
 ]
 
 
+class ApplyWay(StrEnum):
+    """How `tuner watch` applies a new answer (tuner.decide.watch)."""
+
+    ENV = "env"
+    LIVE = "live"
+
+
 class Switch(StrEnum):
     """How drafting policies are switched between rounds (tuner.measure.backend)."""
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from tuner.decide.recommendation import ENV_MAX_SLOTS, Recommendation
 from tuner.errors import ConfigError, TunerError
+from tuner.measure.client import LlamaClient
 from tuner.measure.observe import (
     FLUSH_S,
     SAMPLE_INTERVAL_S,
@@ -256,8 +257,13 @@ class WatchOptions:
     on_change: str | None = None
     on_change_timeout_s: float = 600.0
     recommend: Mapping[str, Any] = field(default_factory=dict)  # objective, slo_tpot_ms, ...
+    # "env": write the env file (and run on_change); "live": also set N on the running server
+    # through POST /props, read it back, and re-read GET /props every interval.
+    apply: str = "env"
 
     def check(self) -> None:
+        if self.apply not in ("env", "live"):
+            raise ConfigError(f"--apply {self.apply!r}: expected env or live")
         if self.every_s <= 0:
             raise ConfigError("--every must be above 0")
         if self.window_s < self.every_s:
@@ -303,8 +309,10 @@ class Watcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        live: LlamaClient | None = None,
     ) -> None:
         self.store, self.poller, self.env, self.name = store, poller, env, name
+        self.live = live  # --apply live: the server's threshold, set and read back
         self.options, self.recommender, self.observer = options, recommender, observer
         self.clock, self.wall = clock, wall
         view = poller.view
@@ -332,9 +340,43 @@ class Watcher:
         status = "stopped" if final else "watching"
         traffic_store.save(self.store, self.name, self.poller.view, self.rolling.to_dict(), status)
 
+    def apply_live_start(self) -> None:
+        """--apply live at start: the env file's N, where it holds one, is what should run."""
+        self.keep_live()
+
+    def keep_live(self) -> None:
+        """--apply live: the server must run the standing N. A restarted server (it starts
+        from its flags or env file) or a command-line flag that overrides the env file shows
+        here as another value: logged and set back."""
+        if self.live is None or self.current is None:
+            return
+        try:
+            seen = self.live.max_slots()
+            if seen == self.current:
+                return
+            self.live.set_max_slots(self.current)
+        except TunerError as exc:
+            self.log(f"--apply live: could not check or set N={self.current} ({exc})")
+            return
+        self.log(
+            f"the server ran N={seen}, not the standing N={self.current} (restarted, or a "
+            f"command-line flag overrides the env file): set it back live"
+        )
+
+    def apply_live(self, n: int) -> None:
+        if self.live is None:
+            return
+        try:
+            self.live.set_max_slots(n)
+        except TunerError as exc:
+            self.log(f"--apply live: N={n} not set on the server ({exc}); the env file has it")
+            return
+        self.log(f"set N={n} on the running server (read back from GET /props)")
+
     def end_of_interval(self) -> WatchEvent:
-        """Decide on the rolling profile; on a new answer write the env file and run the
-        command."""
+        """Decide on the rolling profile; on a new answer write the env file, set it live
+        (--apply live) and run the command."""
+        self.keep_live()
         total = self.rolling.total()
         decision = decide(total, self.decided_for, self.options.drift)
         event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
@@ -372,6 +414,7 @@ class Watcher:
         event.changed = True
         was = f"N={before}" if before is not None else "nothing"
         self.log(f"{head}: N={rec.max_slots} (was {was}); wrote {self.env.path}")
+        self.apply_live(rec.max_slots)
         if self.options.on_change:
             code, tail = run_command(self.options.on_change, self.options.on_change_timeout_s)
             event.command_exit = code
@@ -441,14 +484,40 @@ def watch(
     def from_model(traffic: str) -> Recommendation:
         return recommend(store, model, host, traffic=traffic, **dict(options.recommend))
 
-    with Poller(url, observer, api_key=api_key, interval_s=interval_s) as poller:
-        watcher = Watcher(
-            store,
-            poller,
-            env,
-            name or default_name(poller.view),
-            options,
-            recommender or from_model,
-            observer,
-        )
-        return watcher.run(duration_s)
+    live = live_switch(url, api_key) if options.apply == "live" else None
+    try:
+        with Poller(url, observer, api_key=api_key, interval_s=interval_s) as poller:
+            watcher = Watcher(
+                store,
+                poller,
+                env,
+                name or default_name(poller.view),
+                options,
+                recommender or from_model,
+                observer,
+                live=live,
+            )
+            watcher.apply_live_start()
+            return watcher.run(duration_s)
+    finally:
+        if live is not None:
+            live.close()
+
+
+def live_switch(url: str, api_key: str | None) -> LlamaClient:
+    """The running server's live switch, checked before anything runs: GET /props must report
+    spec_draft_max_slots (the patched server) and POST /props must be accepted (--props), by
+    setting the value it already has and reading it back."""
+    client = LlamaClient(url, api_key)
+    try:
+        now = client.max_slots()
+        if now is None:
+            raise ConfigError(
+                f"--apply live: {url} reports no spec_draft_max_slots in GET /props (a "
+                "llama-server without the live switch): use --on-change to restart it instead"
+            )
+        client.set_max_slots(now)
+    except BaseException:
+        client.close()
+        raise
+    return client
