@@ -1,7 +1,8 @@
 """The built bench, checked on the machine that runs the tests: it answers with drafting on,
-it was compiled only for CPU features this machine has (llama-server's own system_info line),
-and its code holds no AMX and no AVX-512 instruction at all, so a VM that advertises AMX but
-faults on it (SIGILL in the first draft step) cannot reach such kernels."""
+its live switch (POST /props with the draft threshold) reads back through GET /props (inside
+proof.prove), it was compiled only for CPU features this machine has (llama-server's own
+system_info line), and its code holds no AMX and no AVX-512 instruction at all, so a VM that
+advertises AMX but faults on it (SIGILL in the first draft step) cannot reach such kernels."""
 
 from __future__ import annotations
 

@@ -21,6 +21,9 @@ from tuner.measure.server import LaunchConfig, ManagedServer
 pytestmark = pytest.mark.bench
 
 SYNTHETIC = ["--spec-synth-len", "3.5"]
+# Guards against a hung server only: on a loaded 2-core machine a 192-token request at four
+# streams has taken over 120 s (0.7 tok/s a stream).
+HANG_S = 300
 
 
 def launch(
@@ -61,7 +64,7 @@ LENGTHS = (48, 96, 144, 192)  # staggered: 4 streams, then 3, 2 and finally 1 st
 async def _staggered(url: str) -> list[dict]:
     """Four greedy requests started together, of staggered lengths; when each one finishes,
     read drafts_total from /metrics (llama-server adds a request's drafts when it ends)."""
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         before = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
         finished: list[dict] = []
 
@@ -128,7 +131,7 @@ def test_threshold_cuts_draft_tokens_far_below_unlimited(bench: Bench, tmp_path:
 
 
 async def _greedy_tokens(url: str, concurrency: int) -> list[list[int]]:
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
 
         async def one(i: int) -> tuple[list[int], int]:
             response = await client.post(
