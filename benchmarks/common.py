@@ -1,32 +1,26 @@
 """What the benchmark scripts share: `tuner` run as a user runs it, into a fresh database that
-still finds the bench `tuner bench setup` built."""
+still finds the bench `tuner bench setup` built.
+
+The subprocess helper is the tests' own (tests/tunerproc.py: tuner_cmd, tuner_env, run_tuner),
+so a benchmark and a test start tuner the same way; importing this module puts tests/ on
+sys.path for it (benchmarks run from a checkout, never from the installed package).
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from tuner.settings import Settings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from tunerproc import Finished, run_tuner, tuner_cmd, tuner_env
+
+__all__ = ["Finished", "tuner", "tuner_cmd", "tuner_env", "tuner_run"]
 
 
-def fresh_env(db: Path, cache: Path) -> dict[str, str]:
-    """The environment of a tuner command on database file db with its own cache."""
-    return {
-        **os.environ,
-        "TUNER_DB": f"sqlite:///{db}",
-        "TUNER_CACHE_DIR": str(cache),
-        # the bench stays where `tuner bench setup` put it
-        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-    }
-
-
-def tuner_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a tuner command; its output. A failure ends the benchmark with its stderr."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", *args], env=env, text=True, capture_output=True, check=False
-    )
+def tuner_run(env: dict[str, str], *args: str) -> Finished:
+    """Run a tuner command to its end; a failure ends the benchmark with its stderr."""
+    result = run_tuner(args, env, timeout_s=None)
     if result.returncode != 0:
         sys.exit(f"tuner {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return result

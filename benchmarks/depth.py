@@ -31,7 +31,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import fresh_env, tuner, tuner_run
+from common import tuner, tuner_env, tuner_run
 
 from tuner.model.costmodel import CostModel
 from tuner.model.depth import bracket, tps_at_depth
@@ -70,7 +70,7 @@ def profiled(
 ) -> tuple[float, tuple[float, float], dict[str, str]]:
     """A profile's wall time, the seconds of it spent prefilling deep context (on new launches,
     on shared ones), and its env."""
-    env = fresh_env(workdir / f"{name}.db", workdir / "cache")
+    env = tuner_env(workdir / f"{name}.db", workdir / "cache")
     started = time.monotonic()
     result = tuner_run(env, "profile", str(SPEC), *args)
     (workdir / f"{name}.log").write_text(result.stderr)

@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import fresh_env, tuner
+from common import tuner, tuner_env
 
 from tuner.bench import load_bench
 from tuner.decide.objective import ObjectiveKind
@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-openloop-"))
-    env = fresh_env(work / "tuner.db", work / "cache")
+    env = tuner_env(work / "tuner.db", work / "cache")
     db = args.db or env["TUNER_DB"]
     if not args.db:
         started = time.monotonic()

@@ -12,18 +12,15 @@ on 2 cores.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from common import tuner_env, tuner_run
 from sqlalchemy import select
 
 from tuner.measure.stats import relative_mad
-from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level
 
@@ -33,22 +30,8 @@ TARGET_S = 600
 
 def profile_once(spec: Path, workdir: Path) -> tuple[float, dict[tuple[str, int], Level]]:
     db_url = f"sqlite:///{workdir / 'bench.db'}"
-    env = {
-        **os.environ,
-        "TUNER_DB": db_url,
-        "TUNER_CACHE_DIR": str(workdir / "cache"),
-        "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-    }
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", "profile", str(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        sys.exit(f"tuner profile failed:\n{result.stderr[-3000:]}")
+    tuner_run(tuner_env(db_url, workdir / "cache"), "profile", str(spec))
     wall = time.monotonic() - started
     store = Store(db_url)
     with store.session() as session:

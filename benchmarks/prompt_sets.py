@@ -24,7 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from common import fresh_env, tuner
+from common import tuner, tuner_env
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu-ngram.toml"
@@ -32,7 +32,7 @@ SETS = ("code-edit", "stories")
 
 
 def one_set(name: str, workdir: Path, extra: list[str]) -> dict:
-    env = fresh_env(workdir / f"{name}.db", workdir / "cache")
+    env = tuner_env(workdir / f"{name}.db", workdir / "cache")
     model = tomllib.loads(SPEC.read_text())["model_name"]
     started = time.monotonic()
     tuner(env, "profile", str(SPEC), "--set", f'workload.prompts="prompts/{name}.jsonl"', *extra)

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import fresh_env, tuner
+from common import tuner, tuner_env
 
 REPO = Path(__file__).resolve().parent.parent
 REGIMES = ("bench-smollm2-cpu", "bench-smollm2-cpu-nmax3", "bench-smollm2-cpu-late")
@@ -44,7 +44,7 @@ JUDGE_SEED = 1000  # the judge's workload seed: not the tuner's (0)
 
 def tuner_way(spec: Path, model: str, workdir: Path) -> tuple[int, float, dict]:
     """profile + tune as a user runs them: (answer N, seconds, tune's report)."""
-    env = fresh_env(workdir / "tuner.db", workdir / "cache")
+    env = tuner_env(workdir / "tuner.db", workdir / "cache")
     started = time.perf_counter()
     tuner(env, "profile", str(spec))
     report = json.loads(tuner(env, "tune", "--model", model, "--format", "json"))

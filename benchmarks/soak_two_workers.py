@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from common import tuner_cmd, tuner_env
 from sqlalchemy import func, select
 
 from tuner.measure.fingerprint import HostInfo
@@ -45,7 +46,6 @@ from tuner.measure.metrics import drafting_summary
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
-from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Model, Run, Sample
 
@@ -255,17 +255,9 @@ def live_worker(
     tally = WorkerTally(host=f"soak-host-{index}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"tuner-soak-{index}-") as cache:
-        env = {
-            **os.environ,
-            "TUNER_DB": db_url,
-            "TUNER_HOST_NAME": tally.host,
-            "TUNER_CACHE_DIR": cache,  # logs per worker; the bench stays where it is
-            "TUNER_BENCH_MANIFEST": str(Settings().bench_manifest_path),
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "tuner",
+        # logs in a cache per worker; the bench stays where it is
+        env = tuner_env(db_url, Path(cache), TUNER_HOST_NAME=tally.host)
+        command = tuner_cmd(
             "profile",
             str(LIVE_SPEC),
             "--levels",
@@ -286,7 +278,7 @@ def live_worker(
             f"workload.min_repeats={repeats}",
             "--set",
             f"workload.max_repeats={repeats}",
-        ]
+        )
         while time.monotonic() - started < seconds:
             result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if result.returncode != 0:

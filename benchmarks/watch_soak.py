@@ -19,13 +19,12 @@ import argparse
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from common import fresh_env, tuner
+from common import tuner, tuner_cmd, tuner_env
 
 from tuner.bench import load_bench
 from tuner.bench.traffic import offer_cycle, plain_server
@@ -54,7 +53,7 @@ def main() -> None:
     parser.add_argument("--db", help="a database with a profile of the bench spec already")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-soak-"))
-    env = fresh_env(work / "tuner.db", work / "cache")
+    env = tuner_env(work / "tuner.db", work / "cache")
     if args.db:
         env["TUNER_DB"] = args.db
     else:
@@ -87,10 +86,7 @@ def main() -> None:
         load.start()
         with log_path.open("w") as log:
             watcher = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tuner",
+                tuner_cmd(
                     "watch",
                     "--model",
                     MODEL,
@@ -104,7 +100,7 @@ def main() -> None:
                     f"{2 * args.every:g}",
                     "--on-change",
                     f"echo reload >> {reloads}",
-                ],
+                ),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,29 +1,45 @@
 """Shared fixtures: an isolated database and cache per test, and the real bench.
 
 Tests that measure run against the real llama-server bench that `scripts/setup.sh` builds; when
-it is missing they fail with the command that builds it, never skip silently.
+it is missing they fail with the command that builds it, never skip silently. A test that asks
+for the bench or PostgreSQL through a fixture here is marked `bench` / `postgres` by that alone,
+so `scripts/test.sh --fast` (`-m "not bench and not postgres and not slow"`) leaves it out.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from tunerproc import BENCH_MANIFEST, run_tuner, tuner_env
+from tunerproc import tuner_cmd as tuner_cmd  # for tests that import it from here
 
 from tuner.bench import Bench, load_bench
-from tuner.settings import Settings
 
-# Resolved before any test changes TUNER_CACHE_DIR, so every test finds the same bench.
-BENCH_MANIFEST = Settings().bench_manifest_path
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "profiles"
+
+
+# Fixtures that need the real bench or a PostgreSQL server: a test that uses one (directly or
+# through another fixture) gets the matching marker, whether or not its file says so.
+NEEDS = {
+    "bench": "bench",
+    "bench_profile": "bench",
+    "bench_profile_nmax3": "bench",
+    "pg_url": "postgres",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if (marker := NEEDS.get(fixture)) and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
 
 
 @pytest.fixture(autouse=True)
@@ -43,23 +59,6 @@ def bench() -> Bench:
     return load_bench(BENCH_MANIFEST)
 
 
-def tuner_cmd(*args: str) -> list[str]:
-    """The tuner command line, run with this interpreter (the installed package)."""
-    return [sys.executable, "-m", "tuner", *args]
-
-
-def tuner_env(db_url: str, cache_dir: Path, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "TUNER_DB": db_url,
-        "TUNER_CACHE_DIR": str(cache_dir),
-        "TUNER_BENCH_MANIFEST": str(BENCH_MANIFEST),
-        "COLUMNS": "200",
-    }
-    env.pop("TUNER_API_KEY", None)
-    return {**env, **extra}
-
-
 @dataclass(frozen=True)
 class ProfiledBench:
     """A finished `tuner profile` of a bench spec, shared by the tests that read it."""
@@ -77,13 +76,8 @@ def _profile_once(
     base = tmp_path_factory.mktemp(spec)
     db_url = f"sqlite:///{base / 'tuner.db'}"
     started = time.monotonic()
-    result = subprocess.run(
-        tuner_cmd("profile", str(PROFILES / f"{spec}.toml"), *extra),
-        env=tuner_env(db_url, base / "cache"),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+    result = run_tuner(
+        ["profile", str(PROFILES / f"{spec}.toml"), *extra], tuner_env(db_url, base / "cache"), 1200
     )
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
@@ -135,10 +129,50 @@ def pg_url():
         yield url
 
 
-def copy_db(profiled: ProfiledBench, dest_dir: Path) -> str:
-    """A private copy of a shared profile database, for tests that add to it."""
-    source = Path(profiled.db_url.removeprefix("sqlite:///"))
+def copy_sqlite(db_url: str, dest: Path) -> str:
+    """A private copy of a shared SQLite database (with its WAL) at file dest; its URL."""
+    source = Path(db_url.removeprefix("sqlite:///"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         if Path(f"{source}{suffix}").exists():
-            shutil.copy(f"{source}{suffix}", dest_dir / f"copy.db{suffix}")
-    return f"sqlite:///{dest_dir / 'copy.db'}"
+            shutil.copy(f"{source}{suffix}", f"{dest}{suffix}")
+    return f"sqlite:///{dest}"
+
+
+def copy_db(profiled: ProfiledBench, dest_dir: Path) -> str:
+    """A private copy of a shared profile database, for tests that add to it."""
+    return copy_sqlite(profiled.db_url, dest_dir / "copy.db")
+
+
+# --- benchdata's profile, fitted once per session ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fitted_bench_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """benchdata's bench profile stored (store_profile() with its defaults) and fitted the way
+    `tuner recommend` fits it first (seed 0, the default bootstrap), once per session: the fit
+    is the slow part, and it is the same for every copy of the same data. Read it through
+    fitted_bench_db, never directly."""
+    from benchdata import store_profile
+
+    from tuner.storage.engine import Store
+    from tuner.storage.fits import current_fit
+
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('fitted-bench') / 'tuner.db'}"
+    store = Store(db_url)
+    store_profile(store)
+    current_fit(store, FITTED_BENCH_MODEL, FITTED_BENCH_HOST, host_explicit=True)
+    store.dispose()
+    return db_url
+
+
+FITTED_BENCH_MODEL = "smollm2-bench"  # store_profile's defaults
+FITTED_BENCH_HOST = "bench-host"
+
+
+@pytest.fixture
+def fitted_bench_db(fitted_bench_template: str, tmp_path: Path) -> str:
+    """A private copy of fitted_bench_template (at tmp_path/fitted/tuner.db): the database a
+    test would have after store_profile() and a first recommend's fit (run 1, fit 1), so a
+    recommend, predict or report reuses that fit. Not for tests about making a fit."""
+    return copy_sqlite(fitted_bench_template, tmp_path / "fitted" / "tuner.db")

@@ -1,18 +1,16 @@
-"""Helpers for the fleet, fault and PostgreSQL tests: processes, /proc scans, database peeks.
+"""Helpers for the fleet, fault and PostgreSQL tests: live profile arguments, /proc scans,
+database peeks, a PostgreSQL database per test.
 
 Nothing here mocks the bench: faults are real signals to real processes, real locks held by
-another process, a real full filesystem.
+another process, a real full filesystem. Running tuner itself is tunerproc's job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +21,17 @@ from typing import Any
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ProgrammingError
+
+# Re-exported for the test files that still import them from here; new code imports tunerproc.
+from tunerproc import Finished as Finished
+from tunerproc import finish as finish
+from tunerproc import run_tuner as run_tuner
+from tunerproc import start_tuner as start_tuner
+from tunerproc import tuner_cmd as tuner_cmd
+from tunerproc import tuner_env
+from tunerproc import tuner_json as tuner_json
+
+env_for = tuner_env  # its old name here
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "profiles"
@@ -41,11 +50,6 @@ QUICK = [
 ]
 
 
-def tuner_cmd(*args: str) -> list[str]:
-    """The tuner command line, run with this interpreter (the installed package)."""
-    return [sys.executable, "-m", "tuner", *args]
-
-
 def profile_args(levels: str = "1,2", max_tokens: int = 32, *extra: str) -> list[str]:
     return [
         "profile",
@@ -59,20 +63,6 @@ def profile_args(levels: str = "1,2", max_tokens: int = 32, *extra: str) -> list
         "0",  # the levels asked for only: no adaptive levels
         *extra,
     ]
-
-
-def env_for(db_url: str, cache_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a tuner subprocess: this test's database and cache, the real bench."""
-    env = {
-        **os.environ,
-        "TUNER_DB": db_url,
-        "TUNER_CACHE_DIR": str(cache_dir),
-        "COLUMNS": "200",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("TUNER_API_KEY", None)
-    env.pop("TUNER_HOST_NAME", None)
-    return {**env, **extra}
 
 
 def wait_for(
@@ -150,58 +140,6 @@ def assert_no_servers(marker: str, within_s: float = 15.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"orphaned llama-server processes: {left}"
-
-
-@dataclass
-class Finished:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
-
-
-def finish(process: subprocess.Popen[str], timeout_s: float = 300.0) -> Finished:
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
-        raise AssertionError(
-            f"tuner did not finish within {timeout_s} s:\n{stderr[-3000:]}"
-        ) from None
-    return Finished(process.returncode, stdout, stderr)
-
-
-def _interactive_signals() -> None:
-    # A test runner started in the background by a non-interactive shell ignores SIGINT, and its
-    # children inherit that; a user's terminal does not: give the tuner the default disposition
-    # so that SIGINT means Ctrl-C, as it does for a user.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start_tuner(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        tuner_cmd(*args),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_interactive_signals,
-    )
-
-
-def run_tuner(args: list[str], env: dict[str, str], timeout_s: float = 600.0) -> Finished:
-    return finish(start_tuner(args, env), timeout_s)
-
-
-def tuner_json(env: dict[str, str], *args: str, timeout_s: float = 1200.0) -> Any:
-    """A command with --format json: it must succeed; what it printed."""
-    result = run_tuner([*args, "--format", "json"], env, timeout_s)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
 
 
 # --- database peeks (read-only; a WAL reader never waits for the writer) ----------------------

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, tuner_env
-from fleetkit import run_tuner, tuner_json
+from conftest import PROFILES
 from sqlalchemy import select
+from tunerproc import run_tuner, tuner_env, tuner_json
 
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Sample

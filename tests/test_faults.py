@@ -24,24 +24,20 @@ from pathlib import Path
 
 import pytest
 from fleetkit import (
-    Finished,
     assert_kept,
     assert_no_servers,
     assert_run_complete,
     children_named,
     completed,
-    env_for,
-    finish,
     is_dead,
     levels,
     profile_args,
-    run_tuner,
     running_level,
     runs,
     snapshot,
-    start_tuner,
     wait_for,
 )
+from tunerproc import Finished, finish, run_tuner, start_tuner, tuner_env
 
 from tuner.bench import Bench
 
@@ -58,7 +54,7 @@ class Case:
         self.cache = tmp_path / "cache"
         self.db_path = (db_dir or tmp_path) / "tuner.db"
         self.db = f"sqlite:///{self.db_path}"
-        self.env = env_for(self.db, self.cache, **env)
+        self.env = tuner_env(self.db, self.cache, **env)
         self.marker = f"TUNER_CACHE_DIR={self.cache}"
 
     def resume(self, args: list[str], **env: str) -> Finished:

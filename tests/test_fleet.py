@@ -16,15 +16,8 @@ from pathlib import Path
 
 import pytest
 from benchdata import BENCH_LEVELS, store_profile
-from fleetkit import (
-    REPO,
-    env_for,
-    finish,
-    peek,
-    profile_args,
-    start_tuner,
-    tuner_cmd,
-)
+from fleetkit import REPO, peek, profile_args
+from tunerproc import finish, start_tuner, tuner_cmd, tuner_env
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
@@ -149,7 +142,7 @@ def test_two_live_profiles_of_one_model_share_one_database(db_url: str, tmp_path
     # on each other for minutes.
     args = profile_args("1,2", 16, "--set", "server.threads=1")
     tuners = [
-        start_tuner(args, env_for(db_url, tmp_path / f"cache-{host}", TUNER_HOST_NAME=host))
+        start_tuner(args, tuner_env(db_url, tmp_path / f"cache-{host}", TUNER_HOST_NAME=host))
         for host in ("host-a", "host-b")
     ]
     for tuner in tuners:
@@ -270,7 +263,7 @@ def test_optuna_tables_created_by_many_processes_at_once(db_url: str) -> None:
 
 
 def _concurrent_recommends(db_url: str, count: int = 2) -> list[dict]:
-    env = {**env_for(db_url, Path("/nonexistent")), "TUNER_HOST_NAME": "host-a"}
+    env = tuner_env(db_url, Path("/nonexistent"), TUNER_HOST_NAME="host-a")
     processes = [
         subprocess.Popen(
             tuner_cmd("recommend", "--model", "smollm2-bench", "--format", "json", "-q"),

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ProfiledBench, copy_db, tuner_cmd, tuner_env
-from fleetkit import tuner_json
+from conftest import ProfiledBench, copy_db
 from sqlalchemy import select
+from tunerproc import tuner_cmd, tuner_env, tuner_json
 
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample

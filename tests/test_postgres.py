@@ -16,19 +16,16 @@ from fleetkit import (
     assert_kept,
     assert_no_servers,
     assert_run_complete,
-    env_for,
-    finish,
     levels,
     peek,
     profile_args,
-    run_tuner,
     running_level,
     runs,
     snapshot,
-    start_tuner,
     wait_for,
 )
 from sqlalchemy import create_engine, inspect
+from tunerproc import finish, run_tuner, start_tuner, tuner_env
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
@@ -102,7 +99,7 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     """A live profile on PostgreSQL, interrupted during a level and resumed to completion; then
     recommend, validate and tune (live) on the same database."""
     cache = tmp_path / "cache"
-    env = env_for(pg_url, cache)
+    env = tuner_env(pg_url, cache)
     args = profile_args("1,2", 96)
     tuner = start_tuner(args, env)
     wait_for(lambda: running_level(pg_url, "plain", 2), timeout_s=180, interval_s=0.05)

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, ProfiledBench, copy_db, tuner_cmd, tuner_env
+from conftest import PROFILES, ProfiledBench, copy_db
 from sqlalchemy import func, select
+from tunerproc import tuner_cmd, tuner_env
 
 from tuner.errors import StorageError
 from tuner.storage.engine import Store
