@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Builds a wheel and installs it with its dependencies into a new virtualenv: minutes on 2 cores.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
 

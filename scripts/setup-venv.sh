@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The virtualenv half of scripts/setup.sh: .venv with tuner (editable) and its test tools, no
+# bench; all that scripts/test.sh --fast needs. Safe to rerun: pip runs again only when
+# pyproject.toml changed since the last install that succeeded (the package itself is editable,
+# so changed sources need no reinstall).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.tuner-installed
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+    rm -f "$stamp"
+    pip_ok=true
+    .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]' > .venv/pip.log 2>&1 \
+        || pip_ok=false
+    grep -v "is ignored: it is neither a file nor a directory" .venv/pip.log || true
+    .venv/bin/python -c "import tuner, optuna, sqlalchemy, scipy" \
+        || { echo "setup: the virtualenv is incomplete (pip install failed?)" >&2; exit 1; }
+    # Only a complete install is remembered: after a failed one, the next run tries again.
+    if $pip_ok; then
+        echo "$wanted" > "$stamp"
+    fi
+fi
