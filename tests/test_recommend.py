@@ -230,9 +230,8 @@ def test_bench_regimes_recommend_a_threshold_the_measurements_agree_with(
 # --- storage and provenance --------------------------------------------------------------------
 
 
-def test_recommendation_is_stored_with_its_fit_and_study(db: str) -> None:
-    store = Store(db)
-    store_profile(store)
+def test_recommendation_is_stored_with_its_fit_and_study(fitted_bench_db: str) -> None:
+    store = Store(fitted_bench_db)  # store_profile()'s data, its fit made once per session
     report = recommend(store, "smollm2-bench", "bench-host", host_explicit=True)
     with store.session() as session:
         row = session.get(RecommendationRow, report.id)
@@ -274,13 +273,17 @@ def test_same_data_gives_the_same_answer(tmp_path: Path) -> None:
     for i in range(2):
         store = Store(f"sqlite:///{tmp_path / f'{i}.db'}")
         store_profile(store)
-        r = recommend(store, "smollm2-bench", "bench-host", host_explicit=True, tune_n_max=True)
+        # A small bootstrap: the study's cost grows with it, the determinism asked for does not.
+        fit = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True, replicates=20)
+        r = recommend(
+            store, "smollm2-bench", "bench-host", host_explicit=True, tune_n_max=True, fit_id=fit.id
+        )
         answers.append((r.max_slots, r.n_max, r.objective, r.reasons))
     assert answers[0] == answers[1]
 
 
-def test_tune_n_max_prints_both_settings(db: str) -> None:
-    store_profile(Store(db))
+def test_tune_n_max_prints_both_settings(fitted_bench_db: str) -> None:
+    db = fitted_bench_db  # store_profile()'s data, its fit made once per session
     result = cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "-q")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
@@ -299,9 +302,10 @@ def test_tune_n_max_prints_both_settings(db: str) -> None:
     assert data["host_note"] in shell.stderr
 
 
-def test_unreachable_single_stream_floor_is_an_error(db: str) -> None:
-    store_profile(Store(db))
-    result = cli(db, "recommend", "--model", "smollm2-bench", "--min-single-stream", "10000")
+def test_unreachable_single_stream_floor_is_an_error(fitted_bench_db: str) -> None:
+    result = cli(
+        fitted_bench_db, "recommend", "--model", "smollm2-bench", "--min-single-stream", "10000"
+    )
     assert result.exit_code == 2 and "--min-single-stream" in result.stderr
 
 
@@ -316,8 +320,8 @@ def test_weights_from_the_profile_shape_the_objective(db: str) -> None:
     assert report.objective == pytest.approx(row.chosen)
 
 
-def test_predict_table_and_n_max(db: str) -> None:
-    store_profile(Store(db))
+def test_predict_table_and_n_max(fitted_bench_db: str) -> None:
+    db = fitted_bench_db  # store_profile()'s data, its fit made once per session
     result = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "3")
     assert result.exit_code == 0, result.output
     assert "n_max 3" in result.stdout
@@ -403,9 +407,8 @@ def test_plain_ahead_everywhere_recommends_the_least_drafting() -> None:
     assert choice.reasons[0].code is ReasonCode.PLAIN_EVERYWHERE
 
 
-def test_every_output_format_renders_the_same_answer(db: str) -> None:
-    store_profile(Store(db))
-    report = recommend(Store(db), "smollm2-bench", "bench-host", host_explicit=True)
+def test_every_output_format_renders_the_same_answer(fitted_bench_db: str) -> None:
+    report = recommend(Store(fitted_bench_db), "smollm2-bench", "bench-host", host_explicit=True)
     n = str(report.max_slots)
     rendered = {fmt: report.render(fmt) for fmt in OutputFormat}
     assert len(set(rendered.values())) == len(OutputFormat)  # each format is its own

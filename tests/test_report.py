@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from benchdata import BENCH_LEVELS, Rep, store_profile
+from conftest import copy_sqlite
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -58,10 +59,9 @@ def db(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def bench_store(db: str) -> Store:
-    store = Store(db)
-    store_profile(store, host=BENCH_HOST)
-    return store
+def bench_store(db: str, fitted_bench_template: str) -> Store:
+    """store_profile()'s bench data (on BENCH_HOST) at db, with its fit made once per session."""
+    return Store(copy_sqlite(fitted_bench_template, Path(db.removeprefix("sqlite:///"))))
 
 
 def cli(db: str, *args: str):

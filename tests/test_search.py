@@ -115,7 +115,10 @@ def test_same_data_same_answer(tmp_path: Path) -> None:
     for i in range(2):
         store = Store(f"sqlite:///{tmp_path / f'{i}.db'}")
         store_profile(store)
-        stored = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True)
+        # A small bootstrap: the study's cost grows with it, the determinism asked for does not.
+        stored = current_fit(
+            store, "smollm2-bench", "bench-host", host_explicit=True, replicates=20
+        )
         weights = search.objective_weights(stored.model.n_parallel)
         result = search.run_study(
             store.url, "s", stored.model, weights, tune_n_max=True, seed=i

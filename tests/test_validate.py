@@ -93,10 +93,9 @@ def _checking(rec: Recommendation, n: int) -> Recommendation:
     [(2, 0.0), (3, 100 * (190 - 177.5) / 190), (1, 100 * (190 - 187.5) / 190)],
 )
 def test_regret_and_model_error_match_the_hand_computed_figures(
-    db: str, checked: int, regret: float
+    fitted_bench_db: str, checked: int, regret: float
 ) -> None:
-    store = Store(db)
-    store_profile(store)
+    store = Store(fitted_bench_db)  # store_profile()'s data, its fit made once per session
     rec = recommend(store, MODEL, HOST, host_explicit=True)
     run_id = _store_validation(store)
     # As `tuner validate` does: the run names the recommendation and the N it measures as it;
@@ -172,11 +171,10 @@ def test_a_server_without_the_flag_is_refused_before_anything_runs(
         )
 
 
-def test_a_recommended_n_with_a_failed_level_gets_no_regret_figure(db: str) -> None:
+def test_a_recommended_n_with_a_failed_level_gets_no_regret_figure(fitted_bench_db: str) -> None:
     """Its weighted figure would leave a level out, so it cannot be compared: no number at all
     rather than a flattering 0 %."""
-    store = Store(db)
-    store_profile(store)
+    store = Store(fitted_bench_db)  # store_profile()'s data, its fit made once per session
     rec = recommend(store, MODEL, HOST, host_explicit=True)
     run_id = _store_validation(store)
     with store.session() as session:
