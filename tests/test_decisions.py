@@ -14,9 +14,10 @@ import pytest
 from twinworlds import regret, truth, world
 
 from tuner.decide.choice import ReasonCode
-from tuner.decide.paired import Contrast, LevelDiffs
-from tuner.decide.tune import tune
+from tuner.decide.paired import Contrast
+from tuner.decide.tune import live_gains, tune
 from tuner.measure.load import Workload, summarize
+from tuner.measure.schedule import PAIRS_PER_PASS
 from tuner.policy import Policy
 from tuner.storage import recommendations
 from tuner.storage.engine import Store
@@ -97,10 +98,11 @@ def test_a_run_that_cannot_decide_says_so_and_names_what_to_measure(tmp_path: Pa
 
 
 def test_one_sided_bounds_from_paired_twin_rounds_miss_the_truth_no_more_than_they_say() -> None:
-    """Four pairs of always-draft and threshold 3 at 4 streams, on one simulated launch of the
-    noisy bench world, 120 times with different seeds: each of the two one-sided 95 % bounds may
-    miss the truth's gain in about 5 % of runs (t-quantiles for 3 degrees of freedom). Bounds of
-    one standard error would miss in about 40 %."""
+    """Three A B B A blocks of always-draft and threshold 3 at 4 streams, on one simulated
+    launch of the noisy bench world, 120 times with different seeds, paired and counted as tune
+    counts them (tune.live_gains: a block is one unit): each of the two one-sided 95 % bounds
+    may miss the truth's gain in about 5 % of runs (t-quantiles for 2 degrees of freedom).
+    Bounds of one standard error would miss in about 40 %."""
     w, c = world("bench"), 4
     t = truth("bench")
     gain = t.tps(Policy.always(), c) - t.tps(Policy.threshold(c - 1), c)
@@ -109,14 +111,18 @@ def test_one_sided_bounds_from_paired_twin_rounds_miss_the_truth_no_more_than_th
     misses, runs = 0, 120
     for seed in range(runs):
         backend = TwinBackend(w, switch="live", seed=seed)
-        diffs = []
-        for pair in range(4):
-            order = (on, off) if pair % 2 == 0 else (off, on)
-            tps = {}
-            for policy in order:
-                measured = backend.measure(policy, (0, c), 1000 * seed + pair, workload)
-                tps[policy] = summarize(measured.samples, c).tokens_per_second
-            diffs.append(tps[on] - tps[off])
-        low, high = Contrast.of({c: LevelDiffs(tuple(diffs))}, {c: 1.0}).bounds(0.95)
+        rounds: dict[tuple[int, str, int], list[dict]] = {}
+        for block in range(3):
+            for pair in range(2):
+                key = block * PAIRS_PER_PASS + pair
+                order = (on, off) if pair == 0 else (off, on)
+                for policy in order:
+                    measured = backend.measure(policy, (0, c), 10_000 * seed + key, workload)
+                    tps = summarize(measured.samples, c).tokens_per_second
+                    entry = {"tokens_per_second": tps, "round_key": key}
+                    rounds.setdefault((seed, policy.config_name, c), []).append(entry)
+        diffs = live_gains(rounds)[c]
+        assert diffs.n == 3
+        low, high = Contrast.of({c: diffs}, {c: 1.0}).bounds(0.95)
         misses += not low <= gain <= high
     assert misses <= 0.15 * runs, misses

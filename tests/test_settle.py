@@ -65,6 +65,9 @@ def test_verdicts_need_a_side_not_a_decimal() -> None:
     assert verdict(Contrast(-3.0, 0.5, 20), tol) == BEHIND
     assert verdict(Contrast(0.2, 0.3, 20), tol) == WITHIN
     assert verdict(Contrast(0.2, 3.0, 20), tol) == UNRESOLVED
+    # surely ahead, but by less than the tolerance: moving would gain less than it, and the tie
+    # rule would move back; the answer holds
+    assert verdict(Contrast(0.6, 0.1, 20), tol) == WITHIN
     assert equivalent(Contrast(0.1, 0.2, 50), tol)
     assert not equivalent(Contrast(0.1, 2.0, 50), tol)
 

@@ -23,23 +23,26 @@ def rep(tps: float, key: int) -> dict:
     return {"tokens_per_second": tps, "round_key": key}
 
 
-def test_gains_pair_on_and_off_by_round_key_at_each_level() -> None:
+def test_gains_pair_on_and_off_by_round_key_and_count_blocks_at_each_level() -> None:
     repeats = {
-        # at 4 streams always-draft drafts, threshold 3 does not: on - off per round key
-        (1, "spec", 4): [rep(100.0, 0), rep(90.0, 1), rep(95.0, 2)],
-        (1, "max-slots-3", 4): [rep(98.0, 0), rep(92.0, 1)],
+        # at 4 streams always-draft drafts, threshold 3 does not: on - off per round key; round
+        # keys 0 and 1 are pass 0's two pairs (one A B B A block), 1000 is pass 1's
+        (1, "spec", 4): [rep(100.0, 0), rep(90.0, 1), rep(95.0, 1000), rep(70.0, 2000)],
+        (1, "max-slots-3", 4): [rep(98.0, 0), rep(94.0, 1), rep(92.0, 1000)],
         # threshold 5 drafts at 4 streams: another "on" of the same level
-        (1, "max-slots-5", 4): [rep(97.0, 3)],
-        (1, "max-slots-1", 4): [rep(99.0, 3)],
+        (1, "max-slots-5", 4): [rep(97.0, 3000)],
+        (1, "max-slots-1", 4): [rep(99.0, 3000)],
         # plain is another server: never part of a drafting gain
-        (1, "plain", 4): [rep(80.0, 0)],
+        (1, "plain", 4): [rep(80.0, 2000)],
         # another run's round 0 pairs only within that run
         (2, "spec", 4): [rep(50.0, 0)],
         (2, "max-slots-3", 4): [rep(45.0, 0)],
-        (3, "max-slots-3", 4): [rep(40.0, 2)],
+        (3, "max-slots-3", 4): [rep(40.0, 0)],
     }
     gains = live_gains(repeats)
-    assert sorted(gains[4].diffs) == sorted((2.0, -2.0, -2.0, 5.0))
+    # blocks: run 1 pass 0 (2 and -4: mean -1), pass 1 (3), pass 3 (-2); run 2 pass 0 (5)
+    assert sorted(gains[4].diffs) == sorted((-1.0, 3.0, -2.0, 5.0))
+    assert gains[4].df == 3
 
 
 def test_a_live_sweep_pairs_always_draft_with_the_threshold_just_below_each_level() -> None:

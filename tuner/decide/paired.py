@@ -115,18 +115,23 @@ def verdict(advantage: Contrast, tolerance: float, confidence: float = 0.95) -> 
     """Where a contender stands against the answer, from its advantage (contender - answer),
     one-sided at `confidence`:
 
-    - AHEAD: the lower bound clears zero; the answer should move;
+    - AHEAD: the lower bound clears zero and the upper bound exceeds the tolerance: the
+      contender is better, possibly by more than the tolerance; the answer should move;
     - BEHIND: the upper bound is at or below zero;
     - WITHIN: the upper bound is within the tolerance: the contender is at most that much
-      ahead, and the answer holds;
-    - UNRESOLVED: neither bound has cleared yet."""
+      ahead (even where it is surely ahead), and the answer holds;
+    - UNRESOLVED: neither bound has cleared yet.
+
+    A contender surely ahead but by less than the tolerance does not move the answer: moving
+    would gain less than the tolerance, and the tie rule would move it back (the smaller of
+    equivalent values is the answer)."""
     low, high = advantage.bounds(confidence)
-    if low > 0:
-        return AHEAD
     if high <= 0:
         return BEHIND
     if high <= tolerance:
         return WITHIN
+    if low > 0:
+        return AHEAD
     return UNRESOLVED
 
 

@@ -184,15 +184,17 @@ def next_levels(
 
 
 def gains_from_rounds(
-    rounds: Mapping[int, Mapping[str, Mapping[Any, float]]],
-) -> dict[int, LevelDiffs]:
+    rounds: Mapping[int, Mapping[str, Mapping[Any, float]]], keyed: bool = False
+) -> dict[int, Any]:
     """Paired on - off differences per level from rounds keyed (level -> arm -> pair key ->
-    tok/s), arm "on" or "off": one difference per pair key both arms measured."""
-    out = {}
+    tok/s), arm "on" or "off": one difference per pair key both arms measured; keyed: as
+    {pair key: difference} per level instead of LevelDiffs."""
+    out: dict[int, Any] = {}
     for c, arms in rounds.items():
         on, off = arms.get("on", {}), arms.get("off", {})
         keys = sorted(on.keys() & off.keys())
-        out[c] = LevelDiffs(tuple(on[k] - off[k] for k in keys))
+        diffs = {k: on[k] - off[k] for k in keys}
+        out[c] = diffs if keyed else LevelDiffs(tuple(diffs.values()))
     return out
 
 

@@ -27,6 +27,7 @@ behind are pruned. The answer is stored as the recommendation that stands (sourc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -43,7 +44,7 @@ from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError
 from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, quiet
-from tuner.measure.schedule import Cell, off_arm
+from tuner.measure.schedule import PAIRS_PER_PASS, Cell, off_arm
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.storage import recommendations
@@ -72,8 +73,11 @@ def live_gains(
 ) -> dict[int, LevelDiffs]:
     """Paired on - off differences per level from stored rounds keyed (run id, config,
     concurrency): "on" a drafting policy that drafts at the level, "off" a threshold that does
-    not; one difference per (run, round key) both measured (the halves of a pair: one launch,
-    seconds apart, the same prompts and seeds). Plain is another server and never pairs here."""
+    not. A pair is both halves of one round key (one launch, seconds apart, the same prompts
+    and seeds); the unit is a block, the pairs of one pass at the level (A B B A: two pairs
+    whose off rounds sit side by side share a spell, so they are not independent), averaged:
+    one difference per (run, pass), its degrees of freedom counted by blocks. Plain is another
+    server and never pairs here."""
     by_level: dict[int, dict[str, dict[tuple[int, int], float]]] = {}
     for (run_id, config, c), reps in rounds.items():
         policy = stored_policy(config)
@@ -84,7 +88,13 @@ def live_gains(
             if r.get("tokens_per_second") and r.get("round_key") is not None:
                 key = (run_id, int(r["round_key"]))
                 by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])
-    return settle.gains_from_rounds(by_level)
+    out = {}
+    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
+        blocks: dict[tuple[int, int], list[float]] = {}
+        for (run_id, round_key), diff in pairs.items():
+            blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append(diff)
+        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
+    return out
 
 
 def sweep_arms(levels: Sequence[int], depth: int, n_max: int, live: bool) -> dict[Cell, list]:
@@ -247,6 +257,7 @@ def tune(
     def body() -> None:
         nonlocal answer, objective
         moves = 0
+        visited = {answer}
         while True:
             gains = live_gains(paired_rounds(store, model_name, host, depth, n_max, workload_now))
             standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
@@ -258,6 +269,26 @@ def tune(
                 observer(
                     ProgressEvent("message", text=_moved_text(answer, standing, report.sweeps))
                 )
+                if standing.answer in visited:
+                    # Back to an answer it left: the data do not separate the two. The smaller
+                    # stands, unresolved, with the levels between them to measure next.
+                    back, answer = answer, min(answer, standing.answer)
+                    report.settled = dataclasses.replace(
+                        standing,
+                        answer=answer,
+                        status=settle.OPEN,
+                        measure_next=settle.between(back, standing.answer),
+                    )
+                    report.history[-1] = answer
+                    observer(
+                        ProgressEvent(
+                            "message",
+                            text=f"the answer went back to N={standing.answer}: N={back} and "
+                            f"N={standing.answer} are not separated; N={answer} stands",
+                        )
+                    )
+                    return
+                visited.add(standing.answer)
                 answer = standing.answer
                 objective = model_objective(cm, answer, n_max, weights)
                 if moves < MAX_MOVES:

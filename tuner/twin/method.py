@@ -103,7 +103,18 @@ def run_method(
     """Run one method on the world (see the module docstring)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
-    folder = Path(workdir or tempfile.mkdtemp(prefix="tuner-twin-"))
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="tuner-twin-") as tmp:
+            return run_method(
+                world,
+                method,
+                weights=weights,
+                seed=seed,
+                budget_s=budget_s,
+                workdir=Path(tmp),
+                max_tokens=max_tokens,
+            )
+    folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
     store = Store(f"sqlite:///{folder / f'{method}-{seed}.db'}")
     try:
