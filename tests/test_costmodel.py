@@ -540,6 +540,7 @@ def test_intervals_are_not_clamped_to_hold_the_point() -> None:
     assert np.all(gain.lower > gain.point)
 
 
+@pytest.mark.slow
 def test_leave_one_level_out_covers_held_out_levels_of_known_curves() -> None:
     """Noisy repeats of known curves at 1..8: the held-out levels fall inside their 90 %
     intervals at least 80 % of the time, and no point is predicted by a fit that saw it."""

@@ -94,6 +94,7 @@ def _deeper(factor_per_stream: float) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_recommend_answers_for_a_depth_it_did_not_measure_without_storing_it(tmp_path) -> None:
     from benchdata import store_profile
     from sqlalchemy import func, select
@@ -169,6 +170,7 @@ def test_a_scaled_workload_shortens_outputs_to_no_fewer_than_its_floor() -> None
     assert asyncio.run(lengths(0.05)) == [32] * 3  # the floor
 
 
+@pytest.mark.slow
 def test_recommend_answers_for_the_spec_depth_mix_by_default(tmp_path) -> None:
     from benchdata import store_profile
 

@@ -58,6 +58,7 @@ def all_succeed(processes: list[subprocess.Popen[str]], timeout_s: float = 300) 
 # --- storage under concurrent writers ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_processes_starting_together_migrate_once(db_url: str) -> None:
     code = "import sys\nfrom tuner.storage.engine import Store\nStore(sys.argv[1]).dispose()\n"
     all_succeed([python(code, db_url) for _ in range(6)])
@@ -75,6 +76,7 @@ for i in range(count):
 """
 
 
+@pytest.mark.slow
 def test_new_sqlite_databases_opened_by_processes_at_once(tmp_path: Path) -> None:
     """Switching a new file to WAL fails at once ("database is locked") when another process
     does the same; before the retry this failed about one start in twenty."""
@@ -85,6 +87,7 @@ def test_new_sqlite_databases_opened_by_processes_at_once(tmp_path: Path) -> Non
         assert peek(db, "SELECT COUNT(*) FROM tuner_alembic_version") == [(1,)]
 
 
+@pytest.mark.slow
 def test_soak_two_profile_workers_lose_and_duplicate_nothing(db_url: str) -> None:
     result = subprocess.run(
         [
@@ -128,6 +131,7 @@ with store.exclusive("fit:shared-model") as session:
 """
 
 
+@pytest.mark.slow
 def test_exclusive_check_then_insert_happens_once(db_url: str) -> None:
     Store(db_url).dispose()
     all_succeed([python(EXCLUSIVE, db_url) for _ in range(4)])
@@ -206,6 +210,7 @@ def recommend(db_url: str, *args: str, host_name: str = "host-a") -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_recommend_answers_per_host(db_url: str) -> None:
     store = Store(db_url)
     store_profile(store, host="host-a")
@@ -253,6 +258,7 @@ def test_resume_takes_only_this_hosts_run(db_url: str) -> None:
 # --- one Optuna study for concurrent recommendations ------------------------------------------
 
 
+@pytest.mark.slow
 def test_optuna_tables_created_by_many_processes_at_once(db_url: str) -> None:
     """Optuna creates its tables on first use; store.optuna_storage serialises that."""
     code = (
@@ -277,6 +283,7 @@ def _concurrent_recommends(db_url: str, count: int = 2) -> list[dict]:
     return [json.loads(out) for out in all_succeed(processes)]
 
 
+@pytest.mark.slow
 def test_concurrent_recommendations_share_one_study(db_url: str) -> None:
     store = Store(db_url)
     store_profile(store, host="host-a")
@@ -300,6 +307,7 @@ def test_concurrent_recommendations_share_one_study(db_url: str) -> None:
     assert duplicates == []
 
 
+@pytest.mark.slow
 def test_concurrent_first_recommendations_make_one_fit(db_url: str) -> None:
     store = Store(db_url)
     store_profile(store, host="host-a")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from benchdata import BENCH_LEVELS, Rep, store_profile
+from conftest import copy_sqlite
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -49,11 +50,21 @@ def cli(db: str, *args: str):
     return runner.invoke(app, ["--db", db, *args], env={"TUNER_HOST_NAME": "this-box"})
 
 
-@pytest.fixture
-def seeded(db: str) -> str:
-    result = cli(db, "import", str(SEED))
-    assert result.exit_code == 0, result.output
+@pytest.fixture(scope="module")
+def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The seed table imported and fitted as `tuner fit` fits it (the fit every recommend of the
+    seed reuses), once for this module: the fit is the slow part. Read it through seeded."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('seeded') / 'rec.db'}"
+    for args in (["import", str(SEED)], ["fit", "--model", SEED_MODEL]):
+        result = cli(db, *args)
+        assert result.exit_code == 0, result.output
     return db
+
+
+@pytest.fixture
+def seeded(seeded_template: str, tmp_path: Path) -> str:
+    """A private copy of seeded_template."""
+    return copy_sqlite(seeded_template, tmp_path / "seeded.db")
 
 
 def codes(reasons: list) -> list[ReasonCode]:
@@ -255,6 +266,7 @@ def test_recommendation_is_stored_with_its_fit_and_study(fitted_bench_db: str) -
     assert stored.table == report.table and stored.measure_next == report.measure_next
 
 
+@pytest.mark.slow
 def test_fit_is_reused_until_the_data_changes(db: str) -> None:
     store = Store(db)
     store_profile(store)
@@ -268,20 +280,18 @@ def test_fit_is_reused_until_the_data_changes(db: str) -> None:
     assert newer.id not in (first.id, explicit.id) and newer.inputs["runs"] == [1, 2]
 
 
+@pytest.mark.slow
 def test_same_data_gives_the_same_answer(tmp_path: Path) -> None:
     answers = []
     for i in range(2):
         store = Store(f"sqlite:///{tmp_path / f'{i}.db'}")
         store_profile(store)
-        # A small bootstrap: the study's cost grows with it, the determinism asked for does not.
-        fit = current_fit(store, "smollm2-bench", "bench-host", host_explicit=True, replicates=20)
-        r = recommend(
-            store, "smollm2-bench", "bench-host", host_explicit=True, tune_n_max=True, fit_id=fit.id
-        )
+        r = recommend(store, "smollm2-bench", "bench-host", host_explicit=True, tune_n_max=True)
         answers.append((r.max_slots, r.n_max, r.objective, r.reasons))
     assert answers[0] == answers[1]
 
 
+@pytest.mark.slow
 def test_tune_n_max_prints_both_settings(fitted_bench_db: str) -> None:
     db = fitted_bench_db  # store_profile()'s data, its fit made once per session
     result = cli(db, "recommend", "--model", "smollm2-bench", "--tune-n-max", "-q")
@@ -309,6 +319,7 @@ def test_unreachable_single_stream_floor_is_an_error(fitted_bench_db: str) -> No
     assert result.exit_code == 2 and "--min-single-stream" in result.stderr
 
 
+@pytest.mark.slow
 def test_weights_from_the_profile_shape_the_objective(db: str) -> None:
     store = Store(db)
     store_profile(store, weights={"1": 1.0})
@@ -434,6 +445,7 @@ def test_library_raises_nothing_to_do(db: str) -> None:
         assert session.scalars(select(RecommendationRow)).first() is None
 
 
+@pytest.mark.slow
 def test_objectives_on_the_seed_table(seeded: str) -> None:
     import json
 

@@ -291,6 +291,7 @@ def _assert_worst_residual(section: str, worst: PointFit) -> None:
     assert f"{worst.concurrency} stream" in line
 
 
+@pytest.mark.slow
 def test_bench_report_files_from_the_cli(
     bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -391,6 +392,7 @@ def test_default_out_is_tuner_report_in_the_working_folder(
     assert sorted(p.name for p in work.iterdir()) == ["tuner-report"]
 
 
+@pytest.mark.slow
 def test_seed_report_from_the_imported_table(
     db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -465,6 +467,7 @@ def _store_validation(store: Store, rec: Recommendation) -> int:
     return run_id
 
 
+@pytest.mark.slow
 def test_report_shows_the_validation(
     bench_store: Store, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -512,6 +515,7 @@ def test_report_shows_the_validation(
     assert standing in section
 
 
+@pytest.mark.slow
 def test_a_validation_on_another_host_is_named_not_shown(
     bench_store: Store, tmp_path: Path
 ) -> None:
@@ -599,6 +603,7 @@ def store_open_loop(store: Store, profile_run: int) -> int:
         return run.id
 
 
+@pytest.mark.slow
 def test_the_report_plots_and_tables_the_open_loop_run(db: str, tmp_path: Path) -> None:
     store = Store(db)
     run_id = store_open_loop(store, store_profile(store, host=BENCH_HOST))
@@ -619,6 +624,7 @@ def test_the_report_plots_and_tables_the_open_loop_run(db: str, tmp_path: Path) 
     assert "no open-loop validation yet" in bare.summary.read_text()
 
 
+@pytest.mark.slow
 def test_the_report_draws_the_crossover_against_depth(db: str, tmp_path: Path) -> None:
     from tuner.report.dimensions import Dimensions
 

@@ -110,6 +110,7 @@ def test_interrupted_study_finishes_the_rest(store: Store) -> None:
     assert sorted(result.row(model.n_max)) == list(range(model.n_parallel + 1))
 
 
+@pytest.mark.slow
 def test_same_data_same_answer(tmp_path: Path) -> None:
     answers = []
     for i in range(2):
@@ -127,6 +128,7 @@ def test_same_data_same_answer(tmp_path: Path) -> None:
     assert answers[0] == answers[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tpe_budget_reaches_the_enumerated_optimum_on_a_larger_space(seed: int) -> None:
     """Above BRUTE_FORCE_LIMIT the study samples with TPE: its budget must still find the top."""
@@ -248,6 +250,7 @@ def test_ties_go_to_the_preferred_policy(preferred: Policy, other: Policy) -> No
     assert search.best_candidate([tie[1], ahead], 8, 4).policy == other
 
 
+@pytest.mark.slow
 def test_choice_reads_only_the_studys_trials(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a TPE search the whole row of N at the best n_max is in the study, and the result's
     evaluations are its trials: what `evaluate` gives, read back from the trials' attributes."""
@@ -296,6 +299,7 @@ def test_choice_reads_only_the_studys_trials(monkeypatch: pytest.MonkeyPatch) ->
     assert result.best == search.best_candidate(result.candidates, 64, 16)
 
 
+@pytest.mark.slow
 def test_a_resumed_study_answers_from_its_trials(store: Store) -> None:
     """A rerun reads the stored trials back, it does not evaluate the model again."""
     model = crossing_model(replicates=4)
@@ -310,6 +314,7 @@ def test_a_resumed_study_answers_from_its_trials(store: Store) -> None:
     assert again.best == first.best
 
 
+@pytest.mark.slow
 def test_the_best_includes_the_row_filled_after_a_small_tpe_budget(store: Store) -> None:
     """With a budget small enough that TPE misses the top N at its best n_max, the row it enqueues
     holds that N: the best (and a resumed run's best) must be it."""
