@@ -35,6 +35,7 @@ NEEDS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
