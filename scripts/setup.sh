@@ -5,12 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" || true
-.venv/bin/python -c "import tuner, optuna, sqlalchemy, scipy" \
-    || { echo "setup: the virtualenv is incomplete (pip install failed?)" >&2; exit 1; }
+scripts/setup-venv.sh
 .venv/bin/tuner bench setup

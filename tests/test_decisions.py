@@ -32,7 +32,10 @@ AT_SIX = {1: 0.06, 2: 0.06, 3: 0.06, 4: 0.06, 5: 0.06, 6: 0.7}
 
 @pytest.mark.parametrize(
     ("name", "weights", "seed"),
-    [("seed", None, 11), ("zigzag", AT_SIX, 11)],
+    [
+        ("seed", None, 11),
+        pytest.param("zigzag", AT_SIX, 11, marks=pytest.mark.slow),
+    ],
     ids=["gfx1151-quiet", "zigzag-concentrated"],
 )
 def test_the_full_method_answers_within_the_tolerance_of_the_truths_best(
@@ -74,6 +77,7 @@ def test_the_model_alone_finds_a_sharp_crossover_on_a_quiet_world(tmp_path: Path
     assert regret("zigzag-quiet", result.answer) <= TOLERANCE, result.answer
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_decide_says_so_and_names_what_to_measure(tmp_path: Path) -> None:
     """A tolerance of 0.1 % on the noisy bench world within 60 simulated seconds: no comparison
     can settle; the answer stands, the recommendation says which are unresolved and where to
