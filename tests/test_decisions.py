@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from twinworlds import regret, truth, world
 
-from tuner.decide.choice import ReasonCode
 from tuner.decide.paired import Contrast
 from tuner.decide.tune import live_gains, tune
 from tuner.measure.load import Workload, summarize
 from tuner.measure.schedule import PAIRS_PER_PASS
 from tuner.policy import Policy
+from tuner.recommendation import ReasonCode
 from tuner.storage import recommendations
 from tuner.storage.engine import Store
 from tuner.twin.backend import TwinBackend

@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.decide import search
-from tuner.decide.choice import Choice, ReasonCode, choose
+from tuner.decide.choice import Choice, choose
 from tuner.decide.recommend import recommend
-from tuner.decide.recommendation import ENV_MAX_SLOTS, OutputFormat, Recommendation
 from tuner.errors import NothingToDoError
 from tuner.model.acceptance import Acceptance
 from tuner.model.costmodel import VERSION, CostModel
 from tuner.model.curves import Curve
 from tuner.policy import Policy
+from tuner.recommendation import ENV_MAX_SLOTS, OutputFormat, ReasonCode, Recommendation
 from tuner.storage import recommendations
 from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit, fit_model

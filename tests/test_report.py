@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 from tuner.decide import validate
 from tuner.decide.recommend import recommend
-from tuner.decide.recommendation import Recommendation
 from tuner.errors import NothingToDoError
 from tuner.model.quality import PointFit
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.report.figure import PNG_NAME, SVG_NAME, points_gid
 from tuner.report.series import group_points, report_data
 from tuner.report.writer import SUMMARY_NAME, load_inputs, write_report

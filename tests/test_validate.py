@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from tuner.bench import Bench
 from tuner.cli.app import app
 from tuner.decide.recommend import recommend
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.validate import analyse, candidates, validation_levels
 from tuner.measure.spec import ProfileSpec, load_spec
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.storage import validations
 from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit

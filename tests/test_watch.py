@@ -15,8 +15,6 @@ from types import SimpleNamespace
 import pytest
 from test_observe import fake, one_line_error  # noqa: F401  (fake is a fixture)
 
-from tuner.decide.choice import Reason, ReasonCode
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.watch import (
     Decision,
     EnvFile,
@@ -28,6 +26,7 @@ from tuner.decide.watch import (
 from tuner.errors import ConfigError, NothingToDoError
 from tuner.measure.observe import Finished, ServerView, TrafficProfile
 from tuner.policy import Policy
+from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage.engine import Store
 
 

@@ -109,9 +109,9 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     from a stand-in here: this is about the server going away.)"""
     from dataclasses import replace
 
-    from tuner.decide.recommendation import Recommendation
     from tuner.measure.server import free_port
     from tuner.policy import Policy
+    from tuner.recommendation import Recommendation
 
     config = replace(plain_server(bench, n_parallel=2), port=free_port())
     messages: list[str] = []

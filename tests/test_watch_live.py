@@ -20,14 +20,13 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.bench.traffic import offer_cycle
-from tuner.decide.choice import Reason, ReasonCode
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.watch import WatchOptions, watch
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
 from tuner.measure.plan import ProgressEvent
 from tuner.measure.server import LaunchConfig, ManagedServer
 from tuner.policy import Policy
+from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage.engine import Store
 
 

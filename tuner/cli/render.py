@@ -11,12 +11,12 @@ from rich.table import Table
 from tuner.cli.options import out
 from tuner.decide.openloop import OpenLoopReport
 from tuner.decide.recommend import PredictReport
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
 from tuner.decide.watch import WatchSummary
 from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.model.costmodel import Crossover
+from tuner.recommendation import Recommendation
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
 from tuner.storage.queries import LevelPoint

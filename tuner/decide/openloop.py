@@ -22,7 +22,6 @@ from typing import Any
 from sqlalchemy import select
 
 from tuner.decide import recommend, validate
-from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError, LoadError
 from tuner.measure.openloop import (
     OpenLoopFigures,
@@ -34,6 +33,7 @@ from tuner.measure.openloop import (
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.schedule import plan_pass
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.orm import OpenLoopResult

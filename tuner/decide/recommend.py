@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from tuner.decide import search
-from tuner.decide.choice import Reason, ReasonCode, choose
+from tuner.decide.choice import choose
 from tuner.decide.objective import Objective, ObjectiveKind
-from tuner.decide.recommendation import Recommendation, TableRow
 from tuner.errors import ConfigError
 from tuner.measure.observe import TrafficProfile
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
+from tuner.recommendation import Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import recommendations, validations
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store

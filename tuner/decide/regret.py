@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.decide.recommendation import Recommendation
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 
 
 @dataclass

@@ -38,15 +38,14 @@ from typing import Any
 import numpy as np
 
 from tuner.decide import recommend, search, settle, validate
-from tuner.decide.choice import Reason, ReasonCode
 from tuner.decide.paired import BEHIND, LevelDiffs
-from tuner.decide.recommendation import Recommendation
 from tuner.errors import ConfigError
 from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.schedule import PAIRS_PER_PASS, Cell, off_arm
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
+from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage import recommendations
 from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit

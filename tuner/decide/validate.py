@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from tuner.decide import recommend, search
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport, grade
 from tuner.errors import ConfigError, NothingToDoError
 from tuner.measure.backend import Backend
@@ -33,6 +32,7 @@ from tuner.measure.spec import (
     validation_message,
 )
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.storage import validations
 from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.decide.recommendation import ENV_MAX_SLOTS, Recommendation
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
 from tuner.measure.observe import (
@@ -42,6 +41,7 @@ from tuner.measure.observe import (
     total_variation,
 )
 from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.recommendation import ENV_MAX_SLOTS, Recommendation
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.traffic import server_of

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from tuner.decide.recommendation import Recommendation
 from tuner.model.costmodel import CostModel, Crossover
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.storage.queries import LevelPoint
 
 

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import select
 
 from tuner.decide import openloop, recommend, validate
-from tuner.decide.recommendation import Recommendation
 from tuner.decide.regret import ValidationReport
 from tuner.errors import ConfigError, NothingToDoError, TunerError
 from tuner.model.costmodel import Crossover
+from tuner.recommendation import Recommendation
 from tuner.report import tables
 from tuner.report.dimensions import Dimensions
 from tuner.report.figure import PNG_NAME, SVG_NAME, render_figure, save_figure

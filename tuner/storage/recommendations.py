@@ -1,5 +1,5 @@
 """Recommendations as stored in `tuner_recommendations`: saved with their fit and study, read
-back as tuner.decide.recommendation.Recommendation."""
+back as tuner.recommendation.Recommendation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.decide.recommendation import Recommendation
+from tuner.recommendation import Recommendation
 from tuner.storage.engine import Store
 from tuner.storage.fits import finite
 from tuner.storage.orm import RecommendationRow

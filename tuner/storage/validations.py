@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.decide.recommendation import Recommendation
 from tuner.errors import NothingToDoError
 from tuner.policy import Policy
+from tuner.recommendation import Recommendation
 from tuner.storage.engine import Store
 from tuner.storage.orm import COMPLETED, Host, Level, Model, RecommendationRow, Run
 from tuner.storage.recommendations import of_row

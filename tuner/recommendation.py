@@ -1,5 +1,6 @@
-"""The recommendation: one type for what `tuner recommend` makes, validation checks and the
-report shows, with its output formats (env, shell, json, systemd, args)."""
+"""The recommendation and its reasons: what `tuner recommend` and `tune` make, validation checks,
+`watch` applies and the report shows, with its output formats (env, shell, json, systemd,
+args). A shared type: storage keeps it, decide makes it, neither owns it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,50 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tuner.decide.choice import Reason
 from tuner.policy import Policy
+
+
+class ReasonCode(StrEnum):
+    """What a reason says, for programs and tests (the text is for people)."""
+
+    PLAIN_EVERYWHERE = "plain-everywhere"  # plain ahead even at 1 stream
+    SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
+    CROSSOVER = "crossover"  # spec up to N, plain above
+    NOISY_GAINS = "noisy-gains"  # measured gains change sign more than once
+    MEASUREMENTS_OVERRULE = "measurements-overrule"  # the model's optimum contradicts them
+    WITHIN_UNCERTAINTY = "within-uncertainty"  # a smaller N is as good within the noise
+    UNMEASURED_N_MAX = "unmeasured-n-max"  # the chosen n_max was not profiled
+    UNMEASURED_LEVEL = "unmeasured-level"  # a level the choice rests on was not measured
+    MEASURE_NEXT = "measure-next"  # levels the data cannot decide
+    OTHER_HOST = "other-host"  # the data are from another host
+    LIVE_TRIALS = "live-trials"  # the best of live trials (tuner tune), not the model's pick
+    PRUNED = "pruned"  # a live candidate the paired measurements showed cannot win
+    SETTLED = "settled"  # every contender's one-sided bound cleared the tolerance live
+    TIE = "tie"  # values of N shown equivalent within the tolerance: the smallest chosen
+    UNRESOLVED = "unresolved"  # a contender neither shown ahead nor within the tolerance
+    TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
+    OBJECTIVE = "objective"  # an objective other than tps: what it scores and from what
+    DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths
+    UNCODED = "uncoded"  # stored before reasons had codes
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: ReasonCode
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code.value, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str] | str) -> Reason:
+        if isinstance(data, str):  # stored before reasons had codes
+            return cls(ReasonCode.UNCODED, data)
+        return cls(ReasonCode(data["code"]), data["text"])
+
 
 ENV_MAX_SLOTS = "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"
 ENV_N_MAX = "LLAMA_ARG_SPEC_DRAFT_N_MAX"
