@@ -19,9 +19,10 @@ from pathlib import Path
 
 from tuner.bench import load_bench
 from tuner.bench.traffic import offer_cycle, plain_server
-from tuner.measure.observe import generating_histogram, observe, total_variation
+from tuner.measure.observe import generating_histogram, observe
 from tuner.measure.server import ManagedServer
 from tuner.settings import Settings
+from tuner.traffic import total_variation
 
 CYCLE = [(1, 128), (4, 128), (2, 128), (6, 128)]
 

@@ -42,7 +42,7 @@ from tuner.bench import load_bench
 from tuner.decide.objective import ObjectiveKind
 from tuner.decide.recommend import recommend, standing
 from tuner.measure.load import LoadGenerator, Workload
-from tuner.measure.observe import Poller, ServerView, TrafficProfile
+from tuner.measure.observe import Poller
 from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.spec import load_spec
@@ -53,6 +53,7 @@ from tuner.settings import Settings
 from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
 from tuner.storage.traffic import TrafficSaver
+from tuner.traffic import ServerView, TrafficProfile
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"

@@ -316,8 +316,8 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
 
 
 def test_open_loop_replays_an_observed_trace(bench_profile: ProfiledBench, tmp_path: Path) -> None:
-    from tuner.measure.observe import Finished, ServerView, TrafficProfile
     from tuner.storage import traffic
+    from tuner.traffic import Finished, ServerView, TrafficProfile
 
     db_url = copy_db(bench_profile, tmp_path)
     store = Store(db_url)

@@ -19,19 +19,16 @@ from tuner.errors import EndpointMissingError
 from tuner.measure import observe as observe_module
 from tuner.measure.client import parse_metrics
 from tuner.measure.observe import (
-    LENGTHS_KEPT,
     Ended,
-    Finished,
     FinishedRequests,
     Poller,
     TokenLedger,
-    TrafficProfile,
     generating_histogram,
     generating_slots,
     split_tokens,
-    total_variation,
 )
 from tuner.storage.traffic import merged
+from tuner.traffic import LENGTHS_KEPT, Finished, TrafficProfile, total_variation
 
 
 def slot(

@@ -85,8 +85,8 @@ def test_bad_open_loop_options_are_one_line(args: list[str], fragment: str) -> N
 
 
 def test_a_trace_replays_observed_offsets_and_lengths() -> None:
-    from tuner.measure.observe import Finished
     from tuner.measure.openloop import trace_schedule
+    from tuner.traffic import Finished
 
     seen = [Finished(1005.0, 20, 64), Finished(1000.0, 10, 32), Finished(1002.5, 5, 0)]
     schedule = trace_schedule(seen, window_s=60.0)

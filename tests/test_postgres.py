@@ -141,8 +141,8 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
 def test_traffic_profiles_on_postgres(pg_url: str) -> None:
     """What `tuner observe` saves (every 10 s and at the end, adding to an earlier observation of
     the same name) and `recommend --traffic` reads, on PostgreSQL."""
-    from tuner.measure.observe import ServerView, TrafficProfile
     from tuner.storage.traffic import TrafficSaver, load
+    from tuner.traffic import ServerView, TrafficProfile
 
     view = ServerView("http://127.0.0.1:8080", "m", 4, "slots")
     store = Store(pg_url)
@@ -165,7 +165,7 @@ def test_watch_state_on_postgres(pg_url: str, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from tuner.decide.watch import EnvFile, Watcher, WatchOptions
-    from tuner.measure.observe import ServerView
+    from tuner.traffic import ServerView
 
     view = ServerView("http://127.0.0.1:8080", "m", 8, "slots")
     poller = SimpleNamespace(view=view, interval_s=0.25)

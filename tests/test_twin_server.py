@@ -31,8 +31,9 @@ from tuner.measure import metrics
 from tuner.measure.client import LlamaClient, parse_metrics
 from tuner.measure.fingerprint import probe_build, probe_model, require_gguf
 from tuner.measure.load import LoadGenerator, Workload, summarize
-from tuner.measure.observe import Poller, TrafficProfile
+from tuner.measure.observe import Poller
 from tuner.policy import Policy
+from tuner.traffic import TrafficProfile
 from tuner.twin import tokenizer
 from tuner.twin.backend import TwinBackend
 from tuner.twin.launch import ArgError, launch_world, parse_args

@@ -24,10 +24,10 @@ from tuner.decide.watch import (
     decide,
 )
 from tuner.errors import ConfigError, NothingToDoError
-from tuner.measure.observe import Finished, ServerView, TrafficProfile
 from tuner.policy import Policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage.engine import Store
+from tuner.traffic import Finished, ServerView, TrafficProfile
 
 
 def test_the_env_file_keeps_other_lines_and_its_mode(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from tuner.decide.recommend import PredictReport
 from tuner.decide.regret import ValidationReport
 from tuner.decide.tune import TuneReport
 from tuner.decide.watch import WatchSummary
-from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.model.costmodel import Crossover
 from tuner.recommendation import Recommendation
 from tuner.report import tables
 from tuner.storage.fits import StoredFit
 from tuner.storage.queries import LevelPoint
+from tuner.traffic import ServerView, TrafficProfile
 
 
 def rich_table(table: tables.Table) -> Table:

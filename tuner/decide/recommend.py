@@ -19,7 +19,6 @@ from tuner.decide import search
 from tuner.decide.choice import choose
 from tuner.decide.objective import Objective, ObjectiveKind
 from tuner.errors import ConfigError
-from tuner.measure.observe import TrafficProfile
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
@@ -28,6 +27,7 @@ from tuner.storage import recommendations, validations
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.fits import StoredFit, current_fit, select_data
+from tuner.traffic import TrafficProfile
 
 
 def recommend(

@@ -32,19 +32,13 @@ from typing import Any
 
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
-from tuner.measure.observe import (
-    FLUSH_S,
-    SAMPLE_INTERVAL_S,
-    Poller,
-    ServerView,
-    TrafficProfile,
-    total_variation,
-)
+from tuner.measure.observe import FLUSH_S, SAMPLE_INTERVAL_S, Poller
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.recommendation import ENV_MAX_SLOTS, Recommendation
 from tuner.storage import traffic as traffic_store
 from tuner.storage.engine import Store
 from tuner.storage.traffic import server_of
+from tuner.traffic import ServerView, TrafficProfile, total_variation
 
 MIN_BUSY_S = 5.0  # below this much busy time in the window, no answer is made from it
 

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from tuner.measure.load import RequestSample
-from tuner.measure.observe import Finished, generating_histogram
+from tuner.measure.observe import generating_histogram
+from tuner.traffic import Finished
 
 
 def poisson_offsets(rate_per_s: float, duration_s: float, seed: int) -> list[float]:

@@ -7,9 +7,9 @@ from urllib.parse import urlsplit
 from sqlalchemy import select
 
 from tuner.errors import NotFoundError
-from tuner.measure.observe import ServerView, TrafficProfile
 from tuner.storage.engine import Store
 from tuner.storage.orm import Traffic, utcnow
+from tuner.traffic import ServerView, TrafficProfile
 
 
 def default_name(view: ServerView) -> str:
