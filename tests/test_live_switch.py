@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tuner.bench import Bench
-from tuner.measure import metrics
+from tuner.measure.client import Metrics, parse_metrics
 from tuner.measure.server import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
@@ -36,6 +36,7 @@ def launch(
     *extra: str,
     drafting: bool = True,
     max_slots: int | None = None,
+    env: dict[str, str] | None = None,
     name: str = "server",
 ) -> ManagedServer:
     """A bench llama-server; drafting: the F32 target with the one-block draft (n-max 6,
@@ -61,6 +62,7 @@ def launch(
         ctx_size=8192,
         threads=2,
         args=args,
+        env=env or {},
         max_slots=max_slots,
     )
     return ManagedServer(config, tmp_path / f"{name}.log", start_timeout_s=120)
@@ -97,12 +99,12 @@ async def _aset(client: httpx.AsyncClient, url: str, n: int) -> None:
     assert shown[KEY] == n, shown
 
 
-async def _flushed(client: httpx.AsyncClient, url: str, before: metrics.Metrics) -> metrics.Metrics:
+async def _flushed(client: httpx.AsyncClient, url: str, before: Metrics) -> Metrics:
     """/metrics once the probe's stats are in: llama-server adds a request's tokens and drafts to
     /metrics as it releases the slot, just after sending the response (only the probe ends)."""
     deadline = time.monotonic() + HANG_S
     while True:
-        after = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+        after = parse_metrics((await client.get(f"{url}/metrics")).text)
         grown = after["tokens_predicted_total"] - before.get("tokens_predicted_total", 0.0)
         if grown >= PROBE_TOKENS or time.monotonic() > deadline:
             return after
@@ -131,7 +133,7 @@ async def _switch_under_load(url: str) -> list[dict]:
         probes: list[dict] = []
         for phase, n in enumerate((0, 1, 0)):
             await _aset(client, url, n)
-            before = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+            before = parse_metrics((await client.get(f"{url}/metrics")).text)
             seen = list(tokens)
             response = await client.post(
                 f"{url}/completion", json=_completion(f"Probe {phase}: the sea", PROBE_TOKENS)
@@ -221,8 +223,13 @@ def test_get_props_reports_the_value_and_bad_bodies_get_400(bench: Bench, tmp_pa
 
 
 def test_without_props_post_is_refused_and_get_still_reports(bench: Bench, tmp_path: Path) -> None:
+    """The threshold set by its environment variable this time (the flag: the tests above),
+    reported by GET /props: both set the one option whose effect on drafting test_patch.py
+    shows."""
     with (
-        launch(bench, tmp_path, drafting=False, max_slots=2) as server,
+        launch(
+            bench, tmp_path, drafting=False, env={"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "2"}
+        ) as server,
         httpx.Client(timeout=10) as client,
     ):
         props = _props(client, server.url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.measure import kernel, metrics
+from tuner.measure.client import parse_metrics
 from tuner.measure.load import RequestSample, summarize
 from tuner.measure.spec import default_levels
 from tuner.measure.stats import relative_mad
@@ -92,9 +93,9 @@ def test_relative_mad() -> None:
 
 
 def test_metrics_delta_and_drafting_summary() -> None:
-    before = metrics.parse_metrics(METRICS_BEFORE)
-    after = metrics.parse_metrics(METRICS_AFTER)
-    diff = metrics.delta(before, after)
+    before = parse_metrics(METRICS_BEFORE)
+    after = parse_metrics(METRICS_AFTER)
+    diff = after.since(before)
     assert diff["tokens_predicted_total"] == 300
     assert diff["n_busy_slots_per_decode"] == 3.5  # a gauge keeps its later value
     summary = metrics.drafting_summary(diff)

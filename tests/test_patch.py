@@ -1,7 +1,9 @@
 """The llama-server patch (--spec-draft-max-slots) on the real bench: no mocks.
 
 Each test launches the patched server with the bench's F32 target and one-block draft and drives
-it with concurrent greedy requests.
+it with concurrent greedy requests. What the threshold does is read from draft counters
+(per-request `timings.draft_n`, /metrics' drafts_total), never from speed; outputs are short, since
+a count of drafts needs only a few steps on either side of each change.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.errors import ServerDiedError
-from tuner.measure import metrics
-from tuner.measure.load import LoadGenerator, Workload
+from tuner.measure.client import parse_metrics
 from tuner.measure.server import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
@@ -36,6 +37,10 @@ def launch(
 ) -> ManagedServer:
     args = [
         "--kv-unified",
+        # Worker threads sleep between graph runs instead of spinning: the load generator (and
+        # whatever else runs) shares the two cores.
+        "--poll",
+        "0",
         "--model-draft",
         str(bench.draft),
         "--spec-type",
@@ -58,14 +63,16 @@ def launch(
     return ManagedServer(config, tmp_path / f"{name}.log", start_timeout_s=120)
 
 
-LENGTHS = (48, 96, 144, 192)  # staggered: 4 streams, then 3, 2 and finally 1 still generating
+# Staggered: 4 streams, then 3, 2 and finally 1 still generating, each phase 24 tokens of the
+# longer streams (at most 7 tokens a step at n-max 6: at least 4 steps a phase).
+LENGTHS = (24, 48, 72, 96)
 
 
 async def _staggered(url: str) -> list[dict]:
     """Four greedy requests started together, of staggered lengths; when each one finishes,
     read drafts_total from /metrics (llama-server adds a request's drafts when it ends)."""
     async with httpx.AsyncClient(timeout=HANG_S) as client:
-        before = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+        before = parse_metrics((await client.get(f"{url}/metrics")).text)
         finished: list[dict] = []
 
         async def one(i: int, n: int) -> None:
@@ -81,7 +88,7 @@ async def _staggered(url: str) -> list[dict]:
             )
             timings = response.json()["timings"]
             await asyncio.sleep(0.05)  # the server flushes the slot's stats as it resets it
-            after = metrics.parse_metrics((await client.get(f"{url}/metrics")).text)
+            after = parse_metrics((await client.get(f"{url}/metrics")).text)
             finished.append(
                 {
                     "length": n,
@@ -95,8 +102,10 @@ async def _staggered(url: str) -> list[dict]:
     return finished
 
 
-@pytest.mark.parametrize("max_slots", [0, 1, 8])
+@pytest.mark.parametrize("max_slots", [0, 1, 4])
 def test_drafting_at_concurrency_four(bench: Bench, tmp_path: Path, max_slots: int) -> None:
+    """0 = no limit; 1 binds while more than one generates; 4 is the boundary: four generating
+    are not more than 4, so they draft."""
     with launch(bench, tmp_path, max_slots) as server:
         finished = asyncio.run(_staggered(server.url))
     lengths = [f["length"] for f in finished]
@@ -108,26 +117,22 @@ def test_drafting_at_concurrency_four(bench: Bench, tmp_path: Path, max_slots: i
         # three may finish in another order: 144 before 96 was seen once with N=8.)
         assert lengths == list(LENGTHS), f"requests finished out of order: {lengths}"
         # More than 1 slot generating: no new drafts start, so /metrics' drafts_total did not
-        # grow while 4 (then 3, then 2) were generating; a draft in flight at the start may count.
+        # grow while 4 (then 3, then 2) were generating; a draft in flight at the start may
+        # count.
         assert first["drafts_total"] <= 3, finished
         assert finished[2]["drafts_total"] <= 9, finished
         assert first["draft_n"] <= 3 * 6, finished
-        # Once only the last stream is left, it drafts again.
-        assert finished[3]["draft_n"] >= 30, finished
+        # Once only the last stream is left (24 tokens alone: at least 4 steps), it drafts
+        # again: its drafts reach /metrics when it ends.
+        assert finished[3]["drafts_total"] - finished[2]["drafts_total"] >= 3, finished
+        assert finished[3]["draft_n"] >= 3, finished
     else:
-        # 0 = no limit, 8 >= 4: every step drafts (48 tokens at ~3.5 per step: ~14 drafts).
-        assert first["drafts_total"] >= 8, finished
-        assert first["draft_n"] >= 8 * 3, finished
+        # Not more than N generating: every step but perhaps the last drafts, in every phase.
+        assert first["drafts_total"] >= 3, finished
+        assert all(f["draft_n"] >= 3 for f in finished), finished
 
 
-def test_threshold_cuts_draft_tokens_far_below_unlimited(bench: Bench, tmp_path: Path) -> None:
-    totals = {}
-    for max_slots in (0, 1):
-        with launch(bench, tmp_path, max_slots, name=f"n{max_slots}") as server:
-            samples = LoadGenerator(server.url, Workload(prompt_tokens=16, max_tokens=96)).run(4)
-        assert all(s.ok for s in samples)
-        totals[max_slots] = sum(s.draft_n for s in samples)
-    assert totals[1] < 0.2 * totals[0], totals
+OUTPUT = 32  # tokens per greedy request
 
 
 async def _greedy_tokens(url: str, concurrency: int) -> list[list[int]]:
@@ -138,7 +143,7 @@ async def _greedy_tokens(url: str, concurrency: int) -> list[list[int]]:
                 f"{url}/completion",
                 json={
                     "prompt": f"Question {i}: what is the capital of France? Answer:",
-                    "n_predict": 48,
+                    "n_predict": OUTPUT,
                     "temperature": 0.0,
                     "ignore_eos": True,
                     "cache_prompt": False,
@@ -153,14 +158,16 @@ async def _greedy_tokens(url: str, concurrency: int) -> list[list[int]]:
     return [tokens for tokens, _ in results]
 
 
-@pytest.mark.parametrize("concurrency", [1, 2])
-def test_threshold_changes_no_output(bench: Bench, tmp_path: Path, concurrency: int) -> None:
-    """Real acceptance (no synthetic rates), greedy: N=2 and N=0 give identical tokens."""
+def test_threshold_changes_no_output(bench: Bench, tmp_path: Path) -> None:
+    """Real acceptance (no synthetic rates), greedy: N=2 and N=0 give identical tokens, at one
+    stream and at two (both servers draft there)."""
     outputs = {}
     for max_slots in (0, 2):
         with launch(bench, tmp_path, max_slots, synthetic=False, name=f"n{max_slots}") as server:
-            outputs[max_slots] = asyncio.run(_greedy_tokens(server.url, concurrency))
-    assert all(len(tokens) == 48 for tokens in outputs[0])
+            outputs[max_slots] = [
+                asyncio.run(_greedy_tokens(server.url, concurrency)) for concurrency in (1, 2)
+            ]
+    assert all(len(tokens) == OUTPUT for run in outputs[0] for tokens in run)
     assert outputs[2] == outputs[0]
 
 
@@ -177,9 +184,3 @@ def test_bad_values_fail_at_start_up(
         server.start()
     assert "--spec-draft-max-slots expects a non-negative integer" in str(failure.value)
     assert not server.alive()
-
-
-def test_env_variable_sets_the_threshold(bench: Bench, tmp_path: Path) -> None:
-    with launch(bench, tmp_path, None, env={"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "1"}) as server:
-        samples = LoadGenerator(server.url, Workload(prompt_tokens=16, max_tokens=96)).run(4)
-    assert sum(s.draft_n for s in samples) <= 4 * 6 * 2

@@ -221,9 +221,9 @@ def test_the_threshold_switches_live_and_reads_back(twin: TwinServer) -> None:
         after = api.metrics()
     # Two slots generating from the same step on: with N = 1 no draft ever starts.
     assert limited == [0, 0]
-    assert metrics.drafting_summary(metrics.delta(before, middle))["drafts"] == 0
+    assert metrics.drafting_summary(middle.since(before))["drafts"] == 0
     assert all(d > 0 for d in unlimited)
-    assert metrics.drafting_summary(metrics.delta(middle, after))["drafts"] > 0
+    assert metrics.drafting_summary(after.since(middle))["drafts"] > 0
 
 
 def test_bad_props_bodies_get_400_with_one_line_and_change_nothing(twin: TwinServer) -> None:

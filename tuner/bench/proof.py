@@ -23,10 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tuner.errors import BenchError, ServerDiedError, ServerError
 from tuner.measure import kernel
+from tuner.measure.client import LlamaClient
 from tuner.measure.fingerprint import cpu_model
 from tuner.measure.server import LaunchConfig, ManagedServer
 
@@ -47,7 +46,6 @@ FEATURE_FLAGS = {
     "AMX_INT8": "amx_int8",
 }
 PROOF_TIMEOUT_S = 120.0
-LIVE_SWITCH = "spec_draft_max_slots"  # the key of POST /props and GET /props
 PROOF_VERSION = "4"  # bump when prove() checks more: older proofs are then run again
 
 
@@ -192,21 +190,16 @@ def _prove_server(
 
 
 def _prove_live_switch(server: ManagedServer, value: int = 2) -> None:
-    """POST /props sets the draft threshold and GET /props reads it back: an older patch (or an
-    unpatched server) answers the POST with 200 and changes nothing."""
+    """POST /props sets the draft threshold and GET /props reads it back (the client's
+    set_max_slots refuses a switch that does not read back: an older patch, or an unpatched
+    server, answers the POST with 200 and changes nothing)."""
     try:
-        posted = httpx.post(f"{server.url}/props", json={LIVE_SWITCH: value}, timeout=10)
-        shown = server.props().get(LIVE_SWITCH)
-    except (httpx.HTTPError, ServerError) as exc:
+        with LlamaClient(server.url) as api:
+            api.set_max_slots(value)
+    except ServerError as exc:
         raise BenchError(
-            f"the bench failed its proof: the live switch did not answer: {exc}"
+            f"the bench failed its proof: the build lacks the patch's live switch: {exc}"
         ) from exc
-    if posted.status_code != 200 or shown != value:
-        raise BenchError(
-            f'the bench failed its proof: POST /props {{"{LIVE_SWITCH}": {value}}} answered '
-            f"HTTP {posted.status_code} {posted.text[:200]!r}, and GET /props then showed "
-            f"{LIVE_SWITCH} = {shown!r}: the build lacks the patch's live switch"
-        )
 
 
 def _prove_batched_bench(binary: Path, model: Path, log: Path) -> None:

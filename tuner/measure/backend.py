@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import client, metrics
+from tuner.measure.client import LlamaClient
 from tuner.measure.load import LoadGenerator, RequestSample, Workload
 from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
 from tuner.measure.schedule import Cell
@@ -165,11 +166,12 @@ class ServerBackend:
             counts = {}
             for n in (1, 0):
                 self._set(server, n)
-                before = metrics.scrape(None, server.url)
-                check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
-                LoadGenerator(server.url, check).run(2, round_key=0)
-                after = metrics.scrape(None, server.url)
-                counts[n] = metrics.drafting_summary(metrics.delta(before, after))["drafts"]
+                with LlamaClient(server.url) as api:
+                    before = api.metrics()
+                    check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
+                    LoadGenerator(server.url, check).run(2, round_key=0)
+                    after = api.metrics()
+                counts[n] = metrics.drafting_summary(after.since(before))["drafts"]
         except (ServerError, LoadError) as exc:
             return str(exc).splitlines()[0]
         if counts[0] <= 0:
@@ -371,19 +373,19 @@ def measure_round(
 ) -> Measured:
     """One round of cell's concurrency: the requests, and the /metrics deltas around them."""
     generator = LoadGenerator(url, workload, api_key=api_key)
-    headers = generator.headers
     started = time.perf_counter()
     try:
-        before = metrics.scrape(None, url, headers)
-        samples = generator.run(cell[1], round_key)
-        # When requests failed the server may be gone or hung: their errors say more than a
-        # failed /metrics scrape would.
-        failed = any(not s.ok for s in samples)
-        after = before if failed else metrics.scrape(None, url, headers)
+        with LlamaClient(url, api_key) as api:
+            before = api.metrics()
+            samples = generator.run(cell[1], round_key)
+            # When requests failed the server may be gone or hung: their errors say more than
+            # a failed /metrics scrape would.
+            failed = any(not s.ok for s in samples)
+            after = before if failed else api.metrics()
     except (ServerError, LoadError) as exc:
         raise ServerError(explain(where, str(exc))) from exc
     seconds = time.perf_counter() - started
-    return Measured(samples, metrics.drafting_summary(metrics.delta(before, after)), seconds)
+    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds)
 
 
 def arrivals_round(
@@ -396,12 +398,13 @@ def arrivals_round(
 ) -> Measured:
     """An open-loop round on a running server, with the /metrics deltas around it."""
     generator = LoadGenerator(url, workload, api_key=api_key)
-    before = metrics.scrape(None, url, generator.headers)
-    started = time.perf_counter()
-    _, samples = generator.run_arrivals(offsets, round_key, lengths)
-    seconds = time.perf_counter() - started
-    after = metrics.scrape(None, url, generator.headers)
-    return Measured(samples, metrics.drafting_summary(metrics.delta(before, after)), seconds)
+    with LlamaClient(url, api_key) as api:
+        before = api.metrics()
+        started = time.perf_counter()
+        _, samples = generator.run_arrivals(offsets, round_key, lengths)
+        seconds = time.perf_counter() - started
+        after = api.metrics()
+    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds)
 
 
 def prefill_server(

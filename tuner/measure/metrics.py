@@ -2,7 +2,7 @@
 taken around it, and the drafting figures the cost model needs (`drafting_summary`).
 
 Scraping and parsing are the client's (tuner.measure.client: prometheus_client's text parser,
-labels kept as dicts); `scrape` and `parse_metrics` stay here for the callers that use them.
+labels kept as dicts; `Metrics.since` is the difference of two scrapes).
 """
 
 from __future__ import annotations
@@ -10,29 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+from tuner.measure.client import Metrics, MetricSample
 
-from tuner.measure.client import LlamaClient, Metrics, MetricSample, parse_metrics
-
-__all__ = ["Metrics", "delta", "drafting_summary", "parse_metrics", "scrape"]
+__all__ = ["drafting_summary"]
 
 PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_total"
-
-
-def scrape(client: httpx.Client | None, url: str, headers: dict[str, str] | None = None) -> Metrics:
-    """GET /metrics (the server must run with --metrics); ServerError, one line, when it fails.
-
-    Kept for the profiler's call; `client` is unused (each scrape opens its own connection)
-    and the key is read back from the bearer header."""
-    del client
-    key = (headers or {}).get("Authorization", "").removeprefix("Bearer ") or None
-    with LlamaClient(url, key) as api:
-        return api.metrics()
-
-
-def delta(before: Metrics, after: Metrics) -> Metrics:
-    """Counter increase between two scrapes; gauges keep their later value."""
-    return after.since(before)
 
 
 def drafting_summary(diff: Metrics | Mapping[str, float]) -> dict[str, Any]:

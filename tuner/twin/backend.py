@@ -48,9 +48,8 @@ def prompt_tokens_of(prompt: Any, synthetic: int) -> int:
 def drafting_delta(before: Metrics, after: Metrics) -> dict[str, Any]:
     """The round's draft counters, read from the twin's /metrics text the way a real server's
     are (tuner.measure.metrics)."""
-    return metrics.drafting_summary(
-        metrics.delta(parse_metrics(before.prometheus()), parse_metrics(after.prometheus()))
-    )
+    now, then = parse_metrics(after.prometheus()), parse_metrics(before.prometheus())
+    return metrics.drafting_summary(now.since(then))
 
 
 @dataclass
