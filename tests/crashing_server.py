@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HELP = "usage: llama-server [options]\n  --spec-draft-max-slots N  no new drafts above N slots\n"
@@ -62,6 +63,9 @@ def main(argv: list[str]) -> None:
             if completions >= crash_at:
                 print(f"crashing with {crash.name} at completion {completions}", flush=True)
                 os.kill(os.getpid(), crash)
+                # The signal kills the process a moment later; this thread must not answer
+                # the request meanwhile (it did, now and then: the request then passed).
+                time.sleep(60)
             self._json({"tokens": [1, 2, 3]} if self.path == "/tokenize" else {})
 
     print("system_info: stand-in", flush=True)

@@ -146,3 +146,31 @@ def test_stop_ends_the_process_group_after_its_leader_exited(tmp_path: Path) -> 
             return
         time.sleep(0.05)
     pytest.fail(f"process {orphan} of the server's group survived stop()")
+
+
+def test_a_port_answered_by_another_process_is_not_taken_for_our_server(tmp_path: Path) -> None:
+    """A free port picked a moment ago can be taken by another process before our server binds
+    it; that process would answer /health too. Ours is known by the socket it listens on."""
+    import sys
+
+    from tuner.measure.server import free_port, listens_on
+
+    port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    ours = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not listens_on(other, port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert listens_on(other, port)
+        assert not listens_on(ours, port)
+    finally:
+        other.kill()
+        ours.kill()
+        other.wait()
+        ours.wait()

@@ -235,7 +235,9 @@ class ManagedServer:
                             f"another process holds it; last lines of {self.log_path}:\n{tail}"
                         )
                     raise self.died("at start-up, before it answered /health")
-                if api.health():
+                # Healthy, and on our port: a free port picked a moment ago can be taken by
+                # another process before our server binds it, and that one would answer too.
+                if api.health() and listens_on(self.process, self.port):
                     return
                 time.sleep(0.2)
         raise ServerStartError(
@@ -334,6 +336,59 @@ class ManagedServer:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on a TCP port (Linux /proc/net), empty where /proc is absent."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes
+
+
+def listens_on(process: subprocess.Popen[bytes] | None, port: int | None) -> bool:
+    """Whether the port's listening socket belongs to the process or its process group (a
+    wrapper's child). True where /proc cannot tell (not Linux)."""
+    if process is None or port is None or not Path("/proc/net/tcp").exists():
+        return True
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in _group_members(process.pid):
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _group_members(group: int) -> list[int]:
+    """The pids of a process group (the leader first)."""
+    members = [group]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        if int(fields[2]) == group and pid != group:  # fields: state, ppid, pgrp, ...
+            members.append(pid)
+    return members
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:
