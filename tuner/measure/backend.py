@@ -203,6 +203,11 @@ class ServerBackend:
             else ""
         )
 
+    def serve(self, policy: Policy) -> str:
+        """Make the server behave as the policy now (launch or switch); its URL, for a caller
+        that watches it while rounds run (observe during open-loop rounds)."""
+        return self._serve(policy).url
+
     def _serve(self, policy: Policy, check: bool = True) -> ManagedServer:
         """The server for policy: the one up when its launch fits, else a fresh launch; on a live
         launch the threshold set to the policy's."""
