@@ -4,8 +4,9 @@ The bench builds llama.cpp for a named instruction set (x86-64-v3: AVX2/FMA/F16C
 AVX-512, no AMX) so that it runs on every machine this project lands on; ggml's default
 (-march=native) may be faster on the machine that built it. This builds (or reuses) the native
 variant beside the bench's, proves both here, then measures plain and always-draft decode of
-the bench spec at 1 and 8 streams with each build, interleaved (the build order alternates per
-round), and prints per-cell medians and the portable/native ratio.
+the bench spec at 1 and 8 streams with each build, interleaved by the schedule (builds and
+policies alternate from round to round), and prints per-cell medians and the portable/native
+ratio.
 
     .venv/bin/python benchmarks/build_variants.py [--rounds 3] [--levels 1,8]
 """
@@ -30,6 +31,7 @@ def main() -> int:
     from tuner.bench import load_bench, proven_build
     from tuner.measure.load import LoadGenerator, Workload, summarize
     from tuner.measure.plan import launch_config
+    from tuner.measure.schedule import plan_pass
     from tuner.measure.server import ManagedServer
     from tuner.measure.spec import load_spec
     from tuner.policy import Policy
@@ -47,27 +49,29 @@ def main() -> int:
         prompt_tokens=spec.workload.prompt_tokens, max_tokens=spec.workload.max_tokens, stream=True
     )
     tps: dict[tuple[str, str, int], list[float]] = {}
+    # The schedule's passes with the builds as its places: each policy's launches of the two
+    # builds side by side, the order of builds and of policies alternating from round to round.
+    arms = {build: [Policy.plain(), Policy.always()] for build in builds}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            order = list(builds) if round_ % 2 == 0 else list(reversed(builds))
-            for build in order:
-                for policy in (Policy.plain(), Policy.always()):
-                    launch = launch_config(spec, policy)
-                    launch.binary = builds[build]
-                    log = Path(tmp) / f"{build}-{policy.config_name}-{round_}.log"
-                    with ManagedServer(launch, log, name=f"{build} {policy.config_name}") as server:
-                        generator = LoadGenerator(server.url, workload)
-                        generator.run(max(levels))  # warm-up
-                        for c in levels:
-                            figures = summarize(generator.run(c), c)
-                            tps.setdefault((build, policy.config_name, c), []).append(
-                                figures.tokens_per_second or 0.0
-                            )
-                            print(
-                                f"round {round_ + 1} {build:>8} {policy.config_name:>5} c={c}: "
-                                f"{figures.tokens_per_second:.1f} tok/s",
-                                flush=True,
-                            )
+            for step in plan_pass(arms, lambda p: p.config_name, round_):
+                build, policy = step.cell, step.policy
+                launch = launch_config(spec, policy)
+                launch.binary = builds[build]
+                log = Path(tmp) / f"{build}-{policy.config_name}-{round_}.log"
+                with ManagedServer(launch, log, name=f"{build} {policy.config_name}") as server:
+                    generator = LoadGenerator(server.url, workload)
+                    generator.run(max(levels))  # warm-up
+                    for c in levels:
+                        figures = summarize(generator.run(c, step.round_key), c)
+                        tps.setdefault((build, policy.config_name, c), []).append(
+                            figures.tokens_per_second or 0.0
+                        )
+                        print(
+                            f"round {round_ + 1} {build:>8} {policy.config_name:>5} c={c}: "
+                            f"{figures.tokens_per_second:.1f} tok/s",
+                            flush=True,
+                        )
     portable = bench.variant
     print(f"\nmedian tok/s over {args.rounds} interleaved rounds ({portable} vs native):")
     print(f"{'config':>6} {'c':>3} {portable:>9} {'native':>9} {'ratio':>7}")
