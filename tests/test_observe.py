@@ -322,3 +322,36 @@ def test_recommend_with_an_unknown_traffic_profile_names_the_known(tmp_path) -> 
         "no traffic profile named 'nope'",
         "tuner observe",
     )
+
+
+def test_a_server_that_reports_its_clock_is_timed_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A twin at --speed 10 says in /slots what time it is on its own clock: observe adds that
+    time, not the client's (which ran ten times slower), so rates and shares do not depend on
+    the speed."""
+
+    class NoMetrics(Scripted):
+        def metrics(self):
+            self.calls.append("metrics")
+            raise EndpointMissingError("no /metrics", path="/metrics", status=501)
+
+    def at(t: float, slots: list[dict]) -> list[dict]:
+        return [{**s, "t_server": t} for s in slots]
+
+    states: list[tuple[str, object]] = [
+        ("slots", []),  # attach
+        ("slots", at(100.0, [slot(0, True, 10, 7, 30, 48), slot(1, False, 0, 8, 0, 48)])),
+        ("slots", at(110.0, [slot(0, True, 20, 7, 30, 48), slot(1, True, 5, 8, 20, 48)])),
+        ("slots", at(115.0, [slot(0, True, 25, 7, 30, 48), slot(1, True, 9, 8, 20, 48)])),
+    ]
+    client = NoMetrics(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    wall = iter(range(0, 1000))  # the client's clock: 1 s a poll
+    poller = Poller(
+        "http://scripted", sleep=lambda s: None, wall=lambda: 1000.0, clock=lambda: next(wall)
+    )
+    profile = TrafficProfile(2)
+    for _ in range(3):
+        assert poller.step(profile)
+    # the first poll has no earlier server time: the client's 2 s; then the server's 10 s and
+    # 5 s (the client counted 2 s each), each added to the count seen at the poll
+    assert profile.seconds == pytest.approx({1: 2.0, 2: 15.0})

@@ -63,6 +63,15 @@ def slot_generating(slot: Mapping[str, Any]) -> bool:
     return int((nxt[0] if isinstance(nxt, list) and nxt else {}).get("n_decoded") or 0) > 0
 
 
+def served_time(slots: list[Mapping[str, Any]]) -> float | None:
+    """The server's own clock at this poll, where its /slots carry it (the twin's t_server);
+    None from llama-server, whose polls are timed on the client's clock."""
+    for slot in slots:
+        if slot.get("t_server") is not None:
+            return float(slot["t_server"])
+    return None
+
+
 def generating_slots(slots: list[Mapping[str, Any]]) -> int:
     return sum(slot_generating(s) for s in slots)
 
@@ -296,6 +305,9 @@ class Poller:
         self.ledger = TokenLedger()
         self.gone_since: float | None = None
         self.last = clock()
+        # A server that reports its own clock (the twin's virtual time, whatever its speed):
+        # time at each count and arrival times are taken on it, as the load generator does.
+        self.served_last: float | None = None
 
     def close(self) -> None:
         self.client.close()
@@ -325,15 +337,19 @@ class Poller:
             self.last = self.clock()
             return False
         now = self.clock()
+        served = served_time(slots)
         if self.gone_since is not None:
             self.message(f"the server is back after {now - self.gone_since:.0f} s; observing")
             self.gone_since = None
             self.finished = FinishedRequests()  # a restarted server numbers tasks anew
             for request in self.ledger.reset():
                 profile.add_finished(request)
+        elif served is not None and self.served_last is not None:
+            profile.add(count, max(0.0, served - self.served_last))
         else:
             profile.add(count, now - self.last)
-        ended = self.finished.update(slots, self.wall())
+        self.served_last = served
+        ended = self.finished.update(slots, served if served is not None else self.wall())
         if self.view.counters:
             self.ledger.waiting += ended
             if self.ledger.waiting or self.ledger.base is None:
