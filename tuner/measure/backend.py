@@ -112,7 +112,9 @@ class ServerBackend:
     _launches: int = 0
     _checked: bool = False
     notes: list[str] = field(default_factory=list)
-    _started: float = field(default_factory=time.perf_counter)
+    _mark: float = field(default_factory=time.perf_counter)
+    _spent: float = 0.0  # seconds on the servers' clocks so far (a twin's run at its --speed)
+    _speed: float = 1.0  # how fast the server up now runs its clock against the wall
 
     def __post_init__(self) -> None:
         if self.switch not in SWITCH_WAYS:
@@ -251,7 +253,10 @@ class ServerBackend:
         server.start()
         self._launches += 1
         try:
-            self._check_props(server.props())
+            props = server.props()
+            self._check_props(props)
+            self._account()
+            self._speed = client.server_speed(props)
             warm_up(self.spec, server.url, lambda where, d: self.explain(server, where, d))
         except BaseException:
             server.stop()
@@ -265,6 +270,8 @@ class ServerBackend:
 
     def _stop(self) -> None:
         if self._up is not None:
+            self._account()
+            self._speed = 1.0
             self._up.server.stop()
             self._up = None
 
@@ -277,7 +284,13 @@ class ServerBackend:
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self._started
+        self._account()
+        return self._spent
+
+    def _account(self) -> None:
+        now = time.perf_counter()
+        self._spent += (now - self._mark) * self._speed
+        self._mark = now
 
     # -- rounds --
 
