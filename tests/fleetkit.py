@@ -13,7 +13,7 @@ import signal
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,9 +263,20 @@ def assert_kept(db_url: str, before: Snapshot) -> None:
         assert kept == before.samples[level.id], f"{key}: samples changed"
 
 
-def assert_run_complete(db_url: str, run_id: int, configs: int, levels_per_config: int) -> None:
+def profile_cells(concurrencies: Iterable[int], way: str) -> set[tuple[str, int]]:
+    """The levels a profile of the bench spec (no threshold of its own) stores: plain and
+    always-draft at every concurrency and, measured the live way, always-draft's off arm (the
+    threshold c-1, which does not draft at c) above one stream."""
+    cells = {(config, c) for config in ("plain", "spec") for c in concurrencies}
+    if way == "live":
+        cells |= {(f"max-slots-{c - 1}", c) for c in concurrencies if c > 1}
+    return cells
+
+
+def assert_run_complete(db_url: str, run_id: int, concurrencies: Iterable[int]) -> None:
     rows = levels(db_url, run_id)
-    assert len(rows) == configs * levels_per_config, rows
+    way = peek(db_url, "SELECT way FROM tuner_runs WHERE id = ?", (run_id,))[0][0]
+    assert set(rows) == profile_cells(concurrencies, way), (way, sorted(rows))
     assert all(lv.status == "completed" for lv in rows.values()), rows
     assert dict((r[0], r[1]) for r in runs(db_url))[run_id] == "completed"
     counts = dict(peek(db_url, "SELECT level_id, COUNT(*) FROM tuner_samples GROUP BY level_id"))

@@ -1,10 +1,13 @@
 """Context depth on the real bench: every level measured at each depth in the same launches,
 stored with its depth, fitted per depth, and recommend answering for a depth it measured.
 
-A decode step reads every slot's KV cache: at 3072 tokens of context the bench's 135M F32
-target reads a fifth more per step at 2 streams than at none, and attention over the cache comes
-on top. Both depths are measured in the same launches, so the slowdown is a contrast noise does
-not flip; the test asserts only its sign and a 5 % floor.
+A decode step reads every slot's KV cache: at 2048 tokens of context the bench's 135M F32
+target reads more per step at 2 streams than at none, and attention over the cache comes on top
+(about 11 ms per decode row per 1000 tokens held: a plain step at 2 streams about 1.5 times as
+long, a drafting step's 14 rows far more). Both depths are measured on the same launch, so the
+slowdown is a contrast a 30 % spell of the machine does not flip; the test asserts only its sign
+and a 5 % floor. One repeat per level and no preflight: what is tested is that each depth is
+prefilled, measured, stored and fitted on its own, not the figures.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tuner.storage.orm import Level, Sample
 pytestmark = pytest.mark.bench
 
 MODEL = "smollm2-135m-f32"
-DEEP = 3072
+DEEP = 2048
 
 
 def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> None:
@@ -41,11 +44,16 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
             "--set",
             "server.ctx_size=8192",
             "--set",
-            "workload.max_tokens=64",
+            "workload.max_tokens=32",
             "--set",
-            "workload.max_repeats=2",
+            "workload.min_repeats=1",
+            "--set",
+            "workload.max_repeats=1",
+            "--set",
+            "workload.warmup=0",
             "--set",
             "kernel.enabled=false",
+            "--skip-preflight",
         ],
         env,
         timeout_s=900,
@@ -54,7 +62,7 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
 
     # Each launch prefilled the deep streams' context before measuring them, so no measured
     # request prefilled more than the token or two that decoding starts from.
-    assert f"prefilled at depth {DEEP}" in profile.stderr + profile.stdout
+    assert f"prefilled depth {DEEP} for 2 streams" in profile.stderr + profile.stdout
     store = Store(db_url)
     with store.session() as session:
         deep_prompts = session.scalars(
@@ -71,8 +79,8 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
         }
     store.dispose()
     cells = {(config, c, d) for config in ("plain", "spec") for c in (1, 2) for d in (0, DEEP)}
-    assert set(step) == cells
-    # Each pass's launch measured both depths: the same passes at both.
+    assert {key for key in step if key[0] in ("plain", "spec")} == cells, sorted(step)
+    # Each pass's launch measured both depths: the same pass at both.
     for config in ("plain", "spec"):
         assert passes[(config, 2, 0)] == passes[(config, 2, DEEP)]
     # Deeper context, slower steps.

@@ -43,8 +43,7 @@ from tuner.bench import Bench
 
 pytestmark = pytest.mark.bench
 
-CONFIGS = 2  # plain and spec (the bench spec has no threshold)
-LEVELS = 2  # --levels 1,2
+LEVELS = (1, 2)  # --levels 1,2
 
 
 class Case:
@@ -106,7 +105,7 @@ def test_llama_server_killed_mid_level(tmp_path: Path) -> None:
 
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 def test_llama_server_stops_answering_mid_level(tmp_path: Path) -> None:
@@ -132,7 +131,7 @@ def test_llama_server_stops_answering_mid_level(tmp_path: Path) -> None:
 
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
@@ -155,7 +154,10 @@ def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
     assert_no_servers(case.marker)
     assert runs(case.db) == []
 
-    # Without it, plain is measured first and kept when spec fails to start.
+    # Without it, and relaunching for every policy (no drafting launch that checks the live
+    # switch before anything is measured), plain is measured first and kept when spec fails to
+    # start.
+    args = [*args, "--switch", "relaunch"]
     result = run_tuner([*args, "--skip-preflight"], case.env)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "llama-server (spec) exited with status 1 at start-up" in one_error_line(result)
@@ -167,7 +169,7 @@ def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
     draft.symlink_to(bench.draft)
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 # --- the port ----------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_port_taken_by_another_process(tmp_path: Path) -> None:
     # The port is free again: the same command completes.
     result = run_tuner(args, case.env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 def test_a_free_port_taken_before_the_server_binds_it_is_retried(
@@ -277,7 +279,7 @@ def test_database_locked_by_a_long_transaction_in_another_process(tmp_path: Path
 
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 @contextlib.contextmanager
@@ -347,7 +349,7 @@ def test_disk_full_on_the_database_path(tmp_path: Path, how: str) -> None:
             filler.unlink()
         case.resume(args)
         assert_kept(case.db, before)
-        assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+        assert_run_complete(case.db, 1, LEVELS)
         with contextlib.closing(sqlite3.connect(case.db_path)) as con:
             assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
@@ -377,7 +379,7 @@ def test_interrupted_during_a_level(tmp_path: Path, signum: int) -> None:
 
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
 
 
 def test_tuner_killed_outright_takes_its_server_along(tmp_path: Path) -> None:
@@ -398,5 +400,5 @@ def test_tuner_killed_outright_takes_its_server_along(tmp_path: Path) -> None:
 
     case.resume(args)
     assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, CONFIGS, LEVELS)
+    assert_run_complete(case.db, 1, LEVELS)
     assert completed(case.db)

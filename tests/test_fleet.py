@@ -20,6 +20,7 @@ from fleetkit import REPO, peek, profile_args
 from tunerproc import finish, start_tuner, tuner_cmd, tuner_env
 from typer.testing import CliRunner
 
+from tuner.cli import options
 from tuner.cli.app import app
 from tuner.measure.fingerprint import HostInfo
 from tuner.measure.profiler import Context, Profiler, find_resumable_run
@@ -144,7 +145,7 @@ def test_two_live_profiles_of_one_model_share_one_database(db_url: str, tmp_path
     """Two hosts profile the same model at the same time (two real llama-servers)."""
     # One thread per server: two servers of two threads each on 2 cores would spin-wait
     # on each other for minutes.
-    args = profile_args("1,2", 16, "--set", "server.threads=1")
+    args = profile_args("1,2", 16, "--set", "server.threads=1", "--skip-preflight")
     tuners = [
         start_tuner(args, tuner_env(db_url, tmp_path / f"cache-{host}", TUNER_HOST_NAME=host))
         for host in ("host-a", "host-b")
@@ -211,7 +212,7 @@ def recommend(db_url: str, *args: str, host_name: str = "host-a") -> str:
 
 
 @pytest.mark.slow
-def test_recommend_answers_per_host(db_url: str) -> None:
+def test_recommend_answers_per_host(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store = Store(db_url)
     store_profile(store, host="host-a")
     store_profile(store, host="host-b", levels=_host_b_levels(), build_sha="c" * 64)
@@ -225,9 +226,10 @@ def test_recommend_answers_per_host(db_url: str) -> None:
     assert recommend(db_url, host_name="host-a") == a
     assert recommend(db_url, host_name="host-b") == b
 
-    listed = CliRunner().invoke(
-        app, ["--db", db_url, "hosts"], env={"TUNER_HOST_NAME": "host-b", "COLUMNS": "200"}
-    )
+    # The console's width is fixed when it is made if COLUMNS was set then (CI sets 80): wide
+    # enough here for every column whole.
+    monkeypatch.setattr(options.out, "width", 200)
+    listed = CliRunner().invoke(app, ["--db", db_url, "hosts"], env={"TUNER_HOST_NAME": "host-b"})
     assert listed.exit_code == 0, listed.output
     rows = [line for line in listed.stdout.splitlines() if "host-" in line]
     assert len(rows) == 2

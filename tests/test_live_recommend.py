@@ -1,8 +1,17 @@
-"""recommend and validate on real bench profiles: the answer agrees with the measurements."""
+"""recommend, validate and tune on real bench profiles: the commands run end to end on the
+patched llama-server, store what they measured, and the threshold they set shows in the draft
+counters.
+
+Which N is right is not asked here: on this shared 2-core machine a spell of 10-30 % can flip
+any speed comparison, so decisions are graded on the bench's twin (tests/test_bench_twin.py:
+recommend after a profile drafts where drafting clearly pays, both regimes; test_decisions.py:
+tune settles within its tolerance of the truth). The shared profiles are cheap
+(conftest.SHARED_PROFILE_ARGS) and every command here measures briefly: short outputs, one
+repeat, no preflight (tests/test_faults.py and tests/test_server_death.py test the preflight).
+"""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import subprocess
@@ -18,78 +27,21 @@ from tuner.storage.orm import Level, Run, Sample
 
 pytestmark = pytest.mark.bench
 
-MODELS = {"bench_profile": "smollm2-135m-f32", "bench_profile_nmax3": "smollm2-135m-f32-nmax3"}
-# One level's live tok/s swings about this much between launches on a shared machine (random
-# acceptance included): a closer spec-vs-plain margin is a tie that noise may flip either way.
-TIE = 0.10
+MODEL = "smollm2-135m-f32"
+MODEL_NMAX3 = "smollm2-135m-f32-nmax3"
+BRIEF = ["--skip-preflight", "--set", "workload.warmup=0"]
+ONE_REPEAT = ["--set", "workload.min_repeats=1", "--set", "workload.max_repeats=1"]
 
 
-def _measured(store: Store, run_id: int) -> dict[str, dict[int, float]]:
-    table: dict[str, dict[int, float]] = {}
+def _drafted(store: Store, run_id: int) -> dict[tuple[str, int], int]:
+    """Draft tokens per (config, concurrency) of a run, from the requests' own timings."""
     with store.session() as session:
-        for level in session.scalars(select(Level).filter_by(run_id=run_id)):
-            table.setdefault(level.config, {})[level.concurrency] = level.tokens_per_second
-    return table
-
-
-@pytest.mark.parametrize("profile_fixture", list(MODELS))
-def test_recommended_n_matches_the_measured_crossover(
-    profile_fixture: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    profiled: ProfiledBench = request.getfixturevalue(profile_fixture)
-    db_url = copy_db(profiled, tmp_path)
-    result = subprocess.run(
-        tuner_cmd("recommend", "--model", MODELS[profile_fixture]),
-        env=tuner_env(db_url, tmp_path),
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    match = re.fullmatch(r"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", result.stdout)
-    assert match, f"stdout must be exactly one env line, got {result.stdout!r}"
-    n = int(match.group(1))
-    measured = _measured(Store(db_url), profiled.run_id)
-    gains = {c: measured["spec"][c] / plain - 1 for c, plain in measured["plain"].items()}
-    ahead = [gains[c] > 0 for c in sorted(gains)]
-    if any(not before and after for before, after in itertools.pairwise(ahead)):
-        # Behind, then ahead again (a spell of the VM in the middle of the profile): no
-        # threshold agrees with both, and the rule is that the model decides and the reasons
-        # say the measurements are noisy.
-        answer = subprocess.run(
-            tuner_cmd("recommend", "--model", MODELS[profile_fixture], "--format", "json", "-q"),
-            env=tuner_env(db_url, tmp_path),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        codes = {r["code"] for r in json.loads(answer.stdout)["reasons"]}
-        assert "noisy-gains" in codes, (gains, codes)
-        return
-    clear = {c: g for c, g in gains.items() if abs(g) > TIE}
-    if not clear:
-        # The VM in a spell where spec and plain tie everywhere (the profile test, which
-        # re-profiles, checks the bench's contrast itself): no level for N to agree with.
-        pytest.skip(f"no level where spec and plain differ by more than {TIE:.0%}: {gains}")
-    for c, gain in gains.items():
-        drafts_at_c = n == 0 or c <= n
-        if gain > TIE:
-            assert drafts_at_c, f"spec clearly ahead at {c} streams ({gain:+.0%}) but N={n}"
-        elif gain < -TIE and drafts_at_c:
-            # A threshold cannot switch drafting off at 1 stream: N=1 is the least, and the
-            # reasons must say that running without drafting is the better choice.
-            assert (n, c) == (1, 1), f"spec clearly behind at {c} streams ({gain:+.0%}), N={n}"
-            answer = subprocess.run(
-                tuner_cmd(
-                    "recommend", "--model", MODELS[profile_fixture], "--format", "json", "-q"
-                ),
-                env=tuner_env(db_url, tmp_path),
-                capture_output=True,
-                text=True,
-                check=True,
+        return {
+            (level.config, level.concurrency): sum(
+                s.draft_n for s in session.scalars(select(Sample).filter_by(level_id=level.id))
             )
-            codes = {r["code"] for r in json.loads(answer.stdout)["reasons"]}
-            assert "plain-everywhere" in codes, codes
-    assert "streams" in result.stderr  # the explanation table went to stderr
+            for level in session.scalars(select(Level).filter_by(run_id=run_id))
+        }
 
 
 def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
@@ -97,23 +49,26 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
 ) -> None:
     db_url = copy_db(bench_profile, tmp_path)
     env = tuner_env(db_url, tmp_path / "cache")
-    model = MODELS["bench_profile"]
-    subprocess.run(
-        tuner_cmd("recommend", "--model", model, "-q"), env=env, check=True, capture_output=True
+    # recommend prints exactly one env line on stdout, its explanation on stderr
+    answer = subprocess.run(
+        tuner_cmd("recommend", "--model", MODEL), env=env, capture_output=True, text=True
     )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    match = re.fullmatch(r"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", answer.stdout)
+    assert match, f"stdout must be exactly one env line, got {answer.stdout!r}"
+    assert "streams" in answer.stderr  # the explanation table
     report = tuner_json(
         env,
         "validate",
         "--model",
-        model,
+        MODEL,
+        *BRIEF,
+        *ONE_REPEAT,
         "--set",
-        "workload.max_repeats=1",
-        "--set",
-        "workload.min_repeats=1",
-        "--set",
-        "workload.max_tokens=64",
+        "workload.max_tokens=32",
     )
     n = report["recommended"]
+    assert n == int(match.group(1))
     expected = {"plain", "N=0"} | {f"N={k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
     assert set(report["measured"]) == expected
     assert {n, n + 1} & set(range(1, 9)) <= set(report["levels"])  # where neighbours differ
@@ -125,22 +80,26 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     with store.session() as session:
         run = session.get(Run, report["run_id"])
         assert (run.kind, run.status) == ("validate", "completed")
-        # Threshold N really applied: streams at or under N draft, above N they do not.
-        for level in session.scalars(select(Level).filter_by(run_id=run.id)):
-            drafted = sum(
-                s.draft_n for s in session.scalars(select(Sample).filter_by(level_id=level.id))
-            )
-            if level.max_slots is None:
-                assert drafted == 0
-            elif level.max_slots == 0 or level.concurrency <= level.max_slots:
-                assert drafted > 10 * level.concurrency, (level.config, level.concurrency)
-            else:
-                # at most the drafts in flight when the last stream joined
-                assert drafted <= 6 * 2 * level.concurrency, (level.config, level.concurrency)
+        max_slots = {
+            (lv.config, lv.concurrency): lv.max_slots
+            for lv in session.scalars(select(Level).filter_by(run_id=run.id))
+        }
+    # Threshold N really applied, by the draft counters: streams at or under N draft (32 tokens
+    # a stream: at least 5 steps, each drafting), above N they do not.
+    for (config, c), drafted in _drafted(store, report["run_id"]).items():
+        limit = max_slots[(config, c)]
+        if limit is None:
+            assert drafted == 0, (config, c)
+        elif limit == 0 or c <= limit:
+            assert drafted > 4 * c, (config, c, drafted)
+        else:
+            # at most the drafts in flight when the last stream joined
+            assert drafted <= 6 * 2 * c, (config, c, drafted)
+    store.dispose()
 
     # The validation's points feed the next fit.
     fitted = subprocess.run(
-        tuner_cmd("fit", "--model", model, "--format", "json"),
+        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
         env=env,
         capture_output=True,
         text=True,
@@ -149,126 +108,76 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     assert report["run_id"] in json.loads(fitted.stdout)["inputs"]["runs"]
 
 
-def test_tune_measures_the_models_candidates_live_and_its_best_trial_stands(
-    bench_profile: ProfiledBench, tmp_path: Path
-) -> None:
-    import optuna
-
-    db_url = copy_db(bench_profile, tmp_path)
-    env = tuner_env(db_url, tmp_path / "cache")
-    model = MODELS["bench_profile"]
-
-    def recommended() -> str:
-        return subprocess.run(
-            tuner_cmd("recommend", "--model", model, "-q"),
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-
-    before = recommended()
-    report = tuner_json(
-        env,
-        "tune",
-        "--model",
-        model,
-        "--trials",
-        "3",
-        "--passes",
-        "2",
-        "--set",
-        "workload.max_tokens=64",
-    )
-    trials = report["trials"]
-    # The standing recommendation is the first live trial; the model's candidates follow it.
-    assert f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={trials[0]['max_slots']}" == before
-    assert 1 <= len(trials) <= 3
-    assert {t["state"] for t in trials} <= {"complete", "pruned"}
-    complete = [t for t in trials if t["state"] == "complete"]
-    assert complete
-    best = max(complete, key=lambda t: (t["value"], -t["max_slots"]))
-    assert report["standing"] == best["max_slots"]
-    # The answer that stands is what recommend prints now.
-    assert recommended() == f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={best['max_slots']}"
-
-    # The live study is in the tuner's database, trial for trial.
-    study = optuna.load_study(study_name=report["study_name"], storage=db_url)
-    stored = {t.number: t for t in study.trials}
-    for t in trials:
-        assert stored[t["trial"]].params["spec_draft_max_slots"] == t["max_slots"]
-        assert stored[t["trial"]].state.name == t["state"].upper()
-
-    # Each round's policies were measured side by side: the same passes at the same levels.
-    store = Store(db_url)
-    with store.session() as session:
-        levels = session.scalars(select(Level).filter_by(run_id=report["run_id"])).all()
-        passes: dict[tuple[str, int], set[int]] = {
-            (lv.config, lv.concurrency): {r["pass"] for r in lv.metrics["repeats"]} for lv in levels
-        }
-    first_round = [t for t in trials if t["round"] == 1]
-    for c in first_round[0]["levels"]:
-        seen = [
-            passes[(f"max-slots-{t['max_slots']}" if t["max_slots"] else "spec", c)]
-            for t in first_round
-            if t["state"] == "complete"
-        ]
-        assert all(s == seen[0] for s in seen), seen
-
-
-def test_tune_n_max_measures_draft_lengths_live(
+def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(
     bench_profile_nmax3: ProfiledBench, tmp_path: Path
 ) -> None:
-    """On the n-max 3 regime: its synthetic acceptance (mean length 2.0) is valid at every draft
-    length 1..3, where the other regime's (3.5) makes the server refuse n_max below 3."""
+    """`tuner tune --tune-n-max` on the n-max 3 regime (its synthetic acceptance, mean length
+    2.0, is valid at every draft length 1..3; the other regime's 3.5 makes the server refuse
+    n_max below 3): sweeps of on and off in turn on one drafting launch (the live switch), the
+    off arm drafting nothing, every trial in the study, the answer standing with both
+    settings. A brief budget: it may stop unresolved; how well it settles is the twin's."""
     import optuna
 
     db_url = copy_db(bench_profile_nmax3, tmp_path)
     env = tuner_env(db_url, tmp_path / "cache")
-    model = MODELS["bench_profile_nmax3"]
     report = tuner_json(
         env,
         "tune",
         "--model",
-        model,
+        MODEL_NMAX3,
         "--tune-n-max",
-        "--trials",
-        "2",
-        "--passes",
-        "2",
+        "--budget",
+        "15s",
+        *BRIEF,
         "--set",
-        "workload.max_tokens=64",
+        "workload.max_tokens=16",
     )
-    trials = report["trials"]
-    assert len(trials) == 2
-    # Every trial names its draft length, and the study searched it as a parameter.
-    assert all(1 <= t["n_max"] <= 3 for t in trials), trials
-    study = optuna.load_study(study_name=report["study_name"], storage=db_url)
-    measured = [s for s in study.trials if s.state.name in ("COMPLETE", "PRUNED")]
-    assert all("spec_draft_n_max" in s.params for s in measured)
-    # A trial at another draft length than the profile's is stored under its own name, with
-    # its n_max, so two lengths of one N never share a level.
+    assert report["way"] == "live", report
+    assert report["status"] in ("settled", "unresolved"), report
+    # No stored round measured 16 tokens: the first assessment had nothing to settle on, so
+    # at least one sweep ran.
+    assert report["sweeps"] >= 1, report
+    n, n_max = report["standing"], report["standing_n_max"]
+    assert 0 <= n <= 8 and 1 <= n_max <= 3, report
+
     store = Store(db_url)
     with store.session() as session:
         levels = session.scalars(select(Level).filter_by(run_id=report["run_id"])).all()
-        stored = {(lv.config, lv.n_max) for lv in levels}
+        rounds = {
+            (lv.config, lv.concurrency): {r["round_key"] for r in lv.metrics["repeats"]}
+            for lv in levels
+        }
+        n_maxes = {(lv.config, lv.n_max) for lv in levels}
+    assert rounds, "tune measured nothing"
+    # A level at another draft length than the profile's is stored under its own name, with
+    # its n_max, so two lengths of one N never share a level.
+    for config, level_n_max in n_maxes:
+        assert config.endswith(f"@n{level_n_max}") == (level_n_max != 3), n_maxes
+    # Each sweep measured always-draft and the threshold just below each level as pairs (the
+    # same round keys), on one launch: the threshold drafted nothing there, always-draft did.
+    drafted = _drafted(store, report["run_id"])
     store.dispose()
-    for t in trials:
-        name = f"max-slots-{t['max_slots']}" if t["max_slots"] else "spec"
-        if t["n_max"] != 3:
-            name += f"@n{t['n_max']}"
-        assert (name, t["n_max"]) in stored, (name, stored)
-    # The answer that stands carries both settings.
+    for (config, c), keys in rounds.items():
+        if config.startswith("max-slots-"):
+            on = next(k for k in rounds if k[1] == c and k[0].split("@")[0] == "spec")
+            assert rounds[on] == keys, (config, c, rounds)
+            assert drafted[(config, c)] <= 6 * 2 * c < drafted[on], drafted
+    # Every answer it evaluated is a trial of the live study in the tuner's database.
+    study = optuna.load_study(study_name=report["study_name"], storage=db_url)
+    answers = [t for t in study.trials if t.user_attrs.get("role") == "answer"]
+    assert [t.params["spec_draft_max_slots"] for t in answers] == [n], study.trials
+    assert len(study.trials) == 1 + len(report["comparisons"]), study.trials
+    # The answer that stands is what recommend prints now, both settings.
     line = subprocess.run(
-        tuner_cmd("recommend", "--model", model, "-q"),
+        tuner_cmd("recommend", "--model", MODEL_NMAX3, "-q"),
         env=env,
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split()
     assert line == [
-        f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={report['standing']}",
-        f"LLAMA_ARG_SPEC_DRAFT_N_MAX={report['standing_n_max']}",
+        f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={n}",
+        f"LLAMA_ARG_SPEC_DRAFT_N_MAX={n_max}",
     ]
 
 
@@ -279,34 +188,36 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
 
     db_url = copy_db(bench_profile, tmp_path)
     env = tuner_env(db_url, tmp_path / "cache")
+    # N=1 validated whatever stands: plain, always draft, N=1 and N=2 (four configurations)
     report = tuner_json(
         env,
         "validate",
         "--model",
-        MODELS["bench_profile"],
+        MODEL,
+        "--max-slots",
+        "1",
         "--arrivals",
         "poisson",
         "--rate",
         "0.5,4",
         "--window",
-        "12s",
+        "6s",
+        *BRIEF,
         "--set",
-        "workload.max_tokens=48",
+        "workload.max_tokens=24",
     )
     results = report["results"]
     assert set(results) == {"0.5", "4.0"}
     configs = set(results["0.5"])
-    # plain, always draft, and the standing N with its neighbours within 1..8 (N=0 is always
-    # draft: a profile in one of the VM's low-gain spells recommends it, and then only N=1 is
-    # added).
-    n = report["recommended"]
-    around = {f"max-slots-{k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
-    assert configs == {"plain", "spec"} | around, (n, configs)
+    assert report["recommended"] == 1
+    assert configs == {"plain", "spec", "max-slots-1", "max-slots-2"}, configs
     for by_config in results.values():
         for f in by_config.values():
             assert f["completed"] == f["offered"] > 0 and f["failed"] == 0
             assert f["ttft_ms"][0] > 0 and f["tpot_ms"][0] <= f["tpot_ms"][1] <= f["tpot_ms"][2]
-    # Eight times the arrivals keep more slots generating, whatever the machine's speed.
+    # Eight times the arrivals keep more slots generating, whatever the machine's speed: at 0.5
+    # a second a request is mostly alone; at 4 a second they overlap (a slow spell makes both
+    # requests last longer, so it raises both figures, and 8 slots cap the busy one).
     for config in configs:
         assert results["4.0"][config]["mean_generating"] > results["0.5"][config]["mean_generating"]
     # Stored as shown.
@@ -323,7 +234,7 @@ def test_open_loop_replays_an_observed_trace(bench_profile: ProfiledBench, tmp_p
     store = Store(db_url)
     seen = TrafficProfile(8)
     seen.add(1, 12.0)
-    lengths = [16, 40] * 5
+    lengths = [16, 40] * 3
     for i, output in enumerate(lengths):  # one request a second, as observe would record them
         seen.add_finished(Finished(1_800_000_000.0 + i, 20, output))
     view = ServerView("http://127.0.0.1:8080", "m", 8, "slots")
@@ -334,17 +245,21 @@ def test_open_loop_replays_an_observed_trace(bench_profile: ProfiledBench, tmp_p
         env,
         "validate",
         "--model",
-        MODELS["bench_profile"],
+        MODEL,
+        "--max-slots",
+        "1",
         "--arrivals",
         "trace",
         "--traffic",
         "seen",
         "--window",
         "30s",
+        *BRIEF,
     )
     (rate, by_config), *others = report["results"].items()
-    assert not others and float(rate) == pytest.approx(9 / 9.0)  # 10 arrivals over 9 s
+    assert not others and float(rate) == pytest.approx(5 / 5.0)  # 6 arrivals over 5 s
+    assert set(by_config) == {"plain", "spec", "max-slots-1", "max-slots-2"}, by_config
     for f in by_config.values():
-        assert f["offered"] == f["completed"] == 10 and f["failed"] == 0
-        # every request generated its observed length: 280 tokens in all
+        assert f["offered"] == f["completed"] == len(lengths) and f["failed"] == 0
+        # every request generated its observed length
         assert f["tokens_per_second"] * f["span_s"] == pytest.approx(sum(lengths))

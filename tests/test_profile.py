@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, ProfiledBench, copy_db
+from conftest import PROFILES, SHARED_PROFILE_LEVELS, SHARED_PROFILE_TOKENS, ProfiledBench
+from fleetkit import profile_cells
 from sqlalchemy import func, select
 from tunerproc import tuner_cmd, tuner_env
 
@@ -30,64 +29,63 @@ def _levels(store: Store, run_id: int) -> dict[tuple[str, int], Level]:
         }
 
 
-def test_bench_profile_stores_everything_and_sees_the_crossover(
-    bench_profile: ProfiledBench, tmp_path: Path
-) -> None:
+def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
+    """What one `tuner profile` of the patched bench stores: every request of every repeat with
+    its server-side timings, both configurations measured in the same interleaved passes, the
+    threshold that does not draft at 4 streams measured on always-draft's launch (the live
+    switch), acceptance per position from /metrics, the model, build, host and kernel rows.
+
+    Whether drafting pays where (the bench's contrast) is a speed figure this shared machine
+    can flip: tests/test_bench_twin.py holds it on the bench's twin; here it is only printed."""
     store = Store(bench_profile.db_url)
     levels = _levels(store, bench_profile.run_id)
-    # Adaptive levels: the ones the profile added by itself are named, with why, and measured
-    # for both configurations like the base levels.
-    summary = next(
-        line for line in bench_profile.output.splitlines() if line.startswith("adaptive levels:")
-    )
-    added = {int(c) for c in re.findall(r"(\d+) streams \(unmeasured; the model puts", summary)}
-    assert added <= set(range(1, 9)) - {1, 2, 4, 8}, summary
-    assert set(levels) == {(cfg, c) for cfg in ("plain", "spec") for c in {1, 2, 4, 8} | added}, (
-        summary
-    )
-    if "the data now decide N" in summary or "none needed" in summary:
-        answer = subprocess.run(
-            tuner_cmd("recommend", "--model", "smollm2-135m-f32", "--format", "json", "-q"),
-            env=tuner_env(copy_db(bench_profile, tmp_path), tmp_path / "cache"),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert json.loads(answer.stdout)["measure_next"] == [], summary
+    output = bench_profile.output
+    assert "adaptive levels: off (--budget 0)" in output  # the shared profile's --budget 0
+    assert "live switch:" in output, output[-3000:]
+    base = set(SHARED_PROFILE_LEVELS)
+    # always-draft and its off arm (threshold c-1: no draft at c) on one launch, above 1 stream
+    off_arms = {(f"max-slots-{c - 1}", c) for c in base if c > 1}
+    assert set(levels) == {(cfg, c) for cfg in ("plain", "spec") for c in base} | off_arms
     with store.session() as session:
         run = session.get(Run, bench_profile.run_id)
         assert run.status == "completed"
         assert run.spec["speculative"]["n_max"] == 6
         for level in levels.values():
             assert level.status == "completed"
-            assert 2 <= level.repeats <= 3
+            assert level.repeats == 2  # min_repeats = max_repeats = 2
             samples = session.scalars(select(Sample).filter_by(level_id=level.id)).all()
             # every request of every repeat is stored, with its server-side timings
             assert len(samples) == level.repeats * level.concurrency
-            assert all(s.ok and s.tokens == 192 and s.steps for s in samples)
+            assert all(s.ok and s.tokens == SHARED_PROFILE_TOKENS and s.steps for s in samples)
             assert level.step_ms and level.step_ms_spread is not None
-        # Interleaved: every repeat is tagged with its pass, and plain and spec of a level were
-        # measured in the same passes (paired neighbours).
-        for c in {1, 2, 4, 8} | added:
+        # Interleaved: every repeat is tagged with its pass, and every configuration of a
+        # level was measured in the same passes (paired neighbours), one pass after another.
+        for c in base:
             passes = {
-                cfg: sorted(r["pass"] for r in levels[(cfg, c)].metrics["repeats"])
-                for cfg in ("plain", "spec")
+                cfg: sorted(r["pass"] for r in lv.metrics["repeats"])
+                for (cfg, at), lv in levels.items()
+                if at == c
             }
-            assert passes["plain"] == passes["spec"], (c, passes)
-            # one pass after another (adaptive levels continue the run's pass numbers)
-            first = passes["plain"][0]
-            assert passes["plain"] == list(range(first, first + len(passes["plain"])))
+            assert all(p == [0, 1] for p in passes.values()), (c, passes)
         # The configuration that ends a pass starts the next on the same launch (plain, spec
-        # spec, plain plain, ...): passes + 1 launches, and no fewer.
-        most = max(level.repeats for level in levels.values())
+        # spec, plain): passes + 1 launches that measure, and no fewer.
         logs = list((bench_profile.log_dir / f"run-{run.id}").glob("*.log"))
-        launches = [p for p in logs if p.name.startswith(("plain", "spec"))]
-        assert len(launches) >= most + 1, launches
-        assert "pass 2 on the same launch" in bench_profile.output
-        spec_samples = session.scalars(
-            select(Sample).join(Level).where(Level.run_id == run.id, Level.config == "spec")
-        )
-        assert all(s.draft_n > 0 for s in spec_samples)
+        launches = [p for p in logs if p.name.startswith(("plain", "drafting"))]
+        assert len(launches) >= 2 + 1, launches
+        # Drafting, read from the draft counters: always-draft drafted in every request; its
+        # off arm, switched live on the same launch, drafted at most what was in flight when
+        # the last stream joined (a draft of n-max 6 a stream, twice over).
+        drafted = {
+            key: [s.draft_n for s in session.scalars(select(Sample).filter_by(level_id=lv.id))]
+            for key, lv in levels.items()
+        }
+        for (cfg, c), counts in drafted.items():
+            if cfg == "spec":
+                assert all(n > 0 for n in counts), (cfg, c, counts)
+            elif cfg == "plain":
+                assert sum(counts) == 0, (cfg, c, counts)
+            else:
+                assert sum(counts) <= 6 * 2 * c < sum(drafted[("spec", c)]), drafted
         model = session.scalars(select(Model)).one()
         assert (model.name, model.architecture, model.quantization) == (
             "smollm2-135m-f32",
@@ -101,50 +99,19 @@ def test_bench_profile_stores_everything_and_sees_the_crossover(
         kernel = session.scalars(select(KernelRow).filter_by(run_id=run.id)).all()
         assert {k.shape for k in kernel} == {"decode", "verify"}
         assert max(k.rows for k in kernel) == 8 * 7  # -np x (n_max + 1)
-    # Acceptance is measured per position from /metrics: E[L] = 1 + sum a_i, near synth-len 3.5.
-    spec_one = levels[("spec", 1)]
-    rates = spec_one.metrics["accept_rates"]
-    assert len(rates) == 6 and 2.5 < 1 + sum(rates) < 4.5
-    # The bench's contrast (about +55 % / -20 %, README): spec ahead at 1 stream, behind at 8.
-    contrasts = [_contrast(levels)]
-    for attempt in range(EXTRA_PROFILES):
-        if _shows_crossover(contrasts[-1]):
-            break
-        time.sleep(SPELL_PAUSE_S)
-        contrasts.append(_contrast(_profile_1_and_8(tmp_path / f"again-{attempt}")))
-    assert _shows_crossover(contrasts[-1]), (
-        f"(spec / plain at 1 and 8 streams) {contrasts}; {_machine_state()}"
-    )
-
-
-# This shared VM flips, minutes at a time, into a state where a single stream runs faster and
-# the draft's many small steps slower, erasing the one-stream gain (spec 91.7 vs plain 94.1
-# tok/s); the bench spec's --poll 0 makes that rarer, not impossible.
-# Should a profile still land in a bad spell, it is measured again, at most twice, with levels
-# 1 and 8 only, after a pause (a spell lasts minutes); the test fails when none shows the
-# contrast, and then says what else ran on the machine.
-# The bounds ask for spec clearly ahead at 1 stream and clearly behind at 8 (in CI a good spell
-# measured 1.233 / 0.914, a bad one 1.045 / 1.048: no crossover at all).
-EXTRA_PROFILES = 2
-SPELL_PAUSE_S = 30.0
-
-
-def _contrast(levels: dict[tuple[str, int], Level]) -> tuple[float, float]:
-    """spec / plain tok/s at 1 and at 8 streams."""
-    return tuple(  # type: ignore[return-value]
-        round(levels[("spec", c)].tokens_per_second / levels[("plain", c)].tokens_per_second, 3)
-        for c in (1, 8)
-    )
-
-
-def _shows_crossover(contrast: tuple[float, float]) -> bool:
-    at_1, at_8 = contrast
-    return at_1 > 1.12 and at_8 < 0.94
+    # Acceptance is measured per position from /metrics: E[L] = 1 + sum a_i, near synth-len
+    # 3.5 (at 4 streams: the level with the most drafts, about 150).
+    rates = levels[("spec", 4)].metrics["accept_rates"]
+    assert len(rates) == 6 and 2.5 < 1 + sum(rates) < 4.5, rates
+    contrast = {
+        c: round(levels[("spec", c)].tokens_per_second / levels[("plain", c)].tokens_per_second, 3)
+        for c in sorted(base)
+    }
+    print(f"spec / plain tok/s by streams (not asserted): {contrast}; {_machine_state()}")
 
 
 def _machine_state() -> str:
-    """Load average and the five busiest processes: a failure says whether something else held
-    the CPUs."""
+    """Load average and the five busiest processes: what else held the CPUs."""
     ps = subprocess.run(
         ["ps", "-eo", "pid,pcpu,etimes,args", "--sort=-pcpu"],
         capture_output=True,
@@ -154,29 +121,6 @@ def _machine_state() -> str:
     busy = [line.strip()[:120] for line in ps[1:6]]
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"load average {load}; busiest processes: {busy}"
-
-
-def _profile_1_and_8(base: Path) -> dict[tuple[str, int], Level]:
-    base.mkdir()
-    db_url = f"sqlite:///{base / 'tuner.db'}"
-    subprocess.run(
-        tuner_cmd(
-            "profile",
-            str(PROFILES / "bench-smollm2-cpu.toml"),
-            "--levels",
-            "1,8",
-            "--set",
-            "kernel.enabled=false",
-            "--budget",
-            "0",
-        ),
-        env=tuner_env(db_url, base / "cache"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return _levels(Store(db_url), 1)
 
 
 def test_show_and_runs_print_the_measured_table(
@@ -191,9 +135,9 @@ def test_show_and_runs_print_the_measured_table(
         check=True,
     ).stdout
     store = Store(bench_profile.db_url)
-    plain_8 = _levels(store, bench_profile.run_id)[("plain", 8)].tokens_per_second
+    plain_4 = _levels(store, bench_profile.run_id)[("plain", 4)].tokens_per_second
     assert "plain" in shown and "spec" in shown
-    assert f"{plain_8:.1f}" in shown
+    assert f"{plain_4:.1f}" in shown
     listed = subprocess.run(
         tuner_cmd("runs"), env=env, capture_output=True, text=True, check=True
     ).stdout
@@ -276,8 +220,11 @@ def test_resume_after_a_killed_run_completes_only_the_missing_levels(tmp_path: P
     with store.session() as session:
         assert session.scalar(select(func.count(Run.id))) == 1
         assert session.get(Run, 1).status == "completed"
+        run = session.get(Run, 1)
         after = session.scalars(select(Level).filter_by(run_id=1)).all()
-        assert len(after) == 4 and all(lv.status == "completed" for lv in after)
+        cells = {(lv.config, lv.concurrency) for lv in after}
+        assert cells == profile_cells((1, 2), run.way), (run.way, cells)
+        assert all(lv.status == "completed" for lv in after)
         again = session.get(Level, first_done.id)
         assert again.created_at == first_done.created_at  # not re-measured
         assert {

@@ -220,12 +220,24 @@ def test_context_depths_must_fit_the_kv_cache(tmp_path: Path) -> None:
     def load(*overrides: tuple[str, object]) -> object:
         return load_spec(spec_path, list(overrides), bench_refs=lambda: refs, check_files=False)
 
-    spec = load(("workload.context_tokens", [1024, 0, 256, 256]), ("server.ctx_size", 9728))
+    spec = load(
+        ("workload.context_tokens", [1024, 0, 256, 256]),
+        ("server.ctx_size", 9728),
+        ("workload.max_tokens", 192),
+    )
     assert spec.workload.context_tokens == [0, 256, 1024]  # sorted, once each
     # --kv-unified: the 8 streams of the top level share ctx_size 4096, 512 each
     with pytest.raises(ConfigError, match=r"depth 1024 plus up to 192 output tokens needs 1216"):
-        load(("workload.context_tokens", [0, 1024]), ("server.ctx_size", 8192))
-    assert load(("workload.context_tokens", [0, 1024]), ("server.ctx_size", 9728))
+        load(
+            ("workload.context_tokens", [0, 1024]),
+            ("server.ctx_size", 8192),
+            ("workload.max_tokens", 192),
+        )
+    assert load(
+        ("workload.context_tokens", [0, 1024]),
+        ("server.ctx_size", 9728),
+        ("workload.max_tokens", 192),
+    )
     with pytest.raises(ConfigError, match="context depths are token counts"):
         load(("workload.context_tokens", [-1]))
     with pytest.raises(ConfigError, match="needs at least one depth"):

@@ -175,6 +175,7 @@ def profile(
             "(e.g. 10m, 600s, 1h; 0 turns it off)"
         ),
     ] = "10m",
+    switch: SwitchOption = Switch.AUTO,
 ) -> None:
     """Measure plain and speculative decode at each concurrency level, and store every sample.
 
@@ -232,6 +233,7 @@ def profile(
                 host_name=this_host(),
                 skip_preflight=skip_preflight,
                 budget_s=budget_s,
+                switch=switch.value,
             )
         run_id = adaptive.run_id
         err.print(adaptive.summary(), highlight=False)

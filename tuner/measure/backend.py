@@ -38,7 +38,11 @@ from tuner.policy import Policy
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 RELAUNCH, LIVE, ATTACHED = "relaunch", "live", "attached"
 SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
-CHECK_TOKENS = 24  # tokens per stream of the rounds that check the live switch
+# Tokens per stream of the rounds that check the live switch: enough that drafting at threshold
+# 0 (a draft every few tokens a stream) stands well clear of the few drafts a threshold of 1
+# still lets through while the second stream's prompt is processed (at 24 tokens the bench
+# drafted 12 at 0 and 4 at 1, too close for the rule below).
+CHECK_TOKENS = 64
 
 
 @dataclass
@@ -49,6 +53,9 @@ class Measured:
     drafting: dict[str, Any]  # /metrics deltas over the round (drafts, tokens, accepted...)
     seconds: float  # what the round took on the backend's clock (virtual time for the twin)
     max_slots: int | None = None  # live: the threshold /props reported for the round
+    # Where requests failed: what the backend makes of it (the server's death named, or a hang),
+    # for the level's error; None where it knows nothing more than the requests' own errors.
+    failure: str | None = None
 
 
 class Backend(Protocol):
@@ -403,7 +410,11 @@ def measure_round(
     except (ServerError, LoadError) as exc:
         raise ServerError(explain(where, str(exc))) from exc
     seconds = time.perf_counter() - started
-    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds)
+    failure = None
+    if failed:
+        bad = [s for s in samples if not s.ok]
+        failure = explain(where, f"{len(bad)} of {cell[1]} requests failed ({bad[0].error})")
+    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds, None, failure)
 
 
 def arrivals_round(

@@ -215,7 +215,9 @@ class Profiler:
         if figures.failed:
             first = next(s.error for s in measured.samples if not s.ok)
             where = f"during {self.level_name(policy)} at concurrency {concurrency}"
-            error = f"{figures.failed} of {concurrency} requests failed {where} ({first})"
+            error = measured.failure or (
+                f"{figures.failed} of {concurrency} requests failed {where} ({first})"
+            )
             self.recorder.fail_level(level.id, error)
             raise LoadError(error)
         self.observer(
