@@ -50,9 +50,14 @@ QUICK = [
 ]
 
 
-def profile_args(levels: str = "1,2", max_tokens: int = 32, *extra: str) -> list[str]:
+def profile_args(
+    levels: str = "1,2", max_tokens: int = 32, *extra: str, preflight: bool = False
+) -> list[str]:
+    """A brief profile of the bench spec; without the preflight unless asked (the tests of the
+    preflight ask: test_faults' start-up case, test_server_death)."""
     return [
         "profile",
+        *([] if preflight else ["--skip-preflight"]),
         str(BENCH_SPEC),
         "--levels",
         levels,

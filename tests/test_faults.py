@@ -141,7 +141,7 @@ def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
         f'speculative.args=["--model-draft", "{draft}", "--spec-type", "draft-simple", '
         f'"--spec-synth-len", "3.5"]'
     )
-    args = profile_args("1,2", 32, "--set", speculative)
+    args = profile_args("1,2", 32, "--set", speculative, preflight=True)
 
     # The preflight launches spec before anything is measured: seconds, and no run stored.
     started = time.monotonic()
@@ -202,7 +202,7 @@ def port_held_by_another_process() -> Iterator[int]:
 def test_port_taken_by_another_process(tmp_path: Path) -> None:
     case = Case(tmp_path)
     with port_held_by_another_process() as port:
-        args = profile_args("1,2", 32, "--set", f"server.port={port}")
+        args = profile_args("1,2", 32, "--set", f"server.port={port}", preflight=True)
         result = run_tuner(args, case.env)
         assert result.returncode == 2, result.stderr[-3000:]
         line = one_error_line(result)

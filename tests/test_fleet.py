@@ -145,7 +145,7 @@ def test_two_live_profiles_of_one_model_share_one_database(db_url: str, tmp_path
     """Two hosts profile the same model at the same time (two real llama-servers)."""
     # One thread per server: two servers of two threads each on 2 cores would spin-wait
     # on each other for minutes.
-    args = profile_args("1,2", 16, "--set", "server.threads=1", "--skip-preflight")
+    args = profile_args("1,2", 16, "--set", "server.threads=1")
     tuners = [
         start_tuner(args, tuner_env(db_url, tmp_path / f"cache-{host}", TUNER_HOST_NAME=host))
         for host in ("host-a", "host-b")

@@ -201,7 +201,7 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
         "--rate",
         "0.5,4",
         "--window",
-        "6s",
+        "4s",
         *BRIEF,
         "--set",
         "workload.max_tokens=24",

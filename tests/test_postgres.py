@@ -121,7 +121,7 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     every command stores and reads its rows there, not what it measures."""
     cache = tmp_path / "cache"
     env = tuner_env(pg_url, cache)
-    args = profile_args("1,2", 48, "--skip-preflight")
+    args = profile_args("1,2", 48)
     tuner = start_tuner(args, env)
     wait_for(lambda: running_level(pg_url, "plain", 2), timeout_s=180, interval_s=0.05)
     before = snapshot(pg_url)

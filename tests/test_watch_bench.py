@@ -1,5 +1,5 @@
 """`tuner watch` against the real bench: a bench server serves light traffic (1 and 2 streams),
-then heavy traffic (6 and 8 streams); the watcher, deciding every 12 s on the profiled bench
+then heavy traffic (6 and 8 streams); the watcher, deciding every 8 s on the profiled bench
 model, sees the shift as drift and recommends again for it, keeps the env file at its latest
 answer (other lines kept), and runs its on-change command exactly once per change.
 
@@ -30,7 +30,9 @@ pytestmark = pytest.mark.bench
 
 LIGHT = [(1, 64), (2, 64)]
 HEAVY = [(6, 48), (8, 48)]
-PHASE_S = 40.0
+# Three decisions in each phase: the light phase's first two, the heavy phase's last two.
+INTERVAL_S = 8.0
+PHASE_S = 26.0
 
 
 @pytest.fixture
@@ -57,7 +59,10 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     env_path.write_text("LLAMA_ARG_CTX_SIZE=4096\n")
     reloads = tmp_path / "reloads"
     options = WatchOptions(
-        every_s=12.0, window_s=12.0, drift=0.1, on_change=f"echo reload >> {reloads}"
+        every_s=INTERVAL_S,
+        window_s=INTERVAL_S,
+        drift=0.1,
+        on_change=f"echo reload >> {reloads}",
     )
     load_thread = threading.Thread(
         target=lambda: (offer(server.url, LIGHT, PHASE_S), offer(server.url, HEAVY, PHASE_S)),
@@ -78,8 +83,8 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
 
     events = summary.events
     answers = [(round(e.mean_generating, 2), e.max_slots, e.decision.why) for e in events]
-    light = [e for e in events if e.at - events[0].at < PHASE_S - 12.0]
-    heavy = [e for e in events if e.at - events[0].at > PHASE_S + 12.0]
+    light = [e for e in events if e.at - events[0].at < PHASE_S - INTERVAL_S]
+    heavy = [e for e in events if e.at - events[0].at > PHASE_S + INTERVAL_S]
     assert light and heavy, answers
     # the first interval made an answer, and wrote it
     assert events[0].decision.recommend and events[0].changed, answers

@@ -195,6 +195,12 @@ class ServerBackend:
             )
         return None
 
+    @property
+    def up_key(self) -> Hashable | None:
+        """The launch key of the server up now (the drafting launch a switch check left up, say),
+        or None."""
+        return None if self._up is None else self._up.key
+
     def _set(self, server: ManagedServer, n: int) -> None:
         client.set_max_slots(server.url, n)
         assert self._up is not None

@@ -44,7 +44,7 @@ from tuner.measure.recorder import (
     find_resumable_run,
     gather_context,
 )
-from tuner.measure.schedule import Arms, Cell, Step, off_arm, plan_pass
+from tuner.measure.schedule import Arms, Cell, Step, launches_of, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, stable
 from tuner.policy import Policy
@@ -296,8 +296,9 @@ class Profiler:
                 r.get("pass") == step.pass_index and r.get("pair", 0) == step.pair for r in reps
             )
 
+        flip = self.start_on_the_launch_up(open_arms, first)
         for p in range(first, first + passes + 1):
-            self.run_steps(plan_pass(open_arms, self.backend.launch_key, p, done=stored))
+            self.run_steps(plan_pass(open_arms, self.backend.launch_key, p, done=stored, flip=flip))
             state = self.repeats_by_cell(policies)
             for cell in list(open_arms):
                 runs = [reps_of(policy, cell) for policy in open_arms[cell]]
@@ -319,6 +320,18 @@ class Profiler:
         for cell, ps in open_arms.items():  # cannot happen: max_repeats passes fill every cell
             self.recorder.close_levels(ps, cell)
 
+    def start_on_the_launch_up(self, arms: Arms, pass_index: int) -> bool:
+        """Whether to run this command's passes in the other direction: where the backend has a
+        launch up (the drafting launch that checked the live switch) that the pass would
+        otherwise meet last, starting there saves stopping it and loading the model again."""
+        assert self.backend is not None
+        up = getattr(self.backend, "up_key", None)
+        if up is None:
+            return False
+        key = self.backend.launch_key
+        natural = launches_of(plan_pass(arms, key, pass_index), key)
+        return len(natural) > 1 and natural[0] != up and natural[-1] == up
+
     def run_pass(self, arms: Arms, pairs: int = 1) -> int:
         """One pass of the schedule over the arms, as the run's next pass; returns its index.
         Where a launch holds two policies at a cell they alternate `pairs` times (A B B A for
@@ -329,7 +342,8 @@ class Profiler:
             self.recorder.set_way(check(_policies_of(arms)))
         last = self.last_pass()
         p = 0 if last is None else last + 1
-        steps = plan_pass(arms, self.backend.launch_key, p, pairs)
+        flip = self.start_on_the_launch_up(arms, p)
+        steps = plan_pass(arms, self.backend.launch_key, p, pairs, flip=flip)
         self.observer(ProgressEvent("plan", total=len(steps)))
         self.run_steps(steps)
         return p

@@ -77,13 +77,16 @@ def plan_pass(
     pass_index: int,
     pairs: int = 1,
     done: Callable[[Step], bool] | None = None,
+    flip: bool = False,
 ) -> list[Step]:
     """The steps of one pass, in order (see the module docstring).
 
     arms: at each open cell (in walking order), the policies that measure there; pairs: pairs
     per pass where a launch holds two or more policies at a cell (the policies alternate A B,
-    B A, ...); done: steps already stored (a resumed pass skips them)."""
-    backward = pass_index % 2 == 1
+    B A, ...); done: steps already stored (a resumed pass skips them); flip: every pass in the
+    other direction (a run whose first pass starts on the launch the backend already has up)."""
+    parity = (pass_index + flip) % 2
+    backward = parity == 1
     groups = launch_groups(arms, launch_key)
     if backward:
         groups.reverse()
@@ -96,7 +99,7 @@ def plan_pass(
             here = [p for p in arms[cell] if launch_key(p) == group]
             rounds = pairs if len(here) > 1 else 1
             for pair in range(rounds):
-                order = here if (pass_index + pair) % 2 == 0 else here[::-1]
+                order = here if (parity + pair) % 2 == 0 else here[::-1]
                 for policy in order:
                     step = Step(policy, cell, pass_index, pair)
                     if done is None or not done(step):
