@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fleetkit import (
     assert_kept,
@@ -71,9 +72,25 @@ def one_error_line(result: Finished) -> str:
 
 
 def server_of(tuner: subprocess.Popen[str]) -> int:
-    pids = wait_for(lambda: children_named(tuner.pid, "llama-server"), timeout_s=60)
-    assert len(pids) == 1, pids
-    return pids[0]
+    """The tuner's llama-server once it is serving a round: its only child of that name, with a
+    slot processing (a level's row is open before its launch is up, and the launch before it
+    may still be stopping)."""
+
+    def serving() -> int | None:
+        pids = children_named(tuner.pid, "llama-server")
+        if len(pids) != 1:
+            return None
+        try:
+            cmdline = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
+            port = int(cmdline[cmdline.index(b"--port") + 1])
+            slots = httpx.get(f"http://127.0.0.1:{port}/slots", timeout=2).json()
+        except (OSError, ValueError, IndexError, httpx.HTTPError):
+            return None
+        if not isinstance(slots, list):  # {"error": ...} while the model loads
+            return None
+        return pids[0] if any(slot.get("is_processing") for slot in slots) else None
+
+    return wait_for(serving, timeout_s=60, interval_s=0.02)
 
 
 def in_level(case: Case, config: str, concurrency: int) -> None:
@@ -90,7 +107,8 @@ def test_llama_server_killed_mid_level(tmp_path: Path) -> None:
     tuner = start_tuner(args, case.env)
     in_level(case, "plain", 2)
     before = snapshot(case.db)
-    assert set(before.done) == {("plain", 1)}
+    # what the schedule measured before plain at 2 streams (its order is the schedule's)
+    assert before.done and ("plain", 2) not in before.done, sorted(before.done)
     os.kill(server_of(tuner), signal.SIGKILL)
     result = finish(tuner)
 

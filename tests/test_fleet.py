@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from benchdata import BENCH_LEVELS, store_profile
-from fleetkit import REPO, peek, profile_args
+from fleetkit import REPO, assert_run_complete, peek, profile_args
 from tunerproc import finish, start_tuner, tuner_cmd, tuner_env
 from typer.testing import CliRunner
 
@@ -165,14 +165,8 @@ def test_two_live_profiles_of_one_model_share_one_database(db_url: str, tmp_path
     ]
     assert peek(db_url, "SELECT COUNT(*) FROM tuner_models") == [(1,)]
     for run_id, _, _ in runs:
-        per_level = peek(
-            db_url,
-            "SELECT l.concurrency, COUNT(s.id) FROM tuner_levels l "
-            "JOIN tuner_samples s ON s.level_id = l.id WHERE l.run_id = ? "
-            "GROUP BY l.id, l.concurrency ORDER BY l.id",
-            (run_id,),
-        )
-        assert [count for _, count in per_level] == [c for c, _ in per_level] == [1, 2, 1, 2]
+        # every level of each run complete, each stream's one sample stored once
+        assert_run_complete(db_url, run_id, (1, 2))
     assert (
         peek(
             db_url,

@@ -695,6 +695,7 @@ def validate(
                 overrides=parsed_overrides(overrides),
                 skip_preflight=skip_preflight,
                 traffic=traffic if arrivals == "trace" else None,
+                max_slots=max_slots,
             )
         if output is TableFormat.JSON:
             typer.echo(json.dumps(open_report.as_dict(), default=str))

@@ -15,7 +15,7 @@ kind "openloop".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +128,14 @@ def validate_open_loop(
     overrides: list[tuple[str, Any]] | None = None,
     skip_preflight: bool = False,
     traffic: str | None = None,
+    max_slots: int | None = None,
 ) -> OpenLoopReport:
-    """Measure the standing recommendation and its neighbours under Poisson arrivals (or the
-    observed trace of traffic)."""
+    """Measure the standing recommendation (or max_slots where given) and its neighbours under
+    Poisson arrivals (or the observed trace of traffic)."""
     rounds = schedules(store, rates, window_s, seed, traffic)
     rec = recommend.standing(store, model, host)
+    if max_slots is not None:
+        rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
     stored_spec = validate.profile_spec_of(store, model, host)
     spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides, kind="openloop")
     policies = validate.candidates(rec.max_slots, spec.server.n_parallel)
