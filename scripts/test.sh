@@ -3,7 +3,7 @@
 #   scripts/test.sh         set up (virtualenv and bench, cached), lint, a throwaway PostgreSQL,
 #                           then the whole suite against the real bench; what CI runs (.ci/run)
 #   scripts/test.sh --fast  the virtualenv only, lint, then every test that needs neither the
-#                           bench nor PostgreSQL and is not marked `slow` (about 2 min on 2 cores)
+#                           bench nor PostgreSQL and is not marked `slow` (under a minute on 2 cores)
 # Tests that need no bench run in two processes (pytest-xdist); the bench tests run one at a
 # time, each with the machine to itself, as a user's tuner would.
 # Extra arguments go to pytest, e.g. scripts/test.sh -k patch, scripts/test.sh --fast -x
