@@ -111,6 +111,25 @@ def test_equivalent_values_tie_and_the_smaller_is_chosen() -> None:
     assert again.status == settle.SETTLED and again.answer == 3 and again.tie == [3, 4]
 
 
+def test_a_smaller_contender_only_within_the_tolerance_stays_open_until_it_ties() -> None:
+    """Drafting at 4 streams is worth about nothing. Answer N=4: N=3 is at most the tolerance
+    ahead but perhaps far behind (not yet equivalent), so N=4 must not settle there, or a run
+    starting from N=3 would settle on 3 and one from 4 on 4. More pairs show the tie, and the
+    smaller value is the answer, as it is from N=3."""
+    near_zero = {**CROSSING_AT_3, 4: 4.0}
+    few = {**gains_with(CROSSING_AT_3), 4: diffs(4.0, 10.0, 4, seed=4)}
+    standing = settle.assess(few, UNIFORM, 4, NP, objective=100.0)
+    three = next(c for c in standing.comparisons if c.contender == 3)
+    assert three.verdict == WITHIN and not equivalent(three.advantage, 1.0)
+    assert standing.status == settle.OPEN and standing.answer == 4
+    assert standing.measure_next == [4]
+    many = gains_with(near_zero, sd=10.0, n=400)
+    moved = settle.assess(many, UNIFORM, 4, NP, objective=100.0)
+    assert moved.status == settle.MOVED and moved.answer == 3 and 3 in moved.tie
+    from_three = settle.assess(many, UNIFORM, 3, NP, objective=100.0)
+    assert from_three.status == settle.SETTLED and from_three.answer == 3
+
+
 def test_an_unresolved_standing_names_what_to_measure_next() -> None:
     gains = gains_with({**CROSSING_AT_3, 4: 2.0}, sd=30.0, n=3)
     standing = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)

@@ -11,7 +11,10 @@ The answer's contenders are N-2, N-1, N+1, N+2 and always draft. Each contender'
 the answer is a `Contrast` of the levels between them; its one-sided bound at 95 % settles it:
 ahead (the answer moves to it), behind or within the tolerance (the answer holds), or
 unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
-best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. When
+best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. So a
+smaller contender that is only within the tolerance (at most that much ahead, but perhaps far
+behind) stays open until it is shown equivalent (the tie rule then takes it) or behind: else two
+runs on the same server could stop at different ends of one tie. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
@@ -129,7 +132,16 @@ def assess(
     if ahead:
         best = max(ahead, key=lambda c: (c.advantage.estimate, -c.contender))
         return Standing(best.contender, MOVED, comparisons, tolerance=tol)
-    open_ = [c for c in comparisons if c.verdict == UNRESOLVED]
+    open_ = [
+        c
+        for c in comparisons
+        if c.verdict == UNRESOLVED
+        or (
+            c.verdict == WITHIN
+            and c.contender < answer
+            and not equivalent(c.advantage, tol, confidence)
+        )
+    ]
     if open_:
         wanted = next_levels(gains, weights, open_)
         return Standing(answer, OPEN, comparisons, measure_next=wanted, tolerance=tol)
