@@ -31,6 +31,8 @@ from tunerproc import tuner_cmd as tuner_cmd
 from tunerproc import tuner_env
 from tunerproc import tuner_json as tuner_json
 
+from tuner.measure.schedule import off_arm
+
 env_for = tuner_env  # its old name here
 
 REPO = Path(__file__).resolve().parent.parent
@@ -274,7 +276,7 @@ def profile_cells(concurrencies: Iterable[int], way: str) -> set[tuple[str, int]
     threshold c-1, which does not draft at c) above one stream."""
     cells = {(config, c) for config in ("plain", "spec") for c in concurrencies}
     if way == "live":
-        cells |= {(f"max-slots-{c - 1}", c) for c in concurrencies if c > 1}
+        cells |= {(arm.config_name, c) for c in concurrencies if (arm := off_arm(c))}
     return cells
 
 

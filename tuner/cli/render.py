@@ -33,19 +33,12 @@ def rich_table(table: tables.Table) -> Table:
     return shown
 
 
-def _config_order(config: str) -> tuple[int, int, str]:
-    """plain, always-draft, then thresholds by N (whatever order the run measured them in)."""
-    if config.startswith("plain"):
-        return (0, 0, config)
-    if config.startswith("spec"):
-        return (1, 0, config)
-    digits = config.removeprefix("max-slots-").split("@")[0]
-    return (2, int(digits), config) if digits.isdigit() else (3, 0, config)
-
-
 def points(title: str, levels: list[LevelPoint]) -> None:
     """The measured table: concurrency down, configuration across (tok/s, spread, ms/step)."""
-    configs = sorted(dict.fromkeys(p.config for p in levels), key=_config_order)
+    # plain, always draft, then thresholds by N, whatever order the run measured them in; an
+    # attached server's labels last
+    order = {p.config: (0, *p.policy.sort_key) if p.policy else (1, 0, 0) for p in levels}
+    configs = sorted(order, key=lambda config: (order[config], config))
     table = Table(title=title)
     table.add_column("streams", justify="right")
     for config in configs:

@@ -15,13 +15,13 @@ kind "openloop".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from tuner.decide import recommend, validate
+from tuner.decide import validate
 from tuner.errors import ConfigError, LoadError
 from tuner.measure.openloop import (
     OpenLoopFigures,
@@ -133,9 +133,7 @@ def validate_open_loop(
     """Measure the standing recommendation (or max_slots where given) and its neighbours under
     Poisson arrivals (or the observed trace of traffic)."""
     rounds = schedules(store, rates, window_s, seed, traffic)
-    rec = recommend.standing(store, model, host)
-    if max_slots is not None:
-        rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
+    rec = validate.checked(store, model, host, max_slots)
     stored_spec = validate.profile_spec_of(store, model, host)
     spec = validate.validation_spec(stored_spec, [1], rec.n_max, overrides, kind="openloop")
     policies = validate.candidates(rec.max_slots, spec.server.n_parallel)

@@ -173,6 +173,15 @@ def _open_on_backend(
     return profiler
 
 
+def checked(store: Store, model: str, host: str, max_slots: int | None) -> Recommendation:
+    """The recommendation a validation checks: the one that stands, or N=max_slots where given
+    (at the standing draft length)."""
+    rec = recommend.standing(store, model, host)
+    if max_slots is not None:
+        rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
+    return rec
+
+
 def measure(
     store: Store,
     model: str,
@@ -186,9 +195,7 @@ def measure(
     skip_preflight: bool = False,
 ) -> tuple[int, Recommendation]:
     """Run the validation measurements; returns (run id, the recommendation checked)."""
-    rec = recommend.standing(store, model, host)
-    if max_slots is not None:
-        rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
+    rec = checked(store, model, host, max_slots)
     stored_spec = profile_spec_of(store, model, host)
     profiled = ProfileSpec.model_validate(stored_spec)
     spec = validation_spec(

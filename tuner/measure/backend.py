@@ -173,11 +173,11 @@ class ServerBackend:
             if client.max_slots(server.url) is None:
                 return f"{server.name} does not report spec_draft_max_slots in GET /props"
             counts = {}
+            check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
             for n in (1, 0):
                 self._set(server, n)
                 with LlamaClient(server.url) as api:
                     before = api.metrics()
-                    check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
                     LoadGenerator(server.url, check).run(2, round_key=0)
                     after = api.metrics()
                 counts[n] = metrics.drafting_summary(after.since(before))["drafts"]
@@ -420,7 +420,9 @@ def measure_round(
     if failed:
         bad = [s for s in samples if not s.ok]
         failure = explain(where, f"{len(bad)} of {cell[1]} requests failed ({bad[0].error})")
-    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds, None, failure)
+    return Measured(
+        samples, metrics.drafting_summary(after.since(before)), seconds, failure=failure
+    )
 
 
 def arrivals_round(

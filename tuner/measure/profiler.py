@@ -44,7 +44,7 @@ from tuner.measure.recorder import (
     find_resumable_run,
     gather_context,
 )
-from tuner.measure.schedule import Arms, Cell, Step, launches_of, off_arm, plan_pass
+from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, stable
 from tuner.policy import Policy
@@ -213,11 +213,11 @@ class Profiler:
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
         if figures.failed:
-            first = next(s.error for s in measured.samples if not s.ok)
-            where = f"during {self.level_name(policy)} at concurrency {concurrency}"
-            error = measured.failure or (
-                f"{figures.failed} of {concurrency} requests failed {where} ({first})"
-            )
+            error = measured.failure
+            if error is None:
+                first = next(s.error for s in measured.samples if not s.ok)
+                where = f"during {self.level_name(policy)} at concurrency {concurrency}"
+                error = f"{figures.failed} of {concurrency} requests failed {where} ({first})"
             self.recorder.fail_level(level.id, error)
             raise LoadError(error)
         self.observer(
@@ -328,9 +328,10 @@ class Profiler:
         up = getattr(self.backend, "up_key", None)
         if up is None:
             return False
-        key = self.backend.launch_key
-        natural = launches_of(plan_pass(arms, key, pass_index), key)
-        return len(natural) > 1 and natural[0] != up and natural[-1] == up
+        groups = launch_groups(arms, self.backend.launch_key)
+        if pass_index % 2:  # odd passes take the launch groups the other way round
+            groups.reverse()
+        return len(groups) > 1 and groups[-1] == up
 
     def run_pass(self, arms: Arms, pairs: int = 1) -> int:
         """One pass of the schedule over the arms, as the run's next pass; returns its index.
