@@ -216,6 +216,42 @@ def test_the_poller_settles_outputs_only_when_no_request_ended_around_the_readin
     assert poller.ledger.base == 196 and not poller.ledger.waiting
 
 
+def test_every_request_is_stamped_on_the_servers_clock_where_it_reports_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The twin's /slots carry its clock: a request first seen in a poll's /slots and one first
+    seen in the second /slots read that settles the counter both arrive on it (a replayed trace
+    of Unix and virtual times mixed would be nonsense)."""
+    a, b = 7, 8
+
+    def at(t: float, slots: list[dict]) -> list[dict]:
+        return [{**s, "t_server": t} for s in slots]
+
+    states: list[tuple[str, object]] = [
+        ("slots", []),
+        ("metrics", 100),
+        ("slots", at(10.0, [slot(0, True, 10, a, 30, 48), slot(1, True, 12, b, 20, 48)])),
+        ("metrics", 100),
+        ("slots", at(10.5, [slot(0, True, 11, a, 30, 48), slot(1, True, 13, b, 20, 48)])),
+        # a ended before this poll's /slots; b between it and the counter's reading
+        ("slots", at(20.0, [slot(0, True, 2, 9, 25, 48), slot(1, True, 47, b, 20, 48)])),
+        ("metrics", 196),
+        ("slots", at(20.5, [slot(0, True, 3, 9, 25, 48), slot(1, True, 1, 10, 20, 48)])),
+        ("slots", at(30.0, [slot(0, True, 20, 9, 25, 48), slot(1, True, 18, 10, 20, 48)])),
+        ("metrics", 196),
+        ("slots", at(30.5, [slot(0, True, 21, 9, 25, 48), slot(1, True, 19, 10, 20, 48)])),
+    ]
+    client = Scripted(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    poller = Poller("http://scripted", sleep=lambda s: None, wall=lambda: 1_800_000_000.0)
+    profile = TrafficProfile(2)
+    for _ in range(3):
+        assert poller.step(profile)
+    assert sorted(profile.requests) == [Finished(10.0, 20, 48), Finished(10.0, 30, 48)]
+    # 10 was first seen in the read that settles the counter, 9 in a poll's own /slots
+    assert {f.task: f.arrival for f in poller.finished.current.values()} == {9: 20.0, 10: 20.5}
+
+
 def test_without_metrics_an_idle_slot_gives_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoMetrics(Scripted):
         def metrics(self):

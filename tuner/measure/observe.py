@@ -349,7 +349,7 @@ class Poller:
         else:
             profile.add(count, now - self.last)
         self.served_last = served
-        ended = self.finished.update(slots, served if served is not None else self.wall())
+        ended = self.finished.update(slots, self._stamp(slots))
         if self.view.counters:
             self.ledger.waiting += ended
             if self.ledger.waiting or self.ledger.base is None:
@@ -361,6 +361,13 @@ class Poller:
         self.last = now
         return True
 
+    def _stamp(self, slots: list[dict[str, Any]]) -> float:
+        """When a request seen in these slots is recorded: the server's clock where its /slots
+        carry one (the twin's), else the wall's. Every reading of one server on one clock, or a
+        replayed trace mixes virtual and Unix times."""
+        served = served_time(slots)
+        return served if served is not None else self.wall()
+
     def _settle(self, profile: TrafficProfile) -> None:
         """Read tokens_predicted_total, then /slots again: when no request ended in between,
         the reading holds exactly the outputs of the requests waiting (and those never seen),
@@ -370,7 +377,7 @@ class Poller:
             again = self.client.slots()
         except ServerError:
             return  # the next poll says whether the server is gone
-        more = self.finished.update(again, self.wall())
+        more = self.finished.update(again, self._stamp(again))
         if more:
             self.ledger.waiting += more
             return
