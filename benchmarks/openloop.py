@@ -114,6 +114,11 @@ class Judge:
         return sum(ratios) / 2
 
 
+def advantage(blocks: list[float]) -> Contrast:
+    """A contender's advantage from its blocks (one level, one difference a block)."""
+    return Contrast.of({0: LevelDiffs(tuple(blocks))}, {0: 1.0})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=40.0, help="seconds of arrivals a round")
@@ -165,8 +170,10 @@ def main() -> None:
             f"{seen.arrival_rate or 0:.3f} requests/s finished: --objective tpot N={n}",
             flush=True,
         )
-        contenders = [m for m in (n - 1, n + 1, np_) if 1 <= m <= np_ and m != n]
+        # N-1, N+1 and always draft, each once (at N = np-1, N+1 is always draft)
+        contenders = [m for m in settle.contenders(n, np_) if abs(m - n) == 1 or m == np_]
         blocks: dict[int, list[float]] = {m: [] for m in contenders}
+
         open_ = list(contenders)
         deadline = time.monotonic() + args.minutes * 60
         block = 0
@@ -174,13 +181,12 @@ def main() -> None:
             for m in list(open_):
                 # advantage of the contender: how much lower its mean TPOT is, relative
                 blocks[m].append(-judge.compare(n, m, rate, block, args.seed + k))
-                adv = Contrast.of({0: LevelDiffs(tuple(blocks[m]))}, {0: 1.0})
-                if verdict(adv, TOLERANCE) != settle.UNRESOLVED:
+                if verdict(advantage(blocks[m]), TOLERANCE) != settle.UNRESOLVED:
                     open_.remove(m)
             block += 1
         print(f"  N={n} against its contenders on mean TPOT (advantage > 0: contender faster):")
         for m in contenders:
-            adv = Contrast.of({0: LevelDiffs(tuple(blocks[m]))}, {0: 1.0})
+            adv = advantage(blocks[m])
             low, high = adv.bounds(0.95)
             v = verdict(adv, TOLERANCE)
             print(
