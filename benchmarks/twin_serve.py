@@ -18,11 +18,9 @@ Every tuner command here is the user's own, run as a subprocess (benchmarks/comm
    (tuner.measure.openloop.poisson_schedule through LoadGenerator.run_arrivals, which puts them
    on the twin's clock) while `tuner observe` watches it; then `tuner recommend --traffic NAME`
    with --objective tpot and tps on part 1's database. Each answer against open_loop_truth's
-   best N by that objective, with its regret (tpot target: within 2 %).
-   `tuner observe` times its polls on the wall clock, so on a twin at speed S the arrival rate
-   it stores is S times the twin's; the tpot answer is therefore also asked with --rate set to
-   the observed rate over the twin's effective speed (virtual seconds per wall second while it
-   was observed, read from GET /props), and both are printed.
+   best N by that objective, with its regret (tpot target: within 2 %). `tuner observe` times
+   its polls on the twin's own clock (its /slots carry it), so the rate it stores is the twin's
+   whatever the speed.
 3. A flapping world (profiles/twin/seed-flapping.toml: the seed box with a drafter that catches
    its context up on resume instead of re-evaluating every batch). open_loop_truth at rates where
    the generating count crosses the closed-loop best N often, beside the same world without the
@@ -385,11 +383,6 @@ class TwinServer:
             time.sleep(0.2)
         raise RuntimeError(f"the twin server did not come up: see {log}")
 
-    def clock(self) -> tuple[float, float]:
-        """(the twin's virtual time, the wall's) now."""
-        twin = httpx.get(f"{self.url}/props", timeout=10).json()["twin"]["t_server"]
-        return float(twin), time.monotonic()
-
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -464,7 +457,6 @@ def part2(
         observer: Observer | None = None
         try:
             observer = Observer(env, server.url, name, folder)
-            v0, w0 = server.clock()
             began = time.perf_counter()
             generator = LoadGenerator(
                 server.url, Workload(prompt_tokens=PROMPT_TOKENS, max_tokens=OUTPUT_TOKENS)
@@ -472,7 +464,6 @@ def part2(
             schedule = poisson_schedule(rate, window, seed + i)
             _, samples = generator.run_arrivals(schedule.offsets, round_key=1000 + i)
             time.sleep(1.0)  # observe's last polls see the last request end
-            v1, w1 = server.clock()
             observer.stop()
             wall = time.perf_counter() - began
         finally:
@@ -480,7 +471,6 @@ def part2(
                 observer.process.kill()  # only when something above failed
                 observer.process.wait()
             server.stop()
-        effective = (v1 - v0) / (w1 - w0)
         served = summarize_open_loop(samples, rate)
         arrivals = sorted(s.start for s in samples)
         realised = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
@@ -490,15 +480,11 @@ def part2(
         finally:
             store.dispose()
         observed_rate = seen.arrival_rate or 0.0
-        corrected = observed_rate / effective
-        tpot_raw = recommend(env, "--traffic", name, "--objective", "tpot")
-        tpot_fixed = recommend(
-            env, "--traffic", name, "--objective", "tpot", "--rate", f"{corrected:.5f}"
-        )
+        tpot = recommend(env, "--traffic", name, "--objective", "tpot")
         tps = recommend(env, "--traffic", name, "--objective", "tps")
         best = best_tpot(truth)
         best_tps = best_throughput(truth)
-        fixed_regret = tpot_regret(truth, policy_of(tpot_fixed, world.n_max))
+        regret = tpot_regret(truth, policy_of(tpot, world.n_max))
         tps_answer = truth[policy_of(tps, world.n_max)].tokens_per_second
         tps_regret = 1.0 - tps_answer / truth[best_tps].tokens_per_second
         rows.append(
@@ -509,13 +495,11 @@ def part2(
                 f"{served.mean_generating:.2f}",
                 f"{seen.mean_generating():.2f}",
                 f"{realised:.3f}",
-                f"{observed_rate:.3f}/{effective:.2f}={corrected:.3f}",
+                f"{observed_rate:.3f}",
                 f"{seen.mean_output_tokens or 0:.0f}",
                 best.label,
-                f"{label(tpot_fixed)} {100 * fixed_regret:+.2f} %"
-                + ("" if fixed_regret <= TOLERANCE_TPOT else " (over 2 %)"),
-                f"{label(tpot_raw)} "
-                f"{100 * tpot_regret(truth, policy_of(tpot_raw, world.n_max)):+.2f} %",
+                f"{label(tpot)} {100 * regret:+.2f} %"
+                + ("" if regret <= TOLERANCE_TPOT else " (over 2 %)"),
                 best_tps.label,
                 f"{label(tps)} {100 * tps_regret:+.2f} % "
                 f"(tpot {100 * tpot_regret(truth, policy_of(tps, world.n_max)):+.2f} %)",
@@ -532,8 +516,8 @@ def part2(
     )
     print()
     head = ["target gen", "rate", "truth gen", "served gen", "observed gen", "realised rate"]
-    head += ["observed rate / eff. speed", "mean out", "truth best tpot"]
-    head += ["tpot (rate fixed): N, regret", "tpot (observe's rate): N, regret"]
+    head += ["observed rate", "mean out", "truth best tpot"]
+    head += ["tpot: N, regret"]
     head += ["truth best tps", "tps: N, tps regret", "wall"]
     print(table(head, rows))
 
