@@ -30,7 +30,6 @@ PROFILES = REPO / "profiles"
 NEEDS = {
     "bench": "bench",
     "bench_profile": "bench",
-    "bench_profile_nmax3": "bench",
     "pg_url": "postgres",
 }
 
@@ -126,13 +125,6 @@ def bench_profile(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
     """The bench spec (n-max 6, synth-len 3.5) profiled once per test session, cheaply
     (SHARED_PROFILE_ARGS)."""
     return _profile_once(tmp_path_factory, "bench-smollm2-cpu", *SHARED_PROFILE_ARGS)
-
-
-@pytest.fixture(scope="session")
-def bench_profile_nmax3(tmp_path_factory: pytest.TempPathFactory) -> ProfiledBench:
-    """The second bench regime (n-max 3, synth-len 2.0), profiled as cheaply: the one spec whose
-    synthetic acceptance is valid at every draft length a --tune-n-max study tries (1..3)."""
-    return _profile_once(tmp_path_factory, "bench-smollm2-cpu-nmax3", *SHARED_PROFILE_ARGS)
 
 
 @pytest.fixture

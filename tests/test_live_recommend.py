@@ -18,9 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ProfiledBench, copy_db
+from conftest import PROFILES, ProfiledBench, copy_db
 from sqlalchemy import select
-from tunerproc import tuner_cmd, tuner_env, tuner_json
+from tunerproc import tuner_cmd, tuner_env, tuner_json, tuner_ok
 
 from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample
@@ -108,9 +108,7 @@ def test_validate_measures_the_neighbours_and_the_threshold_really_applies(
     assert report["run_id"] in json.loads(fitted.stdout)["inputs"]["runs"]
 
 
-def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(
-    bench_profile_nmax3: ProfiledBench, tmp_path: Path
-) -> None:
+def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path) -> None:
     """`tuner tune --tune-n-max` on the n-max 3 regime (its synthetic acceptance, mean length
     2.0, is valid at every draft length 1..3; the other regime's 3.5 makes the server refuse
     n_max below 3): sweeps of on and off in turn on one drafting launch (the live switch), the
@@ -118,8 +116,25 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(
     settings. A brief budget: it may stop unresolved; how well it settles is the twin's."""
     import optuna
 
-    db_url = copy_db(bench_profile_nmax3, tmp_path)
+    db_url = f"sqlite:///{tmp_path / 'tuner.db'}"
     env = tuner_env(db_url, tmp_path / "cache")
+    # The cheapest profile tune starts from: two levels (a fit needs two), one round each.
+    spec = str(PROFILES / "bench-smollm2-cpu-nmax3.toml")
+    tuner_ok(
+        env,
+        "profile",
+        spec,
+        "--levels",
+        "1,2",
+        "--budget",
+        "0",
+        *BRIEF,
+        *ONE_REPEAT,
+        "--set",
+        "workload.max_tokens=24",  # not tune's 16 below: tune finds no round to settle on
+        "--set",
+        "kernel.enabled=false",
+    )
     report = tuner_json(
         env,
         "tune",
@@ -134,8 +149,8 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(
     )
     assert report["way"] == "live", report
     assert report["status"] in ("settled", "unresolved"), report
-    # No stored round measured 16 tokens: the first assessment had nothing to settle on, so
-    # at least one sweep ran.
+    # No stored round measured 16 tokens (the profile's are 24): the first assessment had
+    # nothing to settle on, so at least one sweep ran.
     assert report["sweeps"] >= 1, report
     n, n_max = report["standing"], report["standing_n_max"]
     assert 0 <= n <= 8 and 1 <= n_max <= 3, report

@@ -1,20 +1,19 @@
-"""`tuner profile` against the real bench: what it stores, the crossover it sees, and resume."""
+"""`tuner profile` against the real bench: what it stores and what `show` and `runs` print.
+
+Resume after every kind of fault (the tuner killed outright among them) is tests/test_faults.py's;
+which N the measurements favour is the twin's (tests/test_bench_twin.py)."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from conftest import PROFILES, SHARED_PROFILE_LEVELS, SHARED_PROFILE_TOKENS, ProfiledBench
-from fleetkit import profile_cells
-from sqlalchemy import func, select
+from conftest import SHARED_PROFILE_LEVELS, SHARED_PROFILE_TOKENS, ProfiledBench
+from sqlalchemy import select
 from tunerproc import tuner_cmd, tuner_env
 
-from tuner.errors import StorageError
 from tuner.storage.engine import Store
 from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample
 
@@ -144,89 +143,3 @@ def test_show_and_runs_print_the_measured_table(
     assert "smollm2-135m-f32" in listed and "completed" in listed
     missing = subprocess.run(tuner_cmd("show", "999"), env=env, capture_output=True, text=True)
     assert missing.returncode != 0 and "run 999 does not exist" in missing.stderr
-
-
-def _llama_servers_under(path: Path) -> list[int]:
-    """Pids of running llama-server processes whose command line mentions path."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "llama-server" in cmdline and str(path) in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
-def test_resume_after_a_killed_run_completes_only_the_missing_levels(tmp_path: Path) -> None:
-    db_url = f"sqlite:///{tmp_path / 'resume.db'}"
-    # The port is fixed so the orphan check can find this test's server by its command line.
-    env = tuner_env(db_url, tmp_path / "cache")
-    args = [
-        "profile",
-        str(PROFILES / "bench-smollm2-cpu.toml"),
-        "--levels",
-        "1,2",
-        "--set",
-        "workload.max_tokens=48",
-        "--set",
-        "workload.min_repeats=1",
-        "--set",
-        "workload.max_repeats=1",
-        "--set",
-        "kernel.enabled=false",
-        "--set",
-        f'server.args=["--kv-unified", "--alias", "{tmp_path.name}"]',
-        "--budget",
-        "0",
-    ]
-    tuner = subprocess.Popen(
-        tuner_cmd(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    store = Store(db_url)
-    deadline = time.monotonic() + 300
-    first_done = None
-    while time.monotonic() < deadline and first_done is None:
-        time.sleep(0.2)
-        try:
-            levels = _levels(store, 1)
-        except StorageError:  # the tuner may hold the write lock for a moment
-            continue
-        # Interleaved: a level closes when every configuration has measured it; one finished
-        # repeat (the only one asked for) is what must survive the kill.
-        done = [lv for lv in levels.values() if lv.repeats]
-        if done:
-            first_done = done[0]
-    assert first_done is not None, "no repeat finished in time"
-    tuner.send_signal(signal.SIGKILL)
-    tuner.wait()
-    time.sleep(1.0)
-    assert _llama_servers_under(Path(tmp_path.name)) == [], "llama-server outlived the tuner"
-    with store.session() as session:
-        assert session.get(Run, 1).status == "running"  # it died without a word
-        kept_samples = {
-            s.id for s in session.scalars(select(Sample).filter_by(level_id=first_done.id))
-        }
-    assert kept_samples
-
-    resumed = subprocess.run(
-        tuner_cmd(*args, "--resume"), env=env, capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming run 1" in resumed.stderr
-    with store.session() as session:
-        assert session.scalar(select(func.count(Run.id))) == 1
-        assert session.get(Run, 1).status == "completed"
-        run = session.get(Run, 1)
-        after = session.scalars(select(Level).filter_by(run_id=1)).all()
-        cells = {(lv.config, lv.concurrency) for lv in after}
-        assert cells == profile_cells((1, 2), run.way), (run.way, cells)
-        assert all(lv.status == "completed" for lv in after)
-        again = session.get(Level, first_done.id)
-        assert again.created_at == first_done.created_at  # not re-measured
-        assert {
-            s.id for s in session.scalars(select(Sample).filter_by(level_id=first_done.id))
-        } == kept_samples

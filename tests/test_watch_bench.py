@@ -1,5 +1,5 @@
 """`tuner watch` against the real bench: a bench server serves light traffic (1 and 2 streams),
-then heavy traffic (6 and 8 streams); the watcher, deciding every 8 s on the profiled bench
+then heavy traffic (6 and 8 streams); the watcher, deciding every 6 s on the profiled bench
 model, sees the shift as drift and recommends again for it, keeps the env file at its latest
 answer (other lines kept), and runs its on-change command exactly once per change.
 
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.bench
 LIGHT = [(1, 64), (2, 64)]
 HEAVY = [(6, 48), (8, 48)]
 # Three decisions in each phase: the light phase's first two, the heavy phase's last two.
-INTERVAL_S = 8.0
-PHASE_S = 26.0
+INTERVAL_S = 6.0
+PHASE_S = 20.0
 
 
 @pytest.fixture
