@@ -32,6 +32,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def say_text(event: object) -> None:
+    """The backend's launches and live-switch check, one line each (its other events are
+    the profiler's, reported per block below)."""
+    text = getattr(event, "text", "")
+    if text:
+        print(f"  {text}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="2,4,8")
@@ -60,7 +68,7 @@ def main() -> int:
     ways = {}
     for way in ("relaunch", "live"):
         store = Store(f"sqlite:///{work / f'{way}.db'}")
-        backend = ServerBackend(spec, work / "logs" / way, print, switch=way)
+        backend = ServerBackend(spec, work / "logs" / way, say_text, switch=way)
         profiler = Profiler(store, spec, work / "logs" / way, lambda e: None, backend=backend)
         profiler.create_run(context, kind="sweep")
         ways[way] = {"profiler": profiler, "backend": backend, "seconds": 0.0}
