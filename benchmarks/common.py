@@ -9,13 +9,14 @@ sys.path for it (benchmarks run from a checkout, never from the installed packag
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tunerproc import Finished, run_tuner, tuner_cmd, tuner_env
 
-__all__ = ["Finished", "tuner", "tuner_cmd", "tuner_env", "tuner_run"]
+__all__ = ["Finished", "rate_for", "tuner", "tuner_cmd", "tuner_env", "tuner_run"]
 
 
 def tuner_run(env: dict[str, str], *args: str) -> Finished:
@@ -29,3 +30,21 @@ def tuner_run(env: dict[str, str], *args: str) -> Finished:
 def tuner(env: dict[str, str], *args: str) -> str:
     """Run a tuner command; its stdout. A failure ends the benchmark with its stderr."""
     return tuner_run(env, *args).stdout
+
+
+def rate_for(
+    generating: Callable[[float], float], target: float, first: float, steps: int
+) -> float:
+    """The arrival rate at which `generating(rate)` (mean generating slots, growing with the
+    rate) reaches target: the bracket doubled from `first` until it holds the target, then
+    `steps` bisections; rounded to 4 decimals. Benchmarks pick their rates with it."""
+    low, high = 0.0, first
+    while generating(high) < target:
+        low, high = high, high * 2
+    for _ in range(steps):
+        mid = 0.5 * (low + high)
+        if generating(mid) < target:
+            low = mid
+        else:
+            high = mid
+    return round(0.5 * (low + high), 4)

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from common import tuner, tuner_env
+from common import rate_for, tuner, tuner_env
 from scipy import stats
 
 from tuner.bench import load_bench
@@ -296,16 +296,7 @@ def twin_rate_for(world: World, policy: Policy, target: float, work: Work) -> fl
         ]
         return Pooled.of(windows).generating
 
-    low, high = 0.0, 0.1
-    while generating(high) < target:
-        low, high = high, high * 2
-    for _ in range(14):
-        mid = 0.5 * (low + high)
-        if generating(mid) < target:
-            low = mid
-        else:
-            high = mid
-    return round(0.5 * (low + high), 4)
+    return rate_for(generating, target, 0.1, 14)
 
 
 def with_prefill_priced(cal: Calibration, prompt_tokens: int) -> tuple[World, float]:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from common import tuner_cmd, tuner_env, tuner_run
+from common import rate_for, tuner_cmd, tuner_env, tuner_run
 from sqlalchemy import select
 
 from tuner.measure.load import LoadGenerator, Workload
@@ -206,16 +206,7 @@ def rate_for_generating(
         )
         return figures[policy].mean_generating
 
-    low, high = 0.0, 0.05
-    while generating(high) < target:
-        low, high = high, high * 2
-    for _ in range(12):
-        mid = 0.5 * (low + high)
-        if generating(mid) < target:
-            low = mid
-        else:
-            high = mid
-    return round(0.5 * (low + high), 4)
+    return rate_for(generating, target, 0.05, 12)
 
 
 # --- part 1 -----------------------------------------------------------------------------------
