@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
+from tuner.errors import ConfigError
 from tuner.measure import fingerprint
 from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model, sample_ranges
 from tuner.storage.engine import Store
@@ -244,3 +245,57 @@ def test_bench_uses_the_shared_sha256_file() -> None:
     from tuner import bench
 
     assert bench.sha256_file is fingerprint.sha256_file
+
+
+def write_vocab_gguf(path: Path, alignment: int | None = None) -> Path:
+    """A GGUF laid out like a real model's header: a vocabulary array of 50 000 strings, scores
+    (floats), nested arrays, every scalar type and several tensors (optionally aligned)."""
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_name("vocab-model")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    writer.add_token_list([f"tok{i}" for i in range(50_000)])
+    writer.add_token_scores([float(i) for i in range(50_000)])
+    writer.add_array("test.nested", [[1, 2, 3], [4, 5]])
+    writer.add_uint8("test.u8", 7)
+    writer.add_int16("test.i16", -3)
+    writer.add_uint64("test.u64", 1 << 40)
+    writer.add_float64("test.f64", 0.25)
+    writer.add_bool("test.flag", True)
+    writer.add_string("test.text", "ünïcode")
+    for i in range(5):
+        writer.add_tensor(f"blk.{i}.weight", np.arange(10 + i, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_header_reader_agrees_with_gguf_py(tmp_path: Path, alignment: int | None) -> None:
+    """ggufmeta steps over arrays that gguf-py's reader builds element by element (3-4 s for
+    the bench model's vocabulary): the scalars and the data offset must be the same."""
+    from tuner.measure.ggufmeta import read_gguf_meta
+
+    path = write_vocab_gguf(tmp_path / "vocab.gguf", alignment)
+    ours = read_gguf_meta(path)
+    reader = gguf.GGUFReader(path)
+    theirs = {
+        key: field.contents()
+        for key, field in reader.fields.items()
+        if not key.startswith("GGUF.") and field.types[0] != gguf.GGUFValueType.ARRAY
+    }
+    assert ours.fields == theirs
+    assert ours.data_offset == reader.data_offset and ours.tensor_count == 5
+    assert ours.fields["test.text"] == "ünïcode" and ours.fields["test.u64"] == 1 << 40
+    assert "tokenizer.ggml.tokens" not in ours.fields  # an array: stepped over
+    assert probe_model(path).quantization == "Q4_K_M"
+
+
+def test_a_cut_short_header_is_not_a_readable_gguf(tmp_path: Path) -> None:
+    path = write_vocab_gguf(tmp_path / "vocab.gguf")
+    os.truncate(path, 200_000)  # inside the vocabulary
+    with pytest.raises(ConfigError, match="not a readable GGUF file"):
+        probe_model(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuner.errors import ConfigError, ServerError
+from tuner.measure.ggufmeta import read_gguf_meta
 
 MAX_SLOTS_FLAG = "--spec-draft-max-slots"
 GGUF_MAGIC = b"GGUF"
@@ -223,33 +224,31 @@ def probe_model(path: Path, hashes: FileHashCache | None = None) -> ModelInfo:
     not GGUF. The full sha256 comes from hashes when it holds one for the file as it is now, else
     it is computed (and stored there); with no hashes it is always computed. A twin world is
     its own model: its file's hashes, architecture "twin"."""
-    import gguf
+    import gguf  # its key names and file types only: the header is read by ggufmeta
 
     require_gguf(path)
     if path.suffix == TWIN_SUFFIX:
         size = path.stat().st_size
         return ModelInfo(size, sha256_file(path), content_id(path, size, size), "twin", None)
     try:
-        reader = gguf.GGUFReader(path)
+        meta = read_gguf_meta(path)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"model file {path} is not a readable GGUF file: {exc}") from exc
-    arch_field = reader.fields.get(gguf.Keys.General.ARCHITECTURE)
-    type_field = reader.fields.get(gguf.Keys.General.FILE_TYPE)
+    architecture = meta.fields.get(gguf.Keys.General.ARCHITECTURE)
+    file_type = meta.fields.get(gguf.Keys.General.FILE_TYPE)
     quantization = None
-    if type_field is not None:
+    if file_type is not None:
         try:
-            quantization = gguf.LlamaFileType(int(type_field.contents())).name.removeprefix(
-                "MOSTLY_"
-            )
-        except ValueError:
-            quantization = str(type_field.contents())
+            quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        except (TypeError, ValueError):
+            quantization = str(file_type)
     # Stat before reading anything: a change after it shows in the stat _full_sha256 takes after.
     stat = path.stat()
-    cid = content_id(path, stat.st_size, reader.data_offset)
+    cid = content_id(path, stat.st_size, meta.data_offset)
     return ModelInfo(
         file_size=stat.st_size,
         file_sha256=_full_sha256(path, stat, cid, hashes),
         content_id=cid,
-        architecture=arch_field.contents() if arch_field is not None else None,
+        architecture=str(architecture) if architecture is not None else None,
         quantization=quantization,
     )
