@@ -143,10 +143,10 @@ class ServerBackend:
         draft counters follow it. Returns the way the run measures."""
         if self._checked or self.way != LIVE:
             return self.way
-        self._checked = True
         drafting = [p for p in policies if p.drafting]
         if not drafting:
-            return self.way
+            return self.way  # checked when a drafting policy first needs the server
+        self._checked = True
         server = self._serve(drafting[0], check=False)
         problem = self._switch_problem(server)
         if problem is None:

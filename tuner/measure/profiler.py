@@ -78,6 +78,7 @@ class Profiler:
     # The depth live runs and attach measure at when a caller names concurrencies only: the
     # spec's shallowest. A profile measures (depth, concurrency) cells.
     depth: int = field(init=False)
+    reopened: bool = field(init=False, default=False)  # a resumed run (reopen_run)
 
     def __post_init__(self) -> None:
         self.depth = self.spec.workload.context_tokens[0]
@@ -104,6 +105,7 @@ class Profiler:
     def reopen_run(self, run_id: int) -> None:
         self.recorder.reopen_run(run_id)
         self.run_id = run_id
+        self.reopened = True
         self._tell_backend_run()
 
     def _tell_backend_run(self) -> None:
@@ -278,10 +280,7 @@ class Profiler:
         assert self.backend is not None
         w = self.spec.workload
         policies = _policies_of(arms)
-        check = getattr(self.backend, "check_switch", None)
-        if check is not None:
-            way = check(policies)
-            self.recorder.set_way(way)
+        self.check_switch(arms)
         state = self.repeats_by_cell(policies)
         first = self.last_pass() or 0
         open_arms = {cell: list(ps) for cell, ps in arms.items()}
@@ -320,6 +319,28 @@ class Profiler:
         for cell, ps in open_arms.items():  # cannot happen: max_repeats passes fill every cell
             self.recorder.close_levels(ps, cell)
 
+    def check_switch(self, arms: Arms) -> None:
+        """Before planning: where the backend has a live switch to check, it checks it on the
+        policies that still have rounds to measure in arms, and the run records the way it
+        measures. A resumed run with no drafting round left launches no drafting server for the
+        check, and keeps the way it recorded."""
+        check = getattr(self.backend, "check_switch", None)
+        if check is None:
+            return
+        state = self.repeats_by_cell(_policies_of(arms))
+        full = self.spec.workload.max_repeats
+        needed = [
+            p
+            for p in _policies_of(arms)
+            if any(
+                p in ps and len(state.get((self.level_name(p), *cell), [])) < full
+                for cell, ps in arms.items()
+            )
+        ]
+        if self.reopened and not any(p.drafting for p in needed):
+            return
+        self.recorder.set_way(check(needed))
+
     def start_on_the_launch_up(self, arms: Arms, pass_index: int) -> bool:
         """Whether to run this command's passes in the other direction: where the backend has a
         launch up (the drafting launch that checked the live switch) that the pass would
@@ -338,9 +359,7 @@ class Profiler:
         Where a launch holds two policies at a cell they alternate `pairs` times (A B B A for
         two)."""
         assert self.backend is not None
-        check = getattr(self.backend, "check_switch", None)
-        if check is not None:
-            self.recorder.set_way(check(_policies_of(arms)))
+        self.check_switch(arms)
         last = self.last_pass()
         p = 0 if last is None else last + 1
         flip = self.start_on_the_launch_up(arms, p)
@@ -375,17 +394,20 @@ class Profiler:
         otherwise), record the outcome; return the run id."""
         cells = [(d, c) for d in self.depths for c in (levels or self.spec.levels)]
 
-        def body() -> None:
-            check = getattr(self.backend, "check_switch", None)
-            if check is not None:
-                self.recorder.set_way(check(policies))
+        def open_arms_now() -> Arms:
             arms = self.arms(policies, cells)
             todo = self.recorder.pending(_policies_of(arms), cells)
             open_arms = {
                 cell: [p for p in ps if cell in todo[self.level_name(p)]]
                 for cell, ps in arms.items()
             }
-            open_arms = {cell: ps for cell, ps in open_arms.items() if ps}
+            return {cell: ps for cell, ps in open_arms.items() if ps}
+
+        def body() -> None:
+            # The way decides which launch holds which policy: the arms are planned again
+            # after the check.
+            self.check_switch(open_arms_now())
+            open_arms = open_arms_now()
             rounds = sum(map(len, open_arms.values()))
             self.observer(ProgressEvent("plan", total=rounds * self.spec.workload.max_repeats))
             if self.spec.workload.interleave:

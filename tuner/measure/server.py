@@ -203,11 +203,18 @@ class ManagedServer:
                     raise
 
     def _launch(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.config.env}
-        with self.log_path.open("ab") as log:
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = self.log_path.open("ab")
             log.write(("$ " + " ".join(self.config.command(self.port)) + "\n").encode())
             log.flush()
+        except OSError as exc:
+            raise ServerStartError(
+                f"cannot write {self.name}'s log {self.log_path}: {exc.strerror or exc} "
+                "(TUNER_CACHE_DIR sets where logs go)"
+            ) from exc
+        with log:
             self.process = subprocess.Popen(
                 self.config.command(self.port),
                 stdin=subprocess.DEVNULL,
