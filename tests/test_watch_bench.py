@@ -1,7 +1,7 @@
 """`tuner watch` against the real bench: a bench server serves light traffic (1 and 2 streams),
-then heavy traffic (6 and 8 streams); the watcher, deciding every 6 s on the profiled bench
-model, sees the shift as drift and recommends again for it, keeps the env file at its latest
-answer (other lines kept), and runs its on-change command exactly once per change.
+then heavy traffic (6 and 8 streams); the watcher, deciding every 6 s on the last 12 s with the
+profiled bench model, sees the shift as drift and recommends again for it, keeps the env file at
+its latest answer (other lines kept), and runs its on-change command exactly once per change.
 
 Whether the shift changes N depends on where this profile puts the crossover, which moves with
 the machine's spells, so the test does not insist on a change: it checks that the shift is
@@ -30,8 +30,11 @@ pytestmark = pytest.mark.bench
 
 LIGHT = [(1, 64), (2, 64)]
 HEAVY = [(6, 48), (8, 48)]
-# Three decisions in each phase: the light phase's first two, the heavy phase's last two.
+# Three decisions in each phase: the light phase's first three, the heavy phase's last one.
 INTERVAL_S = 6.0
+# Two intervals: what is stored at the end holds the last whole interval of heavy traffic, not
+# only the seconds since the last decision (a 2 s remnant saw no request finish on a slow CI).
+WINDOW_S = 2 * INTERVAL_S
 PHASE_S = 20.0
 
 
@@ -60,7 +63,7 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     reloads = tmp_path / "reloads"
     options = WatchOptions(
         every_s=INTERVAL_S,
-        window_s=INTERVAL_S,
+        window_s=WINDOW_S,
         drift=0.1,
         on_change=f"echo reload >> {reloads}",
     )
