@@ -102,7 +102,7 @@ def _profile_once(
 # kernel rows of two decode steps each (every shape is still run and stored).
 SHARED_PROFILE_LEVELS = (1, 4)
 SHARED_PROFILE_TOKENS = 64
-SHARED_PROFILE_ARGS = [
+SHARED_WORKLOAD_ARGS = [
     "--levels",
     ",".join(map(str, SHARED_PROFILE_LEVELS)),
     "--budget",
@@ -115,9 +115,8 @@ SHARED_PROFILE_ARGS = [
     "workload.max_repeats=2",
     "--set",
     "workload.warmup=0",
-    "--set",
-    "kernel.generation_tokens=2",
 ]
+SHARED_PROFILE_ARGS = [*SHARED_WORKLOAD_ARGS, "--set", "kernel.generation_tokens=2"]
 
 
 @pytest.fixture(scope="session")

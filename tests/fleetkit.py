@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ProgrammingError
+from tunerproc import TWIN_SPEC, tuner_env, twin_spec_args
 
 # Re-exported for the test files that still import them from here; new code imports tunerproc.
 from tunerproc import Finished as Finished
@@ -28,7 +29,6 @@ from tunerproc import finish as finish
 from tunerproc import run_tuner as run_tuner
 from tunerproc import start_tuner as start_tuner
 from tunerproc import tuner_cmd as tuner_cmd
-from tunerproc import tuner_env
 from tunerproc import tuner_json as tuner_json
 
 from tuner.measure.schedule import off_arm
@@ -53,14 +53,25 @@ QUICK = [
 
 
 def profile_args(
-    levels: str = "1,2", max_tokens: int = 32, *extra: str, preflight: bool = False
+    levels: str = "1,2",
+    max_tokens: int = 32,
+    *extra: str,
+    preflight: bool = False,
+    twin: Path | None = None,
+    speed: float = 20.0,
 ) -> list[str]:
     """A brief profile of the bench spec; without the preflight unless asked (the tests of the
-    preflight ask: test_faults' start-up case, test_server_death)."""
+    preflight ask: test_faults' start-up case, test_server_death). With twin (a folder for its
+    launcher script), the same profile of the bench's twin (tunerproc.TWIN_SPEC):
+    for tests of what the tuner stores, not of what llama-server does (speed: the twin's)."""
+    if twin is not None:
+        spec = [str(TWIN_SPEC), *twin_spec_args(twin, speed=speed)]
+    else:
+        spec = [str(BENCH_SPEC)]
     return [
         "profile",
         *([] if preflight else ["--skip-preflight"]),
-        str(BENCH_SPEC),
+        *spec,
         "--levels",
         levels,
         "--set",
@@ -96,7 +107,8 @@ def _read(path: Path) -> bytes:
 
 
 def llama_servers(marker: str) -> list[int]:
-    """Live llama-server processes whose environment or command line mentions marker.
+    """Live llama-server processes (twin servers too) whose environment or command line
+    mentions marker.
 
     Every server a tuner starts inherits its environment, so the test's own TUNER_CACHE_DIR
     finds exactly that test's servers, even after the tuner that started them is gone.
@@ -106,9 +118,10 @@ def llama_servers(marker: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        if b"llama-server" not in _read(entry / "cmdline").split(b"\0")[0]:
+        cmdline = _read(entry / "cmdline")
+        if b"llama-server" not in cmdline.split(b"\0")[0] and b"tuner.twin.server" not in cmdline:
             continue
-        if needle not in _read(entry / "environ") and needle not in _read(entry / "cmdline"):
+        if needle not in _read(entry / "environ") and needle not in cmdline:
             continue
         if is_dead(int(entry.name)):  # a zombie waiting for its parent: already dead
             continue

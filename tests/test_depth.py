@@ -1,7 +1,7 @@
 """Context depth on the real bench: every level measured at each depth in the same launches,
 stored with its depth, fitted per depth, and recommend answering for a depth it measured.
 
-A decode step reads every slot's KV cache: at 2048 tokens of context the bench's 135M F32
+A decode step reads every slot's KV cache: at 1024 tokens of context the bench's 135M F32
 target reads more per step at 2 streams than at none, and attention over the cache comes on top
 (about 11 ms per decode row per 1000 tokens held: a plain step at 2 streams about 1.5 times as
 long, a drafting step's 14 rows far more). Both depths are measured on the same launch, so the
@@ -25,7 +25,7 @@ from tuner.storage.orm import Level, Sample
 pytestmark = pytest.mark.bench
 
 MODEL = "smollm2-135m-f32"
-DEEP = 2048
+DEEP = 1024
 
 
 def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> None:

@@ -1,13 +1,12 @@
 """Faults during `tuner profile`, each against the real bench (no mocks).
 
 For every fault: one clear error message, a non-zero exit where the command failed, every
-completed sample still in the database and no llama-server left running. `--resume` finishing
-the run without re-measuring what was completed is shown once for each state a fault leaves a
-run in: failed (a server killed), never started (a server that cannot load), on a disk that was
-full (where a tmpfs can be mounted), interrupted (Ctrl-C), and still marked running (the tuner
-killed outright). A fault that leaves a state already shown (a server that stops answering, a
-locked database, SIGTERM, the file-size limit) stops there: its resume would run the same code
-on the same rows.
+completed sample still in the database and no llama-server left running. The faults that strike
+inside a level (Ctrl-C, SIGTERM, llama-server killed or silent, the database locked, the disk
+full, a file-size limit, the tuner killed outright) strike one run in turn, and `--resume`
+continues it after each without measuring again what was completed: a resume is shown from
+every state a fault leaves a run in, at the cost of one profile. The faults at start-up (a
+server that cannot load, a port taken) have their own runs.
 
 The tuner runs as a subprocess (`python -m tuner profile ...`) with this test's own database and
 cache dir; its llama-servers inherit that environment, which is how the orphan check finds them.
@@ -30,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fleetkit import (
+    Snapshot,
     assert_kept,
     assert_no_servers,
     assert_run_complete,
@@ -104,54 +104,6 @@ def in_level(case: Case, config: str, concurrency: int) -> None:
 
 
 # --- the server dies, hangs, or never starts --------------------------------------------------
-
-
-def test_llama_server_killed_mid_level(tmp_path: Path) -> None:
-    case = Case(tmp_path)
-    args = profile_args("1,2", 96)
-    tuner = start_tuner(args, case.env)
-    in_level(case, "plain", 2)
-    before = snapshot(case.db)
-    # what the schedule measured before plain at 2 streams (its order is the schedule's)
-    assert before.done and ("plain", 2) not in before.done, sorted(before.done)
-    os.kill(server_of(tuner), signal.SIGKILL)
-    result = finish(tuner)
-
-    assert result.returncode == 2, result.stderr[-3000:]
-    line = one_error_line(result)
-    assert "llama-server (plain) was killed by SIGKILL during plain at concurrency 2" in line, line
-    assert "out-of-memory killer" in line  # SIGKILL from outside: the likely cause named
-    assert_no_servers(case.marker)
-    assert runs(case.db)[0][1] == "failed"
-    assert levels(case.db)[("plain", 2)].status == "failed"
-    assert_kept(case.db, before)
-
-    case.resume(args)
-    assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, LEVELS)
-
-
-def test_llama_server_stops_answering_mid_level(tmp_path: Path) -> None:
-    case = Case(tmp_path)
-    # request_timeout_s bounds the silence between two streamed tokens.
-    args = profile_args("1,2", 96, "--set", "workload.request_timeout_s=6")
-    tuner = start_tuner(args, case.env)
-    in_level(case, "plain", 2)
-    before = snapshot(case.db)
-    server = server_of(tuner)
-    time.sleep(0.3)  # let the level's requests get going
-    os.kill(server, signal.SIGSTOP)
-    started = time.monotonic()
-    result = finish(tuner)
-
-    assert result.returncode == 2, result.stderr[-3000:]
-    line = one_error_line(result)
-    assert "llama-server (plain) stopped answering during plain at concurrency 2" in line, line
-    assert time.monotonic() - started < 60  # noticed by the timeout, then stopped for good
-    assert_no_servers(case.marker)
-    assert runs(case.db)[0][1] == "failed"
-    assert levels(case.db)[("plain", 2)].status == "failed"
-    assert_kept(case.db, before)
 
 
 def test_llama_server_exits_at_start_up(tmp_path: Path, bench: Bench) -> None:
@@ -268,32 +220,6 @@ con.execute("ROLLBACK")
 """
 
 
-def test_database_locked_by_a_long_transaction_in_another_process(tmp_path: Path) -> None:
-    case = Case(tmp_path, TUNER_DB_BUSY_TIMEOUT_S="2")
-    args = profile_args("1,2", 96)
-    tuner = start_tuner(args, case.env)
-    in_level(case, "plain", 2)
-    before = snapshot(case.db)
-    locker = subprocess.Popen(
-        [sys.executable, "-c", LOCKER, str(case.db_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
-        result = finish(tuner)
-    finally:
-        locker.communicate("")  # end the other transaction
-
-    assert result.returncode == 2, result.stderr[-3000:]
-    line = one_error_line(result)
-    assert "is locked: another process held a write lock" in line, line
-    assert "TUNER_DB_BUSY_TIMEOUT_S, 2 s" in line
-    assert_no_servers(case.marker)
-    assert_kept(case.db, before)
-
-
 @contextlib.contextmanager
 def small_filesystem(path: Path, size: str = "16m", mount: bool = True) -> Iterator[bool]:
     """A tmpfs of the given size at path (True), or a plain folder (False) where mounting is
@@ -327,91 +253,146 @@ def fill(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("how", ["full-tmpfs", "file-size-limit"])
-def test_disk_full_on_the_database_path(tmp_path: Path, how: str) -> None:
-    """full-tmpfs: the database lives on a small tmpfs that another process fills up (needs
-    mount rights: root). file-size-limit: the kernel refuses to grow the tuner's files
-    (RLIMIT_FSIZE set on the running tuner), the same failure seen through EFBIG."""
-    with small_filesystem(tmp_path / "dbfs", mount=how == "full-tmpfs") as mounted:
-        if how == "full-tmpfs" and not mounted:
-            pytest.skip("mounting a tmpfs is not permitted here; file-size-limit covers it")
-        case = Case(tmp_path, db_dir=tmp_path / "dbfs")
-        args = profile_args("1,2", 96)
-        tuner = start_tuner(args, case.env)
-        in_level(case, "plain", 2)
-        before = snapshot(case.db)
-        filler = None
-        if mounted:
-            filler = fill(tmp_path / "dbfs" / "filler")
-            expected = "the disk is full"
-        else:
-            # The tuner may not grow any file beyond what the database's files hold now.
-            cap = max(p.stat().st_size for p in case.db_path.parent.glob("tuner.db*"))
-            resource.prlimit(tuner.pid, resource.RLIMIT_FSIZE, (cap, resource.RLIM_INFINITY))
-            expected = "disk I/O error (disk full or file size limit?)"
+# --- one run through every fault in turn --------------------------------------------------------
+
+
+class Chain:
+    """One profile run, started and then resumed link by link: each link waits until the run is
+    inside plain at 2 streams (measured late, on the second launch), lets a fault happen there,
+    and checks what the fault leaves (its one error line, the run's state, no server left, every
+    completed row kept). The next link resumes from that state, so `--resume` is shown after
+    every fault, each time completing only what is missing; the last link completes the run."""
+
+    def __init__(self, case: Case, args: list[str]) -> None:
+        self.case, self.args, self.resuming = case, args, False
+        self.before: Snapshot | None = None
+        self.server = 0  # the pid of the link's llama-server
+
+    def start(self, **env: str) -> subprocess.Popen[str]:
+        """The next link's tuner (the first runs the profile, the others resume it), once it is
+        inside plain at 2 streams."""
+        args = [*self.args, "--resume"] if self.before is not None else self.args
+        self.resuming = self.before is not None
+        tuner = start_tuner(args, {**self.case.env, **env})
+        in_level(self.case, "plain", 2)
+        # This tuner's own server is serving the level (a link whose tuner could not write its
+        # end left the level's row marked running).
+        self.server = server_of(tuner)
+        before = snapshot(self.case.db)
+        # what the schedule measured before plain at 2 streams (its order is the schedule's)
+        assert before.done and ("plain", 2) not in before.done, sorted(before.done)
+        if self.before is not None:
+            assert_kept(self.case.db, self.before)  # the resume measured nothing again
+        self.before = before
+        return tuner
+
+    def finish(self, tuner: subprocess.Popen[str], code: int) -> str:
+        """The link's tuner exited with code and one error line (returned); a resume said so."""
         result = finish(tuner)
+        assert result.returncode == code, result.stderr[-3000:]
+        if self.resuming:
+            assert "resuming run 1" in result.stderr, result.stderr[-3000:]
+            # only plain was left: no drafting launch to check the live switch on
+            assert "starting llama-server (drafting" not in result.stderr, result.stderr[-3000:]
+        return one_error_line(result)
 
-        assert result.returncode == 2, result.stderr[-3000:]
-        line = one_error_line(result)
-        assert "cannot write to database" in line and expected in line, line
-        assert_no_servers(case.marker)
-        assert_kept(case.db, before)
-
-        with contextlib.closing(sqlite3.connect(case.db_path)) as con:
+    def kept(self, state: str | None = None) -> None:
+        """No server left, every completed row kept, the database whole; the run in state with
+        plain at 2 streams failed (when the tuner could still say so)."""
+        assert_no_servers(self.case.marker)
+        if state is not None:
+            assert runs(self.case.db)[0][1] == state
+            assert levels(self.case.db)[("plain", 2)].status == "failed"
+        assert_kept(self.case.db, self.before)
+        with contextlib.closing(sqlite3.connect(self.case.db_path)) as con:
             assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        if filler is not None:  # space again: the run resumes on that database
-            filler.unlink()
-            case.resume(args)
-            assert_kept(case.db, before)
-            assert_run_complete(case.db, 1, LEVELS)
 
 
-# --- the user stops the tuner ------------------------------------------------------------------
+def test_a_run_survives_every_fault_in_turn_and_resumes_after_each(tmp_path: Path) -> None:
+    """Ctrl-C, SIGTERM, llama-server killed, llama-server silent, the database locked by another
+    process, the kernel refusing to grow the tuner's files, the disk full (on a tmpfs: needs
+    mount rights, root), the tuner killed outright; then a resume completes the run. The
+    database lives on the small tmpfs throughout (a plain folder where mounting is refused: the
+    disk-full link is then left out, and said so)."""
+    with small_filesystem(tmp_path / "dbfs") as mounted:
+        case = Case(tmp_path, db_dir=tmp_path / "dbfs")
+        # request_timeout_s bounds the silence between two streamed tokens (the silent server).
+        args = profile_args("1,2", 96, "--set", "workload.request_timeout_s=6")
+        chain = Chain(case, args)
 
+        for signum, name in ((signal.SIGINT, "ctrl-c"), (signal.SIGTERM, "sigterm")):
+            tuner = chain.start()
+            time.sleep(0.3)  # inside the level's requests
+            tuner.send_signal(signum)
+            line = chain.finish(tuner, 130)
+            assert "run 1 interrupted; completed repeats are kept" in line, (name, line)
+            assert "--resume" in line
+            chain.kept("interrupted")
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupted_during_a_level(tmp_path: Path, signum: int) -> None:
-    case = Case(tmp_path)
-    args = profile_args("1,2", 96)
-    tuner = start_tuner(args, case.env)
-    in_level(case, "plain", 2)
-    before = snapshot(case.db)
-    time.sleep(0.3)  # inside the level's requests
-    tuner.send_signal(signum)
-    result = finish(tuner)
+        tuner = chain.start()
+        os.kill(chain.server, signal.SIGKILL)
+        line = chain.finish(tuner, 2)
+        assert "llama-server (plain) was killed by SIGKILL during plain at concurrency 2" in line
+        assert "out-of-memory killer" in line  # SIGKILL from outside: the likely cause named
+        chain.kept("failed")
 
-    assert result.returncode == 130, result.stderr[-3000:]
-    line = one_error_line(result)
-    assert "run 1 interrupted; completed repeats are kept" in line, line
-    assert "--resume" in line
-    assert_no_servers(case.marker)
-    assert runs(case.db)[0][1] == "interrupted"
-    assert levels(case.db)[("plain", 2)].status == "failed"
-    assert_kept(case.db, before)
+        tuner = chain.start()
+        time.sleep(0.3)  # let the level's requests get going
+        os.kill(chain.server, signal.SIGSTOP)
+        silent_since = time.monotonic()
+        line = chain.finish(tuner, 2)
+        assert time.monotonic() - silent_since < 60  # noticed by the timeout, then stopped
+        assert "llama-server (plain) stopped answering during plain at concurrency 2" in line
+        chain.kept("failed")
 
-    if signum == signal.SIGINT:  # SIGTERM leaves the same state
+        tuner = chain.start(TUNER_DB_BUSY_TIMEOUT_S="2")
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(case.db_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+            line = chain.finish(tuner, 2)
+        finally:
+            locker.communicate("")  # end the other transaction
+        assert "is locked: another process held a write lock" in line, line
+        assert "TUNER_DB_BUSY_TIMEOUT_S, 2 s" in line
+        chain.kept()
+
+        tuner = chain.start()
+        # The tuner may write no byte past the first of any file (its llama-server, started
+        # before, keeps its own limit): EFBIG at its next write to the database, wherever the
+        # earlier links left the database's files (SQLite reuses its write-ahead log's space).
+        resource.prlimit(tuner.pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+        line = chain.finish(tuner, 2)
+        assert "cannot write to database" in line, line
+        assert "disk I/O error (disk full or file size limit?)" in line, line
+        chain.kept()
+
+        if mounted:
+            tuner = chain.start()
+            filler = fill(tmp_path / "dbfs" / "filler")
+            line = chain.finish(tuner, 2)
+            assert "cannot write to database" in line and "the disk is full" in line, line
+            chain.kept()
+            filler.unlink()  # space again: the run resumes on that database
+        else:
+            print("disk full: left out (mounting a tmpfs is not permitted here)")
+
+        # SIGKILL cannot be handled: the kernel ends llama-server (PR_SET_PDEATHSIG).
+        tuner = chain.start()
+        tuner.send_signal(signal.SIGKILL)
+        tuner.wait()
+        assert_no_servers(case.marker, within_s=5)
+        # Killed by the kernel (perhaps a zombie that init has yet to reap; exiting takes a
+        # moment).
+        wait_for(lambda: is_dead(chain.server), timeout_s=10)
+        assert runs(case.db)[0][1] == "running"  # it died without a word
+        assert_kept(case.db, chain.before)
+
         case.resume(args)
-        assert_kept(case.db, before)
+        assert_kept(case.db, chain.before)
         assert_run_complete(case.db, 1, LEVELS)
-
-
-def test_tuner_killed_outright_takes_its_server_along(tmp_path: Path) -> None:
-    """SIGKILL cannot be handled: the kernel ends llama-server (PR_SET_PDEATHSIG)."""
-    case = Case(tmp_path)
-    args = profile_args("1,2", 96)
-    tuner = start_tuner(args, case.env)
-    in_level(case, "plain", 2)
-    server = server_of(tuner)
-    before = snapshot(case.db)
-    tuner.send_signal(signal.SIGKILL)
-    tuner.wait()
-    assert_no_servers(case.marker, within_s=5)
-    # Killed by the kernel (perhaps a zombie that init has yet to reap; exiting takes a moment).
-    wait_for(lambda: is_dead(server), timeout_s=10)
-    assert runs(case.db)[0][1] == "running"  # it died without a word
-    assert_kept(case.db, before)
-
-    case.resume(args)
-    assert_kept(case.db, before)
-    assert_run_complete(case.db, 1, LEVELS)
-    assert completed(case.db)
+        assert completed(case.db)

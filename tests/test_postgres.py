@@ -26,7 +26,7 @@ from fleetkit import (
     wait_for,
 )
 from sqlalchemy import create_engine, inspect
-from tunerproc import finish, run_tuner, start_tuner, tuner_env
+from tunerproc import TWIN_MODEL, finish, run_tuner, start_tuner, tuner_env, twin_spec_args
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
@@ -49,7 +49,7 @@ COMMANDS: dict[str, list[str]] = {
     "recommend": ["recommend", "--model", REFERENCE_MODEL, "-q"],
     "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
-LIVE = {"profile", "validate", "tune"}  # need the bench: test_live_commands_on_postgres
+LIVE = {"profile", "validate", "tune"}  # launch a server: test_live_commands_on_postgres
 # need a server; what they store: test_traffic_profiles_on_postgres, test_watch_state_on_postgres
 OBSERVED = {"observe", "watch"}
 NO_DATABASE = {"bench"}
@@ -114,14 +114,15 @@ def test_migrations_and_optuna_share_the_database(pg_url: str) -> None:
     assert peek(pg_url, f"SELECT COUNT(*) FROM {VERSION_TABLE}") == [(1,)]
 
 
-@pytest.mark.bench
 def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     """A live profile on PostgreSQL, interrupted during a level and resumed to completion; then
     recommend, validate and tune (live) on the same database. Brief: what is tested is that
-    every command stores and reads its rows there, not what it measures."""
+    every command stores and reads its rows there, not what it measures, so the server is the
+    bench's twin (the same launches, switch and HTTP). The profile runs at 4 times the wall's
+    speed, slow enough that a level lasts the half second it takes to be interrupted in."""
     cache = tmp_path / "cache"
     env = tuner_env(pg_url, cache)
-    args = profile_args("1,2", 48)
+    args = profile_args("1,2", 48, twin=tmp_path, speed=4.0)
     tuner = start_tuner(args, env)
     wait_for(lambda: running_level(pg_url, "plain", 2), timeout_s=180, interval_s=0.05)
     before = snapshot(pg_url)
@@ -138,15 +139,18 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     resumed = run_tuner([*args, "--resume"], env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming run 1" in resumed.stderr
+    # only plain was left: the resume launched no drafting server to check the switch on
+    assert "starting llama-server (drafting" not in resumed.stderr, resumed.stderr
     assert_kept(pg_url, before)
     assert_run_complete(pg_url, 1, (1, 2))
 
-    model = "smollm2-135m-f32"
+    model = TWIN_MODEL
     recommended = run_tuner(["recommend", "--model", model, "-q"], env)
     assert recommended.returncode == 0, recommended.stderr[-3000:]
     assert recommended.stdout.startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
     quick = ["--set", "workload.max_tokens=16", "--set", "workload.warmup=0", "--skip-preflight"]
     quick += ["--set", "workload.min_repeats=1", "--set", "workload.max_repeats=1"]
+    quick += twin_spec_args(tmp_path, speed=20.0)  # nothing to interrupt from here on
     validated = run_tuner(["validate", "--model", model, *quick], env)
     assert validated.returncode == 0, validated.stderr[-3000:]
     tuned = run_tuner(["tune", "--model", model, "--budget", "5s", *quick], env)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from tunerproc import twin_server_script
 
 from tuner.bench import Bench
 from tuner.errors import ServerDiedError
@@ -104,13 +103,6 @@ def both_have(real: Any, twin: Any, paths: list[str], what: str) -> None:
 # --- the two servers --------------------------------------------------------------------------
 
 
-def _twin_binary(folder: Path) -> Path:
-    path = folder / "tuner-twin-server"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
 def _configs(
     bench: Bench, tmp_path: Path, *extra: str, drafting: bool = True, max_slots: int | None = None
 ) -> tuple[LaunchConfig, LaunchConfig]:
@@ -129,7 +121,7 @@ def _configs(
     )
     twin = dataclasses.replace(
         real,
-        binary=_twin_binary(tmp_path),
+        binary=twin_server_script(tmp_path),
         model=BENCH_WORLD,
         args=[*args, "--speed", "20", "--noise", "off"],
     )
@@ -321,7 +313,7 @@ def test_the_errors_the_tuner_reads_are_the_same(bench: Bench, tmp_path: Path) -
 
 
 def test_the_build_probe_sees_both_alike(bench: Bench, tmp_path: Path) -> None:
-    for info in (probe_build(bench.server), probe_build(_twin_binary(tmp_path))):
+    for info in (probe_build(bench.server), probe_build(twin_server_script(tmp_path))):
         assert info.has_max_slots  # --help lists --spec-draft-max-slots
         lines = info.version_text.splitlines()
         assert [line.split(" ")[:2] for line in lines][1] == ["built", "with"], lines

@@ -14,12 +14,11 @@ profiles/twin/seed-flapping.toml must keep what benchmarks/twin_serve.py shows w
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tunerproc import tuner_env, tuner_json, tuner_ok
+from tunerproc import tuner_env, tuner_json, tuner_ok, twin_server_script
 
 from tuner.policy import Policy
 from tuner.twin import load_world, world_from_dict, world_to_toml
@@ -72,9 +71,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     world = world_from_dict(SMALL)
     world_path = base / "world.toml"
     world_path.write_text(world_to_toml(world))
-    binary = base / "tuner-twin-server"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
-    binary.chmod(0o755)
+    binary = twin_server_script(base)
     spec = base / "spec.toml"
     spec.write_text(
         SPEC.format(binary=binary, world=world_path, prompt=PROMPT_TOKENS, output=OUTPUT_TOKENS)

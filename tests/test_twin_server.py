@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import stat
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
-from tunerproc import finish, start_tuner, tuner_env
+from tunerproc import finish, start_tuner, tuner_env, twin_server_script
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -339,21 +337,12 @@ def test_the_command_line_is_llama_servers() -> None:
         parse_args(["-m", str(BENCH_WORLD)], env={"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "abc"})
 
 
-def _script(tmp_path: Path) -> Path:
-    """An executable that runs the twin server with this interpreter (what the package's
-    tuner-twin-server script does)."""
-    path = tmp_path / "tuner-twin-server"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
 def test_the_build_and_the_world_pass_the_tuners_fingerprints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["--help"]) == 0
     assert "--spec-draft-max-slots" in capsys.readouterr().out
-    build = probe_build(_script(tmp_path))
+    build = probe_build(twin_server_script(tmp_path))
     assert build.has_max_slots
     assert build.version_text.splitlines()[0].startswith("version: ")
     require_gguf(BENCH_WORLD)
@@ -428,7 +417,7 @@ def twin_profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[float, str]:
     """`tuner profile` of the twin spec, noise off, at speeds 1 and 20 (run side by side): levels
     1 and 3, 32 tokens a stream, one repeat; the database of each."""
     base = tmp_path_factory.mktemp("twin-profiles")
-    script = _script(base)
+    script = twin_server_script(base)
     started = {}
     for speed in (1.0, 20.0):
         folder = base / f"speed-{speed:g}"

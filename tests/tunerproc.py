@@ -112,3 +112,32 @@ def tuner_ok(env: dict[str, str], *args: str, timeout_s: float = 1200.0) -> Fini
 def tuner_json(env: dict[str, str], *args: str, timeout_s: float = 1200.0) -> Any:
     """A command with --format json: it must succeed; what it printed."""
     return json.loads(tuner_ok(env, *args, "--format", "json", timeout_s=timeout_s).stdout)
+
+
+# --- the twin server as a spec's llama-server ---------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+TWIN_SPEC = REPO / "profiles" / "twin" / "bench-twin.toml"  # the bench spec on the twin server
+TWIN_BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
+TWIN_MODEL = "twin-smollm2-135m-f32"  # that world's model identity
+
+
+def twin_server_script(folder: Path) -> Path:
+    """An executable in folder that runs the twin server with this interpreter (what the
+    package's tuner-twin-server script does, wherever the test runs from)."""
+    path = folder / "tuner-twin-server"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def twin_spec_args(folder: Path, *, speed: float = 20.0, noise: bool = True) -> list[str]:
+    """`--set` options that point TWIN_SPEC at the bench world served by twin_server_script,
+    simulated time running `speed` times the wall's."""
+    server_args = ["--kv-unified", "--speed", f"{speed:g}", *([] if noise else ["--noise", "off"])]
+    overrides = [
+        f"server.binary={twin_server_script(folder)}",
+        f"server.model={TWIN_BENCH_WORLD}",
+        "server.args=[" + ", ".join(f'"{a}"' for a in server_args) + "]",
+    ]
+    return [item for o in overrides for item in ("--set", o)]
