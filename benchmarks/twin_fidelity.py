@@ -34,11 +34,12 @@ A twin calibrated from a bench profile, held against bench measurements it never
    occupancy spread (the closed levels weighted by the time spent at each number of generating
    slots, idle included, against the closed level at their mean: what a concave curve loses to
    a spread) and the rest (what the server delivered against that mixture: prefill of arriving
-   prompts batched into decode steps, slots joining and leaving mid-draft, client overhead). The
-   calibrated twin prices prompt rows at nothing (a profile's closed levels cannot see them: every
-   prompt is evaluated before the window opens), so a second twin row prices them from the same
-   profile's own step table (its rows_ms, which follows llama-batched-bench's rows beyond the
-   plain levels): what the rest would be if prefill were all of it. It is an explanation, not the
+   prompts batched into decode steps, slots joining and leaving mid-draft, client overhead). A
+   profile's closed levels cannot see prompt rows (every prompt is evaluated before the window
+   opens); the calibrated twin prices them from the profile's own time to first token (the
+   slope of the levels' median TTFT over their c x P prompt rows: tuner.twin.from_run). A second
+   twin row prices them from the profile's step table instead (its rows_ms, which follows
+   llama-batched-bench's rows beyond the plain levels): a cross-check of that price, not the
    calibrated twin's prediction.
 
     .venv/bin/python benchmarks/twin_fidelity.py [--levels-closed 3,5,6,7] [--rates R1,R2,R3]
@@ -303,7 +304,7 @@ def with_prefill_priced(cal: Calibration, prompt_tokens: int) -> tuple[World, fl
     """The calibrated world with prompt rows priced from its own step table: the mean over
     c = 1..n_parallel of (rows_ms(c + P) - rows_ms(c)) / P, P the prompt length (what P prompt
     rows add to a decode step of c rows); the draft's share as its re-evaluation's. Only for the
-    gap's explanation: the calibrated twin itself keeps prefill at 0."""
+    cross-check: the calibrated twin prices prefill from the profile's time to first token."""
     world = cal.world
     rows = Curve(world.step.rows_ms)
     np_ = world.n_parallel

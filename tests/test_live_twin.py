@@ -126,6 +126,15 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path
             for lv in levels
         }
         n_maxes = {(lv.config, lv.n_max) for lv in levels}
+        # what a failure below needs to be read: each level's threshold, length and rounds
+        seen = {
+            (lv.config, lv.concurrency): (
+                lv.max_slots,
+                lv.n_max,
+                sorted(rounds[(lv.config, lv.concurrency)]),
+            )
+            for lv in levels
+        }
     assert rounds, "tune measured nothing"
     # A level at another draft length than the profile's is stored under its own name, with
     # its n_max, so two lengths of one N never share a level.
@@ -139,7 +148,7 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path
         if config.startswith("max-slots-"):
             on = next(k for k in rounds if k[1] == c and k[0].split("@")[0] == "spec")
             assert rounds[on] == keys, (config, c, rounds)
-            assert drafted[(config, c)] <= 6 * 2 * c < drafted[on], drafted
+            assert drafted[(config, c)] <= 6 * 2 * c < drafted[on], (config, c, drafted, seen)
     # Every answer it evaluated is a trial of the live study in the tuner's database.
     study = optuna.load_study(study_name=report["study_name"], storage=db_url)
     answers = [t for t in study.trials if t.user_attrs.get("role") == "answer"]

@@ -525,6 +525,14 @@ def test_tuner_twin_calibrate_from_a_stored_run(
 
     world = load_world(out)
     assert world.model_name == "twin-twin-smollm2-135m-f32" and world.n_max == 6
+    # Prompt rows priced from the levels' time to first token: the bench world's own 2.2 ms a
+    # token (noise off), and the drafting server's 0.1 more.
+    source_world = load_world(BENCH_WORLD)
+    assert world.prefill.ms_per_token == pytest.approx(source_world.prefill.ms_per_token, rel=0.1)
+    assert world.prefill.draft_ms_per_token == pytest.approx(
+        source_world.prefill.draft_ms_per_token, abs=0.1
+    )
+    assert "from the slope of the levels' median time to first token" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if " table " in line]
     # policy, c=..., table, X, twin, Y, ±, se, error, E, %: plain and always-draft fitted, the
     # threshold held out (the run's off arm: threshold 2 at 3 streams, not drafting)

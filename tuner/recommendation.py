@@ -12,6 +12,14 @@ from typing import Any
 from tuner.policy import Policy
 
 
+class ObjectiveKind(StrEnum):
+    """--objective: what the search maximises (tuner.decide.objective scores each)."""
+
+    TPS = "tps"
+    TPOT = "tpot"
+    CAPACITY = "capacity"
+
+
 class ReasonCode(StrEnum):
     """What a reason says, for programs and tests (the text is for people)."""
 

@@ -49,9 +49,8 @@ from tuner.cli.options import (
 )
 from tuner.cli.progress import LogLines, ProgressDisplay
 from tuner.cli.twin import twin_app
-from tuner.decide.objective import ObjectiveKind
 from tuner.errors import ConfigError
-from tuner.recommendation import OutputFormat
+from tuner.recommendation import ObjectiveKind, OutputFormat
 
 app = typer.Typer(
     help="Find the best --spec-draft-max-slots for llama-server by measuring it.\n\n"

@@ -20,8 +20,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tuner.decide.objective import ObjectiveKind
 from tuner.errors import TunerError
+from tuner.recommendation import ObjectiveKind
 from tuner.settings import Settings, get_settings
 
 out = Console(soft_wrap=True)

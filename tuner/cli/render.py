@@ -4,22 +4,25 @@ once in tuner.report.tables), predictions, recommendations and validations."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
-from tuner.decide.openloop import OpenLoopReport
-from tuner.decide.recommend import PredictReport
-from tuner.decide.regret import ValidationReport
-from tuner.decide.tune import TuneReport
-from tuner.decide.watch import WatchSummary
-from tuner.model.costmodel import Crossover
-from tuner.recommendation import Recommendation
 from tuner.report import tables
-from tuner.storage.fits import StoredFit
-from tuner.storage.queries import LevelPoint
-from tuner.traffic import ServerView, TrafficProfile
+
+if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
+    from tuner.decide.openloop import OpenLoopReport
+    from tuner.decide.recommend import PredictReport
+    from tuner.decide.regret import ValidationReport
+    from tuner.decide.tune import TuneReport
+    from tuner.decide.watch import WatchSummary
+    from tuner.model.costmodel import Crossover
+    from tuner.recommendation import Recommendation
+    from tuner.storage.fits import StoredFit
+    from tuner.storage.queries import LevelPoint
+    from tuner.traffic import ServerView, TrafficProfile
 
 
 def rich_table(table: tables.Table) -> Table:

@@ -17,7 +17,6 @@ milliseconds again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -25,15 +24,7 @@ import numpy as np
 from tuner.model import queue
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
-
-
-class ObjectiveKind(StrEnum):
-    """--objective: what the search maximises."""
-
-    TPS = "tps"
-    TPOT = "tpot"
-    CAPACITY = "capacity"
-
+from tuner.recommendation import ObjectiveKind
 
 UNITS = {
     ObjectiveKind.TPS: "tok/s",

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tuner.model.costmodel import Crossover
-from tuner.model.quality import FitQuality, PointFit
+if TYPE_CHECKING:
+    from tuner.model.costmodel import Crossover
+    from tuner.model.quality import FitQuality, PointFit
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,15 @@ is then pure, the solver of tuner.twin.calibrate on a template built from the ru
   without kernel rows;
 - the draft model's re-evaluation of every batch is `reeval_share` of the target's forward (what
   the threshold levels above their N pay over plain; plain and spec levels cannot tell it);
-- slots, depth and prefill costs are 0 and the noise is the preset given (a run's noise is not
-  a world's: its spread is the machine's).
+- prompt rows cost what the run's own time to first token says: every round starts its c
+  streams together, so their c x P prompt rows are one batch, and a level's median TTFT rises
+  with c x P by `prefill.ms_per_token` (the Theil-Sen slope over the plain levels); the
+  drafting server's extra (`prefill.draft_ms_per_token`) is the always-draft levels' slope
+  beyond it. A run without streamed TTFTs at two levels leaves prefill at 0 and says so. The
+  closed levels cannot see prefill (it is done before their window opens); open-loop traffic,
+  where prompts arrive into running decode batches, does;
+- slots and depth costs are 0 and the noise is the preset given (a run's noise is not a world's:
+  its spread is the machine's).
 
 Threshold levels are predicted by the world and set beside the run (`Calibration.held_out`).
 The world's `model_name` is "twin-" and the run's model: never the measured model's own, so
@@ -30,12 +37,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from scipy.stats import theilslopes
 from sqlalchemy import select
 
 from tuner.errors import NotFoundError, NothingToDoError
 from tuner.policy import Policy
 from tuner.storage.engine import Store
-from tuner.storage.orm import KernelRow, Level, Run
+from tuner.storage.orm import KernelRow, Level, Run, Sample
 from tuner.twin.calibrate import Calibration, LevelFit, fit_world
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import Curve, World
@@ -51,6 +59,7 @@ class RunLevel:
     accept_len: float | None = None
     drafts: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
+    ttft_ms: float | None = None  # the median over its requests
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,18 @@ def run_levels(store: Store, run_id: int) -> RunData:
         if not done:
             raise NothingToDoError(f"run {run_id} has no completed level to calibrate to")
         depth = min(lv.context_tokens for lv in done)
-        levels = tuple(_level(lv) for lv in done if lv.context_tokens == depth and lv.policy)
+        shallow = [lv for lv in done if lv.context_tokens == depth and lv.policy]
+        ttfts: dict[int, list[float]] = {}
+        for level_id, ttft in session.execute(
+            select(Sample.level_id, Sample.ttft_ms).where(
+                Sample.level_id.in_([lv.id for lv in shallow]), Sample.ttft_ms.is_not(None)
+            )
+        ):
+            ttfts.setdefault(level_id, []).append(float(ttft))
+        levels = tuple(
+            _level(lv, statistics.median(ttfts[lv.id]) if ttfts.get(lv.id) else None)
+            for lv in shallow
+        )
         rows = session.scalars(select(KernelRow).where(KernelRow.run_id == run_id)).all()
         kernel = tuple(sorted((row.rows, row.step_ms) for row in rows))
         n_max = run.n_max or (spec.get("speculative") or {}).get("n_max") or 3
@@ -107,7 +127,7 @@ def run_levels(store: Store, run_id: int) -> RunData:
         )
 
 
-def _level(level: Level) -> RunLevel:
+def _level(level: Level, ttft_ms: float | None = None) -> RunLevel:
     pooled = level.metrics or {}
     policy = level.policy
     assert policy is not None
@@ -118,6 +138,7 @@ def _level(level: Level) -> RunLevel:
         accept_len=level.accept_len,
         drafts=float(pooled.get("drafts") or 0.0),
         accepted_per_position=tuple(float(v) for v in pooled.get("accepted_per_position") or ()),
+        ttft_ms=ttft_ms,
     )
 
 
@@ -143,6 +164,34 @@ def acceptance_of(data: RunData) -> tuple[dict[str, object], float, str]:
         )
     length = min(max(1.0, statistics.fmean(lengths)), data.n_max + 1.0)
     return {"synth_len": length}, length, "mean tokens per step of the always-draft levels"
+
+
+def prefill_of(data: RunData) -> tuple[dict[str, float], str]:
+    """The world's [prefill] from the run's time to first token (see the module docstring) and
+    a line that says where it came from."""
+
+    def slope(kind: str) -> float | None:
+        points = [
+            (lv.concurrency * data.prompt_tokens, lv.ttft_ms)
+            for lv in data.of(kind).values()
+            if lv.ttft_ms is not None
+        ]
+        if len({x for x, _ in points}) < 2:
+            return None
+        xs, ys = zip(*sorted(points), strict=True)
+        return float(theilslopes(ys, xs)[0])
+
+    plain = slope("plain")
+    if plain is None:
+        return {}, "prefill 0: the run has no time to first token at two plain levels"
+    target = max(0.0, plain)
+    spec = slope("spec")
+    draft = max(0.0, spec - target) if spec is not None else 0.0
+    return (
+        {"ms_per_token": target, "draft_ms_per_token": draft},
+        f"prefill {target:.3f} ms a prompt token ({draft:.3f} more on the drafting server), "
+        "from the slope of the levels' median time to first token",
+    )
 
 
 def _rows_template(data: RunData, plain: dict[int, float]) -> list[tuple[float, float]]:
@@ -179,6 +228,7 @@ def calibrate_run(
             "calibrate a world to"
         )
     acceptance, length, source = acceptance_of(data)
+    prefill, prefill_note = prefill_of(data)
     template = World.model_validate(
         {
             "name": name or f"run-{data.run_id}",
@@ -189,6 +239,7 @@ def calibrate_run(
             "acceptance": acceptance,
             "step": {"rows_ms": [list(p) for p in _rows_template(data, plain)]},
             "draft": {"call_ms": [[1, 1.0]]},
+            "prefill": prefill,
             "noise": {"preset": noise},
         }
     )
@@ -209,6 +260,7 @@ def calibrate_run(
     held: list[LevelFit] = []
     for c, lv in sorted(thresholds.items()):
         held += fits(lv.policy.with_n_max(data.n_max), {c: lv.tokens_per_second})
+    notes.append(prefill_note)
     if data.depth:
         notes.append(f"levels at depth {data.depth} (the run's shallowest); the world's depth is 0")
     return Calibration(

@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 
 from tuner.twin.engine import Engine, Metrics, Request, RequestResult, SlotView, TwinError
 
-ADMIT_QUIET_S = 0.05  # wall seconds without a new command that end an idle twin's admission
-ADMIT_MAX_S = 0.25  # at most this long
+# Wall seconds without a new command that end an idle twin's admission, and its longest: a
+# client on two busy cores (a test run's other worker) was seen sending a level's 7 streams
+# more than 50 ms apart, which at speed 20 started them a second of virtual time apart.
+ADMIT_QUIET_S = 0.1
+ADMIT_MAX_S = 0.5
 IDLE_WAIT_S = 0.5  # an idle thread wakes this often (to notice a stop)
 
 
