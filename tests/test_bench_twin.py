@@ -7,8 +7,8 @@ spell of the machine (10-30 % slow, seconds to minutes) can flip either. The ben
 (profiles/twin/bench-smollm2-cpu.toml, calibrated from the bench's own figures) and its n-max 3
 regime (the same machine, the bench's second spec: n-max 3, synthetic length 2.0) hold the same
 claims against a truth that is known, seeded, in virtual time: what tests/test_profile.py and
-tests/test_live_recommend.py asserted live until the tier was made noise-proof. The live tests
-keep what only llama-server can show (what is stored, drafting by counters, the commands).
+the live recommend tests asserted live until the tier was made noise-proof. The live tests keep
+what only llama-server can show (what is stored, drafting by counters, launching).
 """
 
 from __future__ import annotations

@@ -317,7 +317,7 @@ def test_a_run_survives_every_fault_in_turn_and_resumes_after_each(tmp_path: Pat
     with small_filesystem(tmp_path / "dbfs") as mounted:
         case = Case(tmp_path, db_dir=tmp_path / "dbfs")
         # request_timeout_s bounds the silence between two streamed tokens (the silent server).
-        args = profile_args("1,2", 96, "--set", "workload.request_timeout_s=6")
+        args = profile_args("1,2", 64, "--set", "workload.request_timeout_s=6")
         chain = Chain(case, args)
 
         for signum, name in ((signal.SIGINT, "ctrl-c"), (signal.SIGTERM, "sigterm")):

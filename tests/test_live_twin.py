@@ -1,12 +1,15 @@
-"""tune and open-loop validation end to end over HTTP against the bench's twin: the commands
-launch it from the spec as they launch llama-server, switch it live, store what they measured
-and what they decided. What only the real server can show (the threshold in its draft counters,
-the live switch, launching) is tests/test_live_recommend.py's and test_live_switch.py's; which N
-is right is test_decisions.py's. The twin runs 20 times faster than the wall, noise on.
+"""recommend, validate (closed and open loop) and tune end to end over HTTP against the bench's
+twin: the commands launch it from the spec as they launch llama-server, switch it live, store
+what they measured and what they decided, and the threshold they set shows in the draft
+counters. What only the real server can show (the threshold in its draft counters, the live
+switch, launching) is tests/test_profile.py's, test_patch.py's and test_live_switch.py's; which
+N is right is test_decisions.py's. The twin runs 20 times faster than the wall, noise on.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,11 +26,13 @@ from tunerproc import (
     twin_spec_args,
 )
 
+from tuner.measure.schedule import off_arm
 from tuner.storage.engine import Store
-from tuner.storage.orm import Level, Sample
+from tuner.storage.orm import Level, Run, Sample
 
 # Subprocesses over HTTP, a minute of both cores in all: the full suite's, not the edit loop's.
-pytestmark = pytest.mark.slow
+# One worker profiles the twin for the tests that share it (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("live-twin")]
 
 MODEL = TWIN_MODEL
 BRIEF = ["--skip-preflight", "--set", "workload.warmup=0"]
@@ -69,6 +74,74 @@ def _drafted(store: Store, run_id: int) -> dict[tuple[str, int], int]:
             )
             for level in session.scalars(select(Level).filter_by(run_id=run_id))
         }
+
+
+def test_validate_measures_the_neighbours_and_the_threshold_applies(
+    twin_profile: str, tmp_path: Path
+) -> None:
+    db_url = copy_sqlite(twin_profile, tmp_path / "copy.db")
+    env = tuner_env(db_url, tmp_path / "cache")
+    # recommend prints exactly one env line on stdout, its explanation on stderr
+    answer = subprocess.run(
+        tuner_cmd("recommend", "--model", MODEL), env=env, capture_output=True, text=True
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    match = re.fullmatch(r"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", answer.stdout)
+    assert match, f"stdout must be exactly one env line, got {answer.stdout!r}"
+    assert "streams" in answer.stderr  # the explanation table
+    report = tuner_json(
+        env,
+        "validate",
+        "--model",
+        MODEL,
+        *BRIEF,
+        *ONE_REPEAT,
+        "--set",
+        "workload.max_tokens=32",
+    )
+    n = report["recommended"]
+    assert n == int(match.group(1))
+    expected = {"plain", "N=0"} | {f"N={k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
+    assert {n, n + 1} & set(range(1, 9)) <= set(report["levels"])  # where neighbours differ
+    assert report["regret_pct"] is not None and report["regret_pct"] >= 0
+    assert 0 <= report["mean_abs_error_pct"] <= report["worst_abs_error_pct"]
+
+    store = Store(db_url)
+    with store.session() as session:
+        run = session.get(Run, report["run_id"])
+        assert (run.kind, run.status) == ("validate", "completed")
+        if run.way == "live":
+            # On the drafting launch always-draft's gain at c is measured against the threshold
+            # c-1 (off_arm), a candidate or not: at 4 streams with N=1 recommended, N=3.
+            expected |= {arm.label for c in report["levels"] if (arm := off_arm(c))}
+        assert set(report["measured"]) == expected, (run.way, report["levels"])
+        assert report["best"] in expected
+        max_slots = {
+            (lv.config, lv.concurrency): lv.max_slots
+            for lv in session.scalars(select(Level).filter_by(run_id=run.id))
+        }
+    # Threshold N really applied, by the draft counters: streams at or under N draft (32 tokens
+    # a stream: at least 5 steps, each drafting), above N they do not.
+    for (config, c), drafted in _drafted(store, report["run_id"]).items():
+        limit = max_slots[(config, c)]
+        if limit is None:
+            assert drafted == 0, (config, c)
+        elif limit == 0 or c <= limit:
+            assert drafted > 4 * c, (config, c, drafted)
+        else:
+            # at most the drafts in flight when the last stream joined
+            assert drafted <= 6 * 2 * c, (config, c, drafted)
+    store.dispose()
+
+    # The validation's points feed the next fit.
+    fitted = subprocess.run(
+        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert fitted.returncode == 0, fitted.stderr
+    assert report["run_id"] in json.loads(fitted.stdout)["inputs"]["runs"]
 
 
 def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ def _regret(truth: ClosedTruth, n: int) -> float:
 
 
 @pytest.mark.slow  # a profile and a tune over HTTP: about a minute on two busy cores
+@pytest.mark.xdist_group("twin-e2e")  # one worker makes the profile both tests read
 def test_profile_and_tune_over_http_land_on_the_truths_best(small: dict[str, Any]) -> None:
     truth: ClosedTruth = small["truth"]
     # The world is what this test says it is: a wrong N costs more than the tolerance.
@@ -104,6 +105,7 @@ def test_profile_and_tune_over_http_land_on_the_truths_best(small: dict[str, Any
 
 
 @pytest.mark.slow  # shares the profile above
+@pytest.mark.xdist_group("twin-e2e")
 def test_the_tpot_objective_on_that_profile_is_within_2_percent_of_the_open_loop_truth(
     small: dict[str, Any],
 ) -> None:

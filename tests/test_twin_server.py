@@ -458,6 +458,7 @@ def _levels(db: str) -> dict[tuple[str, int], tuple[float, float]]:
 
 
 @pytest.mark.slow  # two `tuner profile` runs side by side: about a minute
+@pytest.mark.xdist_group("twin-profiles")  # one worker makes them for both tests
 def test_a_profile_at_speed_20_stores_what_speed_1_does(twin_profiles: dict[float, str]) -> None:
     slow, fast = _levels(twin_profiles[1.0]), _levels(twin_profiles[20.0])
     assert (
@@ -509,6 +510,7 @@ def _add_kernel_rows(db: str, run_id: int) -> None:
 
 
 @pytest.mark.slow  # two `tuner profile` runs side by side: about a minute
+@pytest.mark.xdist_group("twin-profiles")
 def test_tuner_twin_calibrate_from_a_stored_run(
     twin_profiles: dict[float, str], tmp_path: Path
 ) -> None:

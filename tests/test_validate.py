@@ -1,6 +1,7 @@
 """`tuner validate` without a live server: which candidates and levels it measures, how it grades
 them (regret and model error against figures worked out by hand), and its refusal of a
-llama-server that lacks --spec-draft-max-slots. The live run is in test_live_recommend.py.
+llama-server that lacks --spec-draft-max-slots. The live run, over HTTP against the bench's
+twin, is in test_live_twin.py.
 """
 
 from __future__ import annotations

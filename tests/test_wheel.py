@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 # Builds a wheel and installs it with its dependencies into a new virtualenv: minutes on 2 cores.
-pytestmark = pytest.mark.slow
+# One worker builds the wheel for both tests (scripts/test.sh runs xdist with --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
@@ -73,7 +74,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     venv = base / "venv"
     run([sys.executable, "-m", "venv", str(venv)], base, env)
     run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheels[0])],
+        # --no-compile: byte-compiling every dependency (scipy, matplotlib, ...) was half the
+        # install; Python compiles what it imports anyway.
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            str(wheels[0]),
+        ],
         base,
         env,
         timeout=900,
