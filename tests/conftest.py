@@ -101,7 +101,7 @@ def _profile_once(
 # repeats (two interleaved passes), short outputs, no warm-up round, no adaptive levels, and
 # kernel rows of two decode steps each (every shape is still run and stored).
 SHARED_PROFILE_LEVELS = (1, 4)
-SHARED_PROFILE_TOKENS = 64
+SHARED_PROFILE_TOKENS = 48
 SHARED_WORKLOAD_ARGS = [
     "--levels",
     ",".join(map(str, SHARED_PROFILE_LEVELS)),

@@ -44,7 +44,7 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
             "--set",
             "server.ctx_size=8192",
             "--set",
-            "workload.max_tokens=32",
+            "workload.max_tokens=16",
             "--set",
             "workload.min_repeats=1",
             "--set",

@@ -48,7 +48,7 @@ NMAX3 = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
 def twin_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bench twin profiled as conftest's shared bench profile is (levels 1 and 4, two
     passes, 64 tokens); its database's URL. Tests add to copies of it."""

@@ -50,7 +50,7 @@ def test_observe_sees_the_offered_concurrency(server: ManagedServer, tmp_path: P
     time.sleep(2.0)
     saver = TrafficSaver(store, "bench-test")
     started = time.perf_counter()
-    view, profile = observe(server.url, 20.0, saver, clock=time.perf_counter)
+    view, profile = observe(server.url, 15.0, saver, clock=time.perf_counter)
     ended = time.perf_counter()
     stop.set()
     load_thread.join(timeout=120)

@@ -64,7 +64,7 @@ enabled = false
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
 def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The small world profiled and tuned over HTTP: its truth, database and answers."""
     base = tmp_path_factory.mktemp("twin-e2e")

@@ -412,7 +412,7 @@ def test_tuner_twin_truth_and_bad_worlds(tmp_path: Path) -> None:
 # --- speed: the tuner's figures are the twin's, at any speed -----------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
 def twin_profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[float, str]:
     """`tuner profile` of the twin spec, noise off, at speeds 1 and 20 (run side by side): levels
     1 and 3, 32 tokens a stream, one repeat; the database of each."""

@@ -131,7 +131,7 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     first = ManagedServer(config, tmp_path / "first.log", start_timeout_s=120)
     first.start()
     result: dict = {}
-    away_s = 8.0
+    away_s = 5.0
 
     def run() -> None:
         result["summary"] = watch(
@@ -143,26 +143,26 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
             WatchOptions(every_s=6.0, window_s=60.0),
             lambda event: messages.append(event.text or ""),
             name="away",
-            duration_s=30.0,
+            duration_s=24.0,
             recommender=answer,
         )
 
     watcher = threading.Thread(target=run)
     watcher.start()
     try:
-        offer(first.url, [(1, 32)], 6.0)
+        offer(first.url, [(1, 32)], 5.0)
     finally:
         first.stop()
     time.sleep(away_s)
     with ManagedServer(config, tmp_path / "second.log", start_timeout_s=120) as second:
-        offer(second.url, [(2, 32)], 6.0)
+        offer(second.url, [(2, 32)], 5.0)
         watcher.join(timeout=120)
     summary = result["summary"]
     said = "\n".join(messages)
     assert "the server stopped answering" in said and "the server is back after" in said, said
     total = load(store, "away")
-    # 30 s watched, at least away_s of it without a server: that time counts nowhere
-    assert 5.0 < total.covered_s < 30.0 - away_s + 2.0, total.covered_s
+    # 24 s watched, at least away_s of it without a server: that time counts nowhere
+    assert 5.0 < total.covered_s < 24.0 - away_s + 2.0, total.covered_s
     assert total.seconds.get(1, 0.0) > 1.0 and total.seconds.get(2, 0.0) > 1.0  # before and after
     assert summary.writes == 1 and EnvFile(tmp_path / "server.env").current_max_slots() == 1
     store.dispose()

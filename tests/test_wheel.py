@@ -30,7 +30,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
     return result.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A virtualenv outside the checkout with only the built wheel (and its dependencies)."""
     base = tmp_path_factory.mktemp("wheel")
