@@ -31,8 +31,7 @@ from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample
 
 # Subprocesses over HTTP, a minute of both cores in all: the full suite's, not the edit loop's.
-# One worker profiles the twin for the tests that share it (--dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("live-twin")]
+pytestmark = pytest.mark.slow
 
 MODEL = TWIN_MODEL
 BRIEF = ["--skip-preflight", "--set", "workload.warmup=0"]
@@ -48,7 +47,7 @@ NMAX3 = [
 ]
 
 
-@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
+@pytest.fixture(scope="module")
 def twin_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bench twin profiled as conftest's shared bench profile is (levels 1 and 4, two
     passes, 64 tokens); its database's URL. Tests add to copies of it."""

@@ -412,7 +412,7 @@ def test_tuner_twin_truth_and_bad_worlds(tmp_path: Path) -> None:
 # --- speed: the tuner's figures are the twin's, at any speed -----------------------------------
 
 
-@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
+@pytest.fixture(scope="module")
 def twin_profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[float, str]:
     """`tuner profile` of the twin spec, noise off, at speeds 1 and 20 (run side by side): levels
     1 and 3, 32 tokens a stream, one repeat; the database of each."""
@@ -458,8 +458,11 @@ def _levels(db: str) -> dict[tuple[str, int], tuple[float, float]]:
 
 
 @pytest.mark.slow  # two `tuner profile` runs side by side: about a minute
-@pytest.mark.xdist_group("twin-profiles")  # one worker makes them for both tests
-def test_a_profile_at_speed_20_stores_what_speed_1_does(twin_profiles: dict[float, str]) -> None:
+def test_a_profile_at_speed_20_stores_what_speed_1_does(
+    twin_profiles: dict[float, str], tmp_path: Path
+) -> None:
+    """The two profiles agree; then `tuner twin calibrate --run` on one of them (one test:
+    under xdist two tests could each make the profiles)."""
     slow, fast = _levels(twin_profiles[1.0]), _levels(twin_profiles[20.0])
     assert (
         set(slow)
@@ -478,6 +481,7 @@ def test_a_profile_at_speed_20_stores_what_speed_1_does(twin_profiles: dict[floa
     # The world's own figures (noise-free plain steps are deterministic): 1 stream at
     # 1000 / (rows_ms(1) + slots_ms(1) + attention) tok/s.
     assert slow[("plain", 1)][0] == pytest.approx(1000 / 36.3, rel=0.02)
+    _tuner_twin_calibrate_from_a_stored_run(twin_profiles, tmp_path)
 
 
 def _add_kernel_rows(db: str, run_id: int) -> None:
@@ -509,9 +513,7 @@ def _add_kernel_rows(db: str, run_id: int) -> None:
         store.dispose()
 
 
-@pytest.mark.slow  # two `tuner profile` runs side by side: about a minute
-@pytest.mark.xdist_group("twin-profiles")
-def test_tuner_twin_calibrate_from_a_stored_run(
+def _tuner_twin_calibrate_from_a_stored_run(
     twin_profiles: dict[float, str], tmp_path: Path
 ) -> None:
     source = Path(twin_profiles[20.0].removeprefix("sqlite:///"))

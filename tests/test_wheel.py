@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 # Builds a wheel and installs it with its dependencies into a new virtualenv: minutes on 2 cores.
-# One worker builds the wheel for both tests (scripts/test.sh runs xdist with --dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
@@ -30,7 +29,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
     return result.stdout
 
 
-@pytest.fixture(scope="session")  # one per worker: its group (xdist_group) shares it
+@pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A virtualenv outside the checkout with only the built wheel (and its dependencies)."""
     base = tmp_path_factory.mktemp("wheel")
@@ -98,6 +97,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 def test_the_wheel_carries_migrations_and_patch(installed: tuple[Path, dict[str, str]]) -> None:
+    """Then it runs (one test: under xdist two tests could each build and install the wheel)."""
     venv, env = installed
     work = Path(env["PWD"])
     out = run(
@@ -117,9 +117,10 @@ def test_the_wheel_carries_migrations_and_patch(installed: tuple[Path, dict[str,
     assert migrations.startswith(str(venv)) and patch.startswith(str(venv))
     assert "0001_initial_schema.py" in versions
     assert has_flag == "True"
+    _runs_import_and_recommend_from_the_wheel(installed)
 
 
-def test_runs_import_and_recommend_from_the_wheel(installed: tuple[Path, dict[str, str]]) -> None:
+def _runs_import_and_recommend_from_the_wheel(installed: tuple[Path, dict[str, str]]) -> None:
     venv, env = installed
     work = Path(env["PWD"])
     tuner = str(venv / "bin" / "tuner")
