@@ -193,3 +193,31 @@ def test_a_recommended_n_with_a_failed_level_gets_no_regret_figure(fitted_bench_
     assert "N=3" not in by_label(report.weighted)
     assert report.best is not None and report.best.label == "N=2"
     assert report.regret_pct is None and report.as_dict()["regret_pct"] is None
+
+
+def test_a_refit_that_fails_leaves_the_validation_standing(
+    fitted_bench_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few noisy points can leave no step-cost form that fits them all: validate still shows
+    what it measured and graded, says the refit failed and that the checked answer stands."""
+    import tuner.decide.validate as validate_module
+    from tuner.errors import NothingToDoError
+
+    store = Store(fitted_bench_db)
+    rec = recommend(store, MODEL, HOST, host_explicit=True)
+    run_id = _store_validation(store)
+
+    def no_fit(*args: Any, **kwargs: Any) -> Recommendation:
+        raise NothingToDoError(f"cannot fit {MODEL}: no step-cost form fits these points")
+
+    monkeypatch.setattr(validate_module, "measure", lambda *a, **k: (run_id, rec))
+    monkeypatch.setattr(validate_module.recommend, "standing", no_fit)
+    report = validate_module.validate(store, MODEL, HOST, Path("unused"))
+    assert report.standing is None and report.measured
+    assert report.refit_error == f"cannot fit {MODEL}: no step-cost form fits these points"
+    assert report.standing_text() == (
+        f"no refit with the points just measured ({report.refit_error}): "
+        f"{rec.policy.label} stands as it was"
+    )
+    assert report.as_dict()["refit_error"] == report.refit_error
+    store.dispose()

@@ -196,8 +196,8 @@ def validation(report: ValidationReport) -> None:
             f"worst {report.worst_abs_error_pct:.1f} %",
             highlight=False,
         )
-    if report.standing is not None:
-        out.print(report.standing_text(), highlight=False, markup=False)
+    if text := report.standing_text():
+        out.print(text, highlight=False, markup=False)
 
 
 def tuning(report: TuneReport) -> None:

@@ -29,6 +29,7 @@ class ValidationReport:
     mean_abs_error_pct: float | None = None
     worst_abs_error_pct: float | None = None
     standing: Recommendation | None = None  # what stands once the validation's points are fitted
+    refit_error: str | None = None  # why no fit with the validation's points could be made
 
     @property
     def policies(self) -> list[Policy]:
@@ -46,6 +47,11 @@ class ValidationReport:
     def standing_text(self) -> str:
         """One line: the recommendation that stands now, and whether validation changed it."""
         if self.standing is None:
+            if self.refit_error:
+                return (
+                    f"no refit with the points just measured ({self.refit_error}): "
+                    f"{self.recommended.label} stands as it was"
+                )
             return ""
         line = self.standing.env_line
         if self.changed:
@@ -80,6 +86,7 @@ class ValidationReport:
             "mean_abs_error_pct": self.mean_abs_error_pct,
             "worst_abs_error_pct": self.worst_abs_error_pct,
             "standing": self.standing.max_slots if self.standing else None,
+            "refit_error": self.refit_error,
             "changed": self.changed,
         }
 

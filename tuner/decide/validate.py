@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from tuner.decide import recommend, search
 from tuner.decide.regret import ValidationReport, grade
-from tuner.errors import ConfigError, NothingToDoError
+from tuner.errors import ConfigError, NothingToDoError, TunerError
 from tuner.measure.backend import Backend
 from tuner.measure.fingerprint import probe_build, probe_host, probe_model
 from tuner.measure.plan import Observer, ProgressEvent, quiet
@@ -258,5 +258,10 @@ def validate(
         skip_preflight=skip_preflight,
     )
     report = analyse(store, run_id, model, rec)
-    report.standing = recommend.standing(store, model, host, like=rec)
+    try:
+        report.standing = recommend.standing(store, model, host, like=rec)
+    except TunerError as exc:
+        # What was measured and graded stays shown and stored; a few noisy points can leave no
+        # step-cost form that fits them all, and that is no reason to fail the validation.
+        report.refit_error = str(exc).splitlines()[0]
     return report
