@@ -4,8 +4,8 @@ Four deliberate bugs, each put into a copy of the package in turn:
 
 - tie reversed: tune's tie rule takes the largest N of a tie (settle: max(tie), not min);
 - weights ignored: the tps objective weighs every concurrency alike, whatever the traffic;
-- "at least N": the model's policy stops drafting once N slots generate (the patch stops only
-  while more than N do);
+- "at least N": the cost model's policy stops drafting once N slots generate (the patch stops
+  only while more than N do);
 - one standard error: pruning and one-sided bounds use one standard error instead of the
   t-quantile for the degrees of freedom taken.
 
@@ -42,15 +42,14 @@ BUGS: dict[str, tuple[str, str, str]] = {
         "    if max(tie) != answer:\n",
     ),
     "weights-ignored": (
-        "tuner/decide/objective.py",
-        "return float(np.asarray(self.weights) @ model.policy_tps(model.levels, policy))",
-        "return float(np.full(len(self.weights), 1 / len(self.weights))"
-        " @ model.policy_tps(model.levels, policy))",
+        "tuner/decide/search.py",
+        "    w = np.zeros(n_parallel)\n    if not weights:\n",
+        "    w = np.zeros(n_parallel)\n    if True:  # the bug: the traffic's weights ignored\n",
     ),
     "at-least-n": (
-        "tuner/policy.py",
-        "return self.max_slots == 0 or streams <= self.max_slots",
-        "return self.max_slots == 0 or streams < self.max_slots",
+        "tuner/model/costmodel.py",
+        "return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))",
+        "return np.where(c < policy.max_slots, spec, self.threshold_tps(c))",
     ),
     "one-standard-error": (
         "tuner/decide/paired.py",
