@@ -240,6 +240,13 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path
     ]
 
 
+def _open_loop_validate(env: dict[str, str], arrivals: str, *args: str) -> dict:
+    """`tuner validate --max-slots 1 --arrivals ARRIVALS ARGS` on the twin profile's model."""
+    return tuner_json(
+        env, "validate", "--model", MODEL, "--max-slots", "1", "--arrivals", arrivals, *args
+    )
+
+
 def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals(
     twin_profile: str, tmp_path: Path
 ) -> None:
@@ -248,14 +255,8 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
     db_url = copy_sqlite(twin_profile, tmp_path / "copy.db")
     env = tuner_env(db_url, tmp_path / "cache")
     # N=1 validated whatever stands: plain, always draft, N=1 and N=2 (four configurations)
-    report = tuner_json(
+    report = _open_loop_validate(
         env,
-        "validate",
-        "--model",
-        MODEL,
-        "--max-slots",
-        "1",
-        "--arrivals",
         "poisson",
         "--rate",
         "0.5,4",
@@ -300,14 +301,8 @@ def test_open_loop_replays_an_observed_trace(twin_profile: str, tmp_path: Path) 
     traffic.save(store, "seen", view, seen.to_dict(), "complete")
     store.dispose()
     env = tuner_env(db_url, tmp_path / "cache")
-    report = tuner_json(
+    report = _open_loop_validate(
         env,
-        "validate",
-        "--model",
-        MODEL,
-        "--max-slots",
-        "1",
-        "--arrivals",
         "trace",
         "--traffic",
         "seen",
