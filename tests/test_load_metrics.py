@@ -127,3 +127,16 @@ def test_default_levels() -> None:
     assert default_levels(8) == [1, 2, 4, 8]
     assert default_levels(6) == [1, 2, 4, 6]
     assert default_levels(1) == [1]
+
+
+def test_summarize_counts_drafts_made_inside_the_window_only() -> None:
+    a = _sample(0, start=0.0, step=0.01, n=300)  # 0.00 .. 2.99 s
+    b = _sample(1, start=1.0, step=0.02, n=100)  # 1.00 .. 2.98 s: the window
+    # stream 0's counter grows by 3 at 0.5 s (before), 1.5 and 2.0 s (inside), 2.99 s (after)
+    a.token_drafts = [3 * sum(i >= k for k in (50, 150, 200, 299)) for i in range(300)]
+    # stream 1's by 4 at 2.0 s
+    b.token_drafts = [0 if i < 50 else 4 for i in range(100)]
+    assert summarize([a, b], concurrency=2).window_drafted == 6 + 4
+    # without a counter per token (not streamed, or an older record) it cannot tell
+    b.token_drafts = []
+    assert summarize([a, b], concurrency=2).window_drafted is None

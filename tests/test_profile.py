@@ -85,6 +85,19 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
                 assert sum(counts) == 0, (cfg, c, counts)
             else:
                 assert sum(counts) <= 6 * 2 * c < sum(drafted[("spec", c)]), drafted
+        # Inside the measured window (every stream generating) the off arm started no draft:
+        # what its rounds counted there is at most one draft in flight a stream, never marked
+        # drafted_off; always-draft drafted there.
+        windows = {
+            key: [(r["window_drafted"], r.get("drafted_off")) for r in lv.metrics["repeats"]]
+            for key, lv in levels.items()
+        }
+        print(f"drafts inside the window, per round: {windows}")
+        for (cfg, c), rounds in windows.items():
+            if cfg.startswith("max-slots-"):
+                assert all(d is not None and d <= 6 * c and off is None for d, off in rounds)
+            elif cfg == "spec":
+                assert all(d is not None and d > 0 for d, _ in rounds), (cfg, c, rounds)
         model = session.scalars(select(Model)).one()
         assert (model.name, model.architecture, model.quantization) == (
             "smollm2-135m-f32",

@@ -447,3 +447,21 @@ def test_an_open_loop_hour_runs_in_seconds() -> None:
     elapsed = time.perf_counter() - t0
     assert result.duration > 3600.0 and all(r.done for r in result.requests)
     assert elapsed < 10.0, elapsed
+
+
+def test_a_threshold_drafts_around_the_window_but_not_inside_it() -> None:
+    # 4 streams, the last arriving 0.3 s late: threshold 3 drafts while it is missing (at
+    # most 3 generate) and after the first stream finishes, never while all 4 generate.
+    world = load_world(BENCH_WORLD)
+    closed = Workload.closed(4, output_tokens=64, seed=5)
+    late = Workload(closed.requests, (0.0, 0.0, 0.0, 0.3))
+    off = simulate(world, Policy.threshold(3), late, seed=5)
+    figures = off.level_figures()
+    assert figures.window_drafted == 0
+    assert sum(r.draft_n for r in off.requests) > 0  # drafted, but outside the window
+    on = simulate(world, Policy.always(), late, seed=5).level_figures()
+    assert on.window_drafted is not None and on.window_drafted > 0
+    # what a streamed chunk says: the counter as of each token, ending at the request's total
+    for r in off.requests:
+        counts = r.token_drafts()
+        assert counts == sorted(counts) and counts[-1] == r.draft_n

@@ -78,7 +78,8 @@ def live_gains(
     """Paired on - off differences per level from stored rounds keyed (run id, config,
     concurrency): "on" a drafting policy that drafts at the level, "off" a threshold that does
     not. A pair is both halves of one round key (one launch, seconds apart, the same prompts
-    and seeds); the unit is a block, the pairs of one pass at the level (A B B A: two pairs
+    and seeds; an "off" round whose server drafted inside the window, drafted_off, is left
+    out); the unit is a block, the pairs of one pass at the level (A B B A: two pairs
     whose off rounds sit side by side share a spell, so they are not independent), averaged:
     one difference per (run, pass), its degrees of freedom counted by blocks. Plain is another
     server and never pairs here."""
@@ -89,6 +90,8 @@ def live_gains(
             continue
         arm = "on" if policy.drafts_at(c) else "off"
         for r in reps:
+            if arm == "off" and r.get("drafted_off"):
+                continue  # the threshold drafted inside the window: not a round of "off"
             if r.get("tokens_per_second") and r.get("round_key") is not None:
                 key = (run_id, int(r["round_key"]))
                 by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])

@@ -136,6 +136,12 @@ def tokens_so_far(chunk: Mapping[str, Any]) -> int:
     return int((chunk.get("timings") or {}).get("predicted_n") or 0)
 
 
+def drafts_so_far(chunk: Mapping[str, Any]) -> int:
+    """Draft tokens the server has made for the request so far, by a streamed chunk's timings
+    (sent in every chunk with `timings_per_token`; absent until it first drafts)."""
+    return int((chunk.get("timings") or {}).get("draft_n") or 0)
+
+
 def server_clock(answer: Mapping[str, Any]) -> tuple[float, float] | None:
     """(time of this chunk or response, arrival of its request) on the server's own clock, in
     seconds, where the server says (the twin, tuner.twin.server: its virtual time, whatever

@@ -15,6 +15,7 @@ synthetic acceptance: the configurations of a pass draw the same.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import statistics
 import time
@@ -29,6 +30,7 @@ from tuner.measure.client import (
     COMPLETION_PATH,
     AsyncLlamaClient,
     auth_headers,
+    drafts_so_far,
     server_clock,
     server_speed,
     tokens_so_far,
@@ -60,6 +62,9 @@ class RequestSample:
     # perf_counter seconds, or a twin's own clock where its answers carry it (t_server)
     start: float = 0.0
     token_times: list[float] = field(default_factory=list)  # time of every token (stream)
+    # the server's draft counter as of every token (stream, from per-token timings), so the
+    # drafts made inside the measured window can be counted apart from those around it
+    token_drafts: list[int] = field(default_factory=list)
 
     @property
     def steps(self) -> int | None:
@@ -90,6 +95,9 @@ class LevelFigures:
     ttft_ms: float | None
     window_ms: float | None
     window_tokens: int | None
+    # draft tokens the server made inside the window (None: no window, or no per-token
+    # counters): a threshold that does not draft at this level makes none there
+    window_drafted: int | None = None
 
 
 def _median(values: list[float]) -> float | None:
@@ -108,7 +116,7 @@ def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
     failed = len(samples) - len(good)
     if not good:
         return LevelFigures(concurrency, 0, failed, None, None, None, None, None, None, None)
-    window_ms = window_tokens = None
+    window_ms = window_tokens = window_drafted = None
     tps: float | None = None
     if all(len(s.token_times) >= 2 for s in good) and len(good) == concurrency:
         begin = max(s.token_times[0] for s in good)
@@ -117,6 +125,8 @@ def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
             window_tokens = sum(sum(1 for t in s.token_times if begin < t <= end) for s in good)
             window_ms = (end - begin) * 1000
             tps = window_tokens / (end - begin)
+            if all(len(s.token_drafts) == len(s.token_times) for s in good):
+                window_drafted = sum(_drafts_by(s, end) - _drafts_by(s, begin) for s in good)
     if tps is None:
         rates = [s.tokens / (s.generation_ms / 1000) for s in good if s.generation_ms]
         tps = sum(rates) if rates else None
@@ -135,7 +145,15 @@ def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
         ttft_ms=_median(ttfts),
         window_ms=window_ms,
         window_tokens=window_tokens,
+        window_drafted=window_drafted,
     )
+
+
+def _drafts_by(sample: RequestSample, t: float) -> int:
+    """The sample's draft counter as of its last token at or before time t (0 before its
+    first)."""
+    index = bisect.bisect_right(sample.token_times, t)
+    return sample.token_drafts[index - 1] if index else 0
 
 
 @dataclass(frozen=True)
@@ -264,19 +282,15 @@ class LoadGenerator:
             "cache_prompt": w.depth > 0,
             "stream": w.stream,
             "seed": seed,
+            # every chunk carries the draft counters (and, for chat, the tokens so far)
+            "timings_per_token": w.stream,
         }
         if w.depth > 0:
             # Rendered and padded here, so every request holds exactly `depth` tokens.
             tokens = await self._at_depth(client, prompt, stream)
             return Request(COMPLETION_PATH, {"prompt": tokens, "n_predict": max_tokens, **common})
         if prompt is not None and prompt.messages is not None:
-            # timings_per_token: each chunk says how many tokens are out, as /completion's do.
-            body = {
-                "messages": list(prompt.messages),
-                "max_tokens": max_tokens,
-                "timings_per_token": True,
-                **common,
-            }
+            body = {"messages": list(prompt.messages), "max_tokens": max_tokens, **common}
             return Request(CHAT_PATH, body)
         text: str | list[int] = (
             prompt.text
@@ -315,8 +329,9 @@ class LoadGenerator:
             # One time per generated token; the count, not the text, says how many (a piece of
             # a multi-byte character arrives with empty content).
             now = clock(chunk)
-            seen = tokens_so_far(chunk)
-            sample.token_times.extend([now] * (seen - len(sample.token_times)))
+            new = tokens_so_far(chunk) - len(sample.token_times)
+            sample.token_times.extend([now] * new)
+            sample.token_drafts.extend([drafts_so_far(chunk)] * new)
 
         try:
             if request.body.get("stream"):

@@ -211,6 +211,10 @@ class Profiler:
         extra: dict[str, Any] = {"seconds": measured.seconds}
         if measured.max_slots is not None:
             extra["max_slots_set"] = measured.max_slots
+        off = self._drafted_off(policy, concurrency, figures.window_drafted)
+        if off is not None:
+            extra["drafted_off"] = figures.window_drafted
+            self.observer(ProgressEvent("message", text=off))
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
@@ -234,6 +238,24 @@ class Profiler:
             )
         )
         return level.id
+
+    def _drafted_off(self, policy: Target, concurrency: int, drafted: int | None) -> str | None:
+        """A warning where a threshold that must not draft at this level drafted inside the
+        measured window beyond one draft in flight per stream (the server did not follow its
+        threshold); None where it did, or where the round cannot tell."""
+        if drafted is None or not isinstance(policy, Policy) or not policy.drafting:
+            return None
+        if policy.drafts_at(concurrency):
+            return None
+        in_flight = concurrency * (policy.n_max or self.spec.speculative.n_max)
+        if drafted <= in_flight:
+            return None
+        return (
+            f"warning: {self.level_name(policy)} drafted {drafted} tokens inside the measured "
+            f"window at {concurrency} streams, where its threshold starts no draft (at most "
+            f"{in_flight} in flight): this round does not measure it, and live comparisons "
+            "leave it out"
+        )
 
     def run_steps(self, steps: Sequence[Step]) -> None:
         """A pass's steps in order; each launch prefills a depth's padding (for the widest level

@@ -333,6 +333,9 @@ class RequestResult:
     draft_accepted: int = 0  # of them accepted (timings.draft_n_accepted)
     drafts: int = 0  # its drafts verified and used
     draft_log: list[tuple[int, int]] = field(default_factory=list)  # (length, accepted) each
+    # (end of the step, draft_n after it) for every step that drafted for it: its draft counter
+    # as of each token, as streamed chunks carry it (kept sparse: the step loop is hot)
+    draft_marks: list[tuple[float, int]] = field(default_factory=list)
     finished_at: float | None = None
     cancelled: bool = False
 
@@ -386,7 +389,19 @@ class RequestResult:
             draft_accepted=self.draft_accepted,
             start=self.arrival,
             token_times=list(self.token_times),
+            token_drafts=self.token_drafts(),
         )
+
+    def token_drafts(self) -> list[int]:
+        """The draft counter as of each token (what a streamed chunk's timings say)."""
+        out: list[int] = []
+        marks, i, count = self.draft_marks, 0, 0
+        for t in self.token_times:
+            while i < len(marks) and marks[i][0] <= t:
+                count = marks[i][1]
+                i += 1
+            out.append(count)
+        return out
 
 
 # -- the engine --
@@ -798,6 +813,7 @@ class Engine:
                 k = 0
                 while k < d and rng.random() < probs[k]:
                     k += 1
+                res.draft_marks.append((end, res.draft_n))
                 if replay_mode and k < d:
                     s.replay = k + 1
                     s.draft_len = d
