@@ -430,6 +430,25 @@ def tag_checks(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def pruning(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """How often tune's pruning (a contender shown behind, one-sided 95 %) dropped the truth's
+    best N: a contender is dropped for good, so this is the error that cannot be undone."""
+    full = [r for r in rows if "full" in r["methods"]]
+    dropped = []
+    for row in full:
+        comps = (row["methods"]["full"].get("details") or {}).get("comparisons") or []
+        behind = {c["contender"] for c in comps if c["verdict"] == "behind"}  # effective N
+        if row["truth"]["best_n"] in behind:
+            dropped.append(row["name"])
+    share = 100.0 * len(dropped) / len(full) if full else 0.0
+    flag = "ok" if share <= 5.0 else "MISSED"
+    return [
+        f"Pruning: tune showed the truth's best N behind (and dropped it) in {len(dropped)} of "
+        f"{len(full)} worlds ({share:.1f} %; target at most 5 %: {flag})"
+        + (f": {', '.join(dropped)}" if dropped else "")
+    ]
+
+
 def worst(rows: Sequence[dict[str, Any]], count: int = 3) -> list[str]:
     full = [r for r in rows if "full" in r["methods"]]
     full.sort(key=lambda r: -r["methods"]["full"]["regret_pct"])
@@ -480,6 +499,8 @@ def render(
     lines.append("")
     lines += summary_table(rows, methods)
     lines += tag_checks(rows)
+    lines.append("")
+    lines += pruning(rows)
     lines.append("")
     lines += worst(rows)
     truth_s = sum(r["truth"]["seconds"] for r in rows)
