@@ -45,6 +45,19 @@ def test_gains_pair_on_and_off_by_round_key_and_count_blocks_at_each_level() -> 
     assert gains[4].df == 3
 
 
+def test_an_off_round_whose_server_drafted_inside_the_window_pairs_with_nothing() -> None:
+    # round 1's threshold server drafted inside the window (the profiler marked it): that
+    # round did not measure "off", so only round 0's pair is a gain
+    repeats = {
+        (1, "spec", 4): [rep(100.0, 0), rep(90.0, 1000)],
+        (1, "max-slots-3", 4): [rep(98.0, 0), {**rep(60.0, 1000), "drafted_off": 240}],
+    }
+    assert live_gains(repeats)[4].diffs == (2.0,)
+    # an "on" round carries no such mark; window_drafted alone changes nothing
+    repeats[(1, "max-slots-3", 4)][1] = {**rep(60.0, 1000), "window_drafted": 0}
+    assert sorted(live_gains(repeats)[4].diffs) == [2.0, 30.0]
+
+
 def test_a_live_sweep_pairs_always_draft_with_the_threshold_just_below_each_level() -> None:
     live = sweep_arms([5, 3], depth=0, n_max=6, live=True)
     assert list(live) == [(0, 3), (0, 5)]
