@@ -80,3 +80,56 @@ def test_bad_budget_or_tolerance_is_one_error_before_anything_runs(
     store = Store(f"sqlite:///{tmp_path / 't.db'}")
     with pytest.raises(ConfigError):
         tune(store, "m", "h", tmp_path, **bad)
+
+
+def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list[tuple[int, str]]):
+    """tune on the in-process bench twin, settle.assess replaced by a script of (answer,
+    status) standings: what tune does with the moves, whatever the data."""
+    from twinworlds import world
+
+    from tuner.decide import settle
+    from tuner.decide.adaptive import profile_adaptively
+    from tuner.decide.tune import tune
+    from tuner.storage.engine import Store
+    from tuner.twin.backend import TwinBackend
+    from tuner.twin.method import HOST, twin_spec
+
+    w = world("bench")
+    store = Store(f"sqlite:///{tmp_path / 't.db'}")
+    backend = TwinBackend(w, switch="live", seed=2)
+    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=32)
+    profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    steps = iter(script)
+
+    def scripted(*args: object, **kwargs: object) -> settle.Standing:
+        answer, status = next(steps)
+        tie = [answer] if status == settle.MOVED else []  # moved by a tie: no comparison to cite
+        return settle.Standing(answer, status, [], tie=tie, tolerance=1.0)
+
+    monkeypatch.setattr(settle, "assess", scripted)
+    started = tune(store, w.model_name, HOST, tmp_path, backend=backend, budget_s=600.0)
+    store.dispose()
+    return started
+
+
+def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.decide.settle import MOVED, OPEN, SETTLED
+
+    # 2 is the cost model's answer here; a tie takes it to 1, then data clear of zero put 2
+    # ahead: tune follows them back to 2 and settles there (it kept 1 before: "not separated")
+    first = _scripted_tune(tmp_path / "a", monkeypatch, [(2, SETTLED)])
+    start = first.started_from.max_slots
+    low = max(start - 1, 1)
+    report = _scripted_tune(
+        tmp_path / "b", monkeypatch, [(low, MOVED), (start, MOVED), (start, SETTLED)]
+    )
+    assert report.standing.max_slots == start and report.settled.status == SETTLED
+    assert report.history == [low, start, start]
+    # going back and forth: the second return stops, with the latest answer, unresolved
+    report = _scripted_tune(
+        tmp_path / "c", monkeypatch, [(low, MOVED), (start, MOVED), (low, MOVED)]
+    )
+    assert report.standing.max_slots == low and report.settled.status == OPEN
+    assert report.settled.measure_next == list(range(low + 1, start + 1))

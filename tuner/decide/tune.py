@@ -15,7 +15,9 @@ one-sided bound clears the tolerance.
    zero takes over the answer (and brings its own contenders); one whose upper bound is within
    the tolerance (1 % of the objective by default) leaves the answer standing; values of N
    shown equivalent both ways are a tie, the smallest chosen. The next sweep measures only the
-   levels unresolved comparisons rest on.
+   levels unresolved comparisons rest on. An answer it left may come back: the data then hold
+   every pair the step away saw and more, so the move back is followed once; a second return
+   stops with the latest answer, unresolved, and the levels between the two to measure next.
 4. It stops when every comparison is settled, or when the budget is spent: then the answer
    stands with what is unresolved named, with its bounds, and the levels to measure next.
 
@@ -265,6 +267,7 @@ def tune(
         nonlocal answer, objective
         moves = 0
         visited = {answer}
+        returned = False
         while True:
             gains = live_gains(paired_rounds(store, model_name, host, depth, n_max, workload_now))
             standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
@@ -276,28 +279,32 @@ def tune(
                 observer(
                     ProgressEvent("message", text=_moved_text(answer, standing, report.sweeps))
                 )
-                if standing.answer in visited:
-                    # Back to an answer it left: the data do not separate the two. The smaller
-                    # stands, unresolved, with the levels between them to measure next.
-                    back, answer = answer, min(answer, standing.answer)
-                    report.settled = dataclasses.replace(
-                        standing,
-                        answer=answer,
-                        status=settle.OPEN,
-                        measure_next=settle.between(back, standing.answer),
-                    )
-                    report.history[-1] = answer
-                    observer(
-                        ProgressEvent(
-                            "message",
-                            text=f"the answer went back to N={standing.answer}: N={back} and "
-                            f"N={standing.answer} are not separated; N={answer} stands",
-                        )
-                    )
-                    return
-                visited.add(standing.answer)
+                back = answer
                 answer = standing.answer
                 objective = model_objective(cm, answer, n_max, weights)
+                if answer in visited:
+                    # Back to an answer it left. The latest data, which hold every pair the
+                    # earlier step saw, overturn that step: follow them once. A second return
+                    # is the data going back and forth at the edge of the tolerance: the
+                    # latest answer stands, unresolved, the levels between the two to measure.
+                    if returned:
+                        report.settled = dataclasses.replace(
+                            standing,
+                            answer=answer,
+                            status=settle.OPEN,
+                            measure_next=settle.between(back, answer),
+                        )
+                        observer(
+                            ProgressEvent(
+                                "message",
+                                text=f"the answer went back to N={answer} a second time: the "
+                                f"data do not keep N={back} and N={answer} apart; N={answer} "
+                                "stands, unresolved",
+                            )
+                        )
+                        return
+                    returned = True
+                visited.add(answer)
                 if moves < MAX_MOVES:
                     continue
                 observer(ProgressEvent("message", text="the answer keeps moving: stopping"))
