@@ -211,10 +211,10 @@ class Profiler:
         extra: dict[str, Any] = {"seconds": measured.seconds}
         if measured.max_slots is not None:
             extra["max_slots_set"] = measured.max_slots
-        off = self._drafted_off(policy, concurrency, figures.window_drafted)
-        if off is not None:
-            extra["drafted_off"] = figures.window_drafted
-            self.observer(ProgressEvent("message", text=off))
+        warning = self._drafted_off(policy, concurrency, figures.window_drafted)
+        if warning is not None:
+            extra["drafted_off"] = True  # the count is the round's window_drafted
+            self.observer(ProgressEvent("message", text=warning))
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
@@ -243,10 +243,10 @@ class Profiler:
         """A warning where a threshold that must not draft at this level drafted inside the
         measured window beyond one draft in flight per stream (the server did not follow its
         threshold); None where it did, or where the round cannot tell."""
-        if drafted is None or not isinstance(policy, Policy) or not policy.drafting:
+        if drafted is None or not isinstance(policy, Policy):
             return None
-        if policy.drafts_at(concurrency):
-            return None
+        if not policy.drafting or policy.drafts_at(concurrency):
+            return None  # plain, or a policy that drafts here: nothing to check
         in_flight = concurrency * (policy.n_max or self.spec.speculative.n_max)
         if drafted <= in_flight:
             return None
