@@ -71,9 +71,10 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
         logs = list((bench_profile.log_dir / f"run-{run.id}").glob("*.log"))
         launches = [p for p in logs if p.name.startswith(("plain", "drafting"))]
         assert len(launches) >= 2 + 1, launches
-        # Drafting, read from the draft counters: always-draft drafted in every request; its
-        # off arm, switched live on the same launch, drafted at most what was in flight when
-        # the last stream joined (a draft of n-max 6 a stream, twice over).
+        # Drafting, read from the draft counters: always-draft drafted in every request, plain
+        # in none. The off arm's requests may draft before the last stream joins and after the
+        # first finishes (how much depends on how far apart they started: one full run saw 78
+        # tokens where 48 had been allowed), so it is checked inside the window only, below.
         drafted = {
             key: [s.draft_n for s in session.scalars(select(Sample).filter_by(level_id=lv.id))]
             for key, lv in levels.items()
@@ -83,8 +84,6 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
                 assert all(n > 0 for n in counts), (cfg, c, counts)
             elif cfg == "plain":
                 assert sum(counts) == 0, (cfg, c, counts)
-            else:
-                assert sum(counts) <= 6 * 2 * c < sum(drafted[("spec", c)]), drafted
         # Inside the measured window (every stream generating) the off arm started no draft:
         # what its rounds counted there is at most one draft in flight a stream, never marked
         # drafted_off; always-draft drafted there.
