@@ -61,7 +61,9 @@ def test_observe_sees_the_offered_concurrency(server: ManagedServer, tmp_path: P
     offered_shares = {k: v / total for k, v in offered.items()}
     distance = total_variation(profile.shares(), offered_shares)
     assert distance < 0.15, (profile.shares(), offered_shares)
-    assert profile.seconds.get(3, 0.0) > 3.0  # the 3-stream rounds were seen
+    # the 3-stream rounds were seen: most of the seconds the client spent at 3 (the same seconds,
+    # so not a matter of machine speed)
+    assert profile.seconds.get(3, 0.0) > 0.5 * offered.get(3, 0.0) > 0.0, (profile, offered)
     # It was saved, and finished requests' lengths were recorded: outputs exactly as generated
     # (from the server's counter, not as last polled), prompts as sent.
     stored = load(store, "bench-test")

@@ -79,6 +79,9 @@ def test_drift_decides_when_to_recommend_again() -> None:
     assert moved.recommend and moved.drift == pytest.approx(1.0)
     idle = decide(profile_at({0: 600.0, 1: 2.0}), None, 0.1)
     assert not idle.recommend and "busy time" in idle.why
+    # --min-busy moves the gate: 2 s of busy time is enough under a 1 s gate, not under 3 s
+    assert decide(profile_at({0: 600.0, 1: 2.0}), None, 0.1, min_busy_s=1.0).recommend
+    assert not decide(profile_at({0: 600.0, 1: 2.0}), None, 0.1, min_busy_s=3.0).recommend
 
 
 def test_the_window_drops_old_intervals_and_a_restart_goes_on(tmp_path: Path) -> None:
@@ -184,6 +187,10 @@ def test_bad_watch_options_are_one_line(tmp_path: Path) -> None:
         "--window",
     )
     one_line_error([*base, "--env-file", str(tmp_path / "x.env"), "--drift", "0"], "--drift")
+    one_line_error(
+        [*base, "--env-file", str(tmp_path / "x.env"), "--every", "1m", "--min-busy", "5m"],
+        "--min-busy",
+    )
     one_line_error(
         ["watch", "--model", "m", "--url", "localhost:1", "--env-file", "x.env"], "http://"
     )

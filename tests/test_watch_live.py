@@ -81,9 +81,10 @@ def test_apply_live_sets_n_keeps_it_and_writes_the_env_file(
 
     thread = threading.Thread(target=override, daemon=True)
     thread.start()
-    # Traffic: a watcher decides only on a window with 5 s of busy time. Rounds of 96 tokens
-    # keep the slots busy about 85 % of a 7 s window (6 s); rounds of 32 were busy 5 s of 7 and
-    # one full run saw all three windows fall short (no decision at all).
+    # Traffic: rounds of 96 tokens keep the slots busy about 6 s of each 7 s window. The watcher
+    # is told to decide on 0.5 s of busy time (its default, 5 s, is a service's guard against
+    # idle spells): ten times below what the traffic gives, where 5 s left one full run with no
+    # decision at all.
     stop = threading.Event()
     traffic = threading.Thread(
         target=offer_cycle, args=(server.url, [(2, 96)], stop, []), daemon=True
@@ -96,7 +97,7 @@ def test_apply_live_sets_n_keeps_it_and_writes_the_env_file(
         "h",
         server.url,
         env_path,
-        WatchOptions(every_s=7.0, window_s=7.0, drift=1.0, apply="live"),
+        WatchOptions(every_s=7.0, window_s=7.0, drift=1.0, apply="live", min_busy_s=0.5),
         observer,
         name="live-watch",
         duration_s=22.0,

@@ -571,6 +571,13 @@ def watch(
             "(total-variation distance, 0..1) from what the standing answer was made for"
         ),
     ] = 0.1,
+    min_busy: Annotated[
+        str,
+        typer.Option(
+            help="decide nothing from a window with less busy time (any slot generating) than "
+            "this: an idle spell keeps the standing answer"
+        ),
+    ] = "5s",
     name: Annotated[
         str | None, typer.Option(help="traffic profile name (default watch:host:port/model)")
     ] = None,
@@ -603,6 +610,7 @@ def watch(
         drift=drift,
         on_change=on_change,
         apply=apply.value,
+        min_busy_s=duration_option(min_busy, "--min-busy"),
         recommend={
             "objective": objective,
             "slo_tpot_ms": slo_tpot_ms,

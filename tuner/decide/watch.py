@@ -40,7 +40,7 @@ from tuner.storage.engine import Store
 from tuner.storage.traffic import server_of
 from tuner.traffic import ServerView, TrafficProfile, total_variation
 
-MIN_BUSY_S = 5.0  # below this much busy time in the window, no answer is made from it
+MIN_BUSY_S = 5.0  # default: below this much busy time in the window, no answer is made from it
 
 
 # --- the env file -------------------------------------------------------------------------------
@@ -188,15 +188,17 @@ class Decision:
 
 
 def decide(
-    rolling: TrafficProfile, decided_for: Mapping[int, float] | None, drift: float
+    rolling: TrafficProfile,
+    decided_for: Mapping[int, float] | None,
+    drift: float,
+    min_busy_s: float = MIN_BUSY_S,
 ) -> Decision:
     """Whether the rolling profile calls for a new recommendation; pure."""
     busy = rolling.covered_s - rolling.seconds.get(0, 0.0)
-    if busy < MIN_BUSY_S:
+    if busy < min_busy_s:
         return Decision(
             False,
-            f"{busy:.0f} s of busy time in the window (below {MIN_BUSY_S:.0f} s): the answer "
-            "stands",
+            f"{busy:.1f} s of busy time in the window (below {min_busy_s:g} s): the answer stands",
         )
     shares = rolling.shares(busy_only=True)
     if decided_for is None:
@@ -254,6 +256,7 @@ class WatchOptions:
     # "env": write the env file (and run on_change); "live": also set N on the running server
     # through POST /props, read it back, and re-read GET /props every interval.
     apply: str = "env"
+    min_busy_s: float = MIN_BUSY_S  # a window with less busy time than this decides nothing
 
     def check(self) -> None:
         if self.apply not in ("env", "live"):
@@ -266,6 +269,11 @@ class WatchOptions:
             )
         if not 0 < self.drift <= 1:
             raise ConfigError(f"--drift {self.drift:g}: a total-variation distance in (0, 1]")
+        if not 0 <= self.min_busy_s <= self.window_s:
+            raise ConfigError(
+                f"--min-busy ({self.min_busy_s:g} s) must be between 0 and --window "
+                f"({self.window_s:.0f} s)"
+            )
 
 
 Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
@@ -372,7 +380,7 @@ class Watcher:
         (--apply live) and run the command."""
         self.keep_live()
         total = self.rolling.total()
-        decision = decide(total, self.decided_for, self.options.drift)
+        decision = decide(total, self.decided_for, self.options.drift, self.options.min_busy_s)
         event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
         self.summary.events.append(event)
         if not decision.recommend:
