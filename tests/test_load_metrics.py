@@ -6,7 +6,7 @@ import pytest
 
 from tuner.measure import kernel, metrics
 from tuner.measure.client import parse_metrics
-from tuner.measure.load import RequestSample, summarize
+from tuner.measure.load import RequestSample, never_together, summarize
 from tuner.measure.spec import default_levels
 from tuner.measure.stats import relative_mad
 
@@ -65,6 +65,20 @@ def test_summarize_counts_only_the_window_where_all_streams_generate() -> None:
     # ~100 tok/s + ~50 tok/s, not the blurred average over everyone's whole life.
     assert figures.tokens_per_second == pytest.approx(150, rel=0.02)
     assert figures.per_stream_tps == pytest.approx(figures.tokens_per_second / 2)
+
+
+def test_a_round_whose_streams_never_generated_together_is_told_apart() -> None:
+    a = _sample(0, start=0.0, step=0.01, n=100)  # 0.00 .. 0.99 s
+    late = _sample(1, start=1.5, step=0.01, n=100)  # starts after a finished
+    overlapping = _sample(1, start=0.5, step=0.01, n=100)
+    assert never_together([a, late], 2)
+    assert summarize([a, late], 2).window_ms is None  # the fallback figure, sum of the rates
+    assert not never_together([a, overlapping], 2)
+    assert summarize([a, overlapping], 2).window_ms is not None
+    # one stream, a failed stream, or a one-token output: nothing to tell
+    assert not never_together([a], 1)
+    assert not never_together([a, _sample(1, start=1.5, step=0.01, n=1)], 2)
+    assert not never_together([a, RequestSample(stream=1, ok=False, error="x")], 2)
 
 
 def test_summarize_steps_and_acceptance() -> None:

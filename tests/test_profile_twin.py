@@ -82,3 +82,39 @@ def test_a_one_level_profile_keeps_what_it_measured_and_says_why_nothing_was_add
         assert session.get(Run, report.run_id).status == "completed"
         assert {lv.config for lv in session.scalars(select(Level))} == {"plain", "spec"}
     store.dispose()
+
+
+class _LateStream(TwinBackend):
+    """The twin, with one stream of every 4-stream round moved to start after the others ended
+    (what a client that reaches the server late gives): no window in those rounds."""
+
+    def measure(self, policy, cell, round_key, workload):  # type: ignore[no-untyped-def]
+        measured = super().measure(policy, cell, round_key, workload)
+        if cell[1] == 4:
+            late = measured.samples[-1]
+            shift = max(s.token_times[-1] for s in measured.samples) + 1.0 - late.token_times[0]
+            late.token_times = [t + shift for t in late.token_times]
+        return measured
+
+
+def test_a_round_whose_streams_never_generated_together_is_marked_and_said(
+    tmp_path: Path,
+) -> None:
+    w = world("seed")
+    store = Store(f"sqlite:///{tmp_path / 'late.db'}")
+    events: list[ProgressEvent] = []
+    backend = _LateStream(w, switch="live", seed=1)
+    spec = twin_spec(w, levels=(1, 2, 4), max_tokens=48)
+    profile_adaptively(
+        store, spec, tmp_path, events.append, host_name=HOST, backend=backend, budget_s=0.0
+    )
+    with store.session() as session:
+        marks = {
+            (lv.config, lv.concurrency): {r.get("apart") for r in lv.metrics["repeats"]}
+            for lv in session.scalars(select(Level))
+        }
+    assert marks[("spec", 4)] == marks[("max-slots-3", 4)] == {True}, marks
+    assert marks[("spec", 2)] == {None}, marks
+    said = [e.text for e in events if e.kind == "message" and "never all generated" in e.text]
+    assert said and all("at 4 streams" in text for text in said), said
+    store.dispose()

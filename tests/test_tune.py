@@ -58,6 +58,14 @@ def test_an_off_round_whose_server_drafted_inside_the_window_pairs_with_nothing(
     assert sorted(live_gains(repeats)[4].diffs) == [2.0, 30.0]
 
 
+def test_a_round_whose_streams_never_generated_together_pairs_with_nothing() -> None:
+    repeats = {
+        (1, "spec", 4): [rep(100.0, 0), {**rep(190.0, 1000), "apart": True}],
+        (1, "max-slots-3", 4): [rep(98.0, 0), rep(60.0, 1000)],
+    }
+    assert live_gains(repeats)[4].diffs == (2.0,)
+
+
 def test_a_live_sweep_pairs_always_draft_with_the_threshold_just_below_each_level() -> None:
     live = sweep_arms([5, 3], depth=0, n_max=6, live=True)
     assert list(live) == [(0, 3), (0, 5)]

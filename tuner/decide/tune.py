@@ -81,10 +81,10 @@ def live_gains(
     concurrency): "on" a drafting policy that drafts at the level, "off" a threshold that does
     not. A pair is both halves of one round key (one launch, seconds apart, the same prompts
     and seeds; an "off" round whose server drafted inside the window, drafted_off, is left
-    out); the unit is a block, the pairs of one pass at the level (A B B A: two pairs
-    whose off rounds sit side by side share a spell, so they are not independent), averaged:
-    one difference per (run, pass), its degrees of freedom counted by blocks. Plain is another
-    server and never pairs here."""
+    out, and so is a round whose streams never all generated at once, apart); the unit is a
+    block, the pairs of one pass at the level (A B B A: two pairs whose off rounds sit side by
+    side share a spell, so they are not independent), averaged: one difference per (run, pass),
+    its degrees of freedom counted by blocks. Plain is another server and never pairs here."""
     by_level: dict[int, dict[str, dict[tuple[int, int], float]]] = {}
     for (run_id, config, c), reps in rounds.items():
         policy = stored_policy(config)
@@ -94,6 +94,8 @@ def live_gains(
         for r in reps:
             if arm == "off" and r.get("drafted_off"):
                 continue  # the threshold drafted inside the window: not a round of "off"
+            if r.get("apart"):
+                continue  # no window: the sum of lone streams' rates, not this level's figure
             if r.get("tokens_per_second") and r.get("round_key") is not None:
                 key = (run_id, int(r["round_key"]))
                 by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])

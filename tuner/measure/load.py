@@ -149,6 +149,19 @@ def summarize(samples: list[RequestSample], concurrency: int) -> LevelFigures:
     )
 
 
+def never_together(samples: list[RequestSample], concurrency: int) -> bool:
+    """Whether a streamed round of several streams had no window: every stream streamed two
+    tokens or more, yet one started only after another had finished (a client that reached the
+    server late). summarize's figure for such a round is the sum of the streams' own rates, a
+    figure of streams that did not share the server; pure."""
+    good = [s for s in samples if s.ok and s.tokens > 0]
+    if concurrency < 2 or len(good) != concurrency:
+        return False
+    if not all(len(s.token_times) >= 2 for s in good):
+        return False  # not streamed, or a one-token output: no window to expect
+    return min(s.token_times[-1] for s in good) <= max(s.token_times[0] for s in good)
+
+
 def _drafts_by(sample: RequestSample, t: float) -> int:
     """The sample's draft counter as of its last token at or before time t (0 before its
     first)."""

@@ -27,7 +27,7 @@ from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
 from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
-from tuner.measure.load import Workload, summarize
+from tuner.measure.load import Workload, never_together, summarize
 from tuner.measure.plan import (
     Observer,
     ProgressEvent,
@@ -215,6 +215,17 @@ class Profiler:
         if warning is not None:
             extra["drafted_off"] = True  # the count is the round's window_drafted
             self.observer(ProgressEvent("message", text=warning))
+        if never_together(measured.samples, concurrency):
+            extra["apart"] = True
+            self.observer(
+                ProgressEvent(
+                    "message",
+                    text=f"warning: {self.level_name(policy)} at {concurrency} streams: the "
+                    "streams never all generated at once (one started after another had "
+                    "finished), so the round's figure is the sum of the streams' own rates; "
+                    "live comparisons leave it out",
+                )
+            )
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
