@@ -188,6 +188,29 @@ def test_smaller_draft_lengths_follow_the_kernel_verify_cost() -> None:
         assert m.spec_tps(c, n) == pytest.approx(expected, rel=0.01)
 
 
+def test_level_tps_is_policy_tps_at_every_level_for_every_policy() -> None:
+    """The search's memoised scores are the model's own figures: every policy, every draft
+    length, the point model and its replicates, whatever order they are asked in."""
+    n_max = 4
+    rates = truth_rates(n_max)
+    kernel = tuple(
+        KernelObs(c, k, 6.0 + 2.0 * c * k**0.7) for c in range(1, 9) for k in (1, 2, 3, n_max + 1)
+    )
+    data = synthetic(lambda c: 12.0 + 2.0 * c, lambda c: 20.0 + 7.0 * c, rates, kernel=kernel)
+    model = fit(data, replicates=5).model
+    policies = [Policy.plain(), Policy.always()] + [
+        Policy.of_max_slots(N, n) for n in (None, *range(1, n_max + 1)) for N in range(0, 10)
+    ]
+    for m in [model, *model.replicate_models]:
+        for policy in [*policies, *reversed(policies)]:  # asked again: from the memo
+            expected = m.policy_tps(m.levels, policy)
+            assert np.array_equal(m.level_tps(policy), expected), policy
+    # a threshold policy drafts up to N and not above: the memo keeps both regimes apart
+    three = model.level_tps(Policy.of_max_slots(3))
+    assert np.array_equal(three[:3], model.spec_tps(model.levels[:3]))
+    assert np.array_equal(three[3:], model.threshold_tps(model.levels[3:]))
+
+
 def test_without_kernel_rows_the_step_is_linear_in_the_draft_length() -> None:
     rates = truth_rates(4)
     data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 30.0 + 10.0 * c, rates)

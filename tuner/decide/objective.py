@@ -66,8 +66,8 @@ class Objective:
     def value(self, model: CostModel, policy: Policy) -> float:
         """The policy's score on the model, higher is better."""
         if self.kind is ObjectiveKind.TPS:
-            return float(np.asarray(self.weights) @ model.policy_tps(model.levels, policy))
-        tps = model.policy_tps(model.levels, policy)
+            return float(np.asarray(self.weights) @ model.level_tps(policy))
+        tps = model.level_tps(policy)
         assert self.mean_output_tokens is not None
         if self.kind is ObjectiveKind.TPOT:
             assert self.rate is not None

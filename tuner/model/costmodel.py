@@ -152,6 +152,11 @@ class CostModel:
     threshold_overhead: float = 0.0
     threshold_rows: int = 0  # how many measured rows set it (0: assumed to equal plain)
     off: Curve | None = None  # T_off(c): the threshold server not drafting, fitted from off rows
+    # level_tps's curves at levels 1..n_parallel, per regime: a search scores every policy on
+    # the same model and its replicates, and the curves are the whole cost of a score
+    _at_levels: dict[tuple[str, int], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # -- step costs and throughput --
 
@@ -205,6 +210,26 @@ class CostModel:
         if policy.is_always:
             return spec
         return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))
+
+    def level_tps(self, policy: Policy) -> np.ndarray:
+        """policy_tps at levels 1..n_parallel, each regime's curve computed once per model (the
+        same figures: plain, spec at the policy's n_max, and the threshold server above N)."""
+        if policy.is_plain:
+            return self._regime("plain", 0, self.plain_tps)
+        n = -1 if policy.n_max is None else policy.n_max  # None: the profiled n_max, as given
+        spec = self._regime("spec", n, lambda c: self.spec_tps(c, policy.n_max))
+        if policy.is_always:
+            return spec
+        off = self._regime("off", 0, self.threshold_tps)
+        return np.where(self.levels <= policy.max_slots, spec, off)
+
+    def _regime(self, kind: str, n: int, tps: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        key = (kind, n)
+        if key not in self._at_levels:
+            values = np.asarray(tps(np.asarray(self.levels, dtype=float)), dtype=float)
+            values.setflags(write=False)  # shared by every caller
+            self._at_levels[key] = values
+        return self._at_levels[key]
 
     def threshold_tps(self, c: Any) -> np.ndarray:
         """tok/s of a threshold server above its N: its own fitted curve where off rows were
