@@ -211,6 +211,26 @@ def test_level_tps_is_policy_tps_at_every_level_for_every_policy() -> None:
     assert np.array_equal(three[3:], model.threshold_tps(model.levels[3:]))
 
 
+def test_off_rows_no_form_fits_set_the_ratio_instead_of_failing_the_fit() -> None:
+    """Off rows at two adjacent levels whose line through them falls below zero at one stream
+    (4 and 5 streams at 54 and 77 ms a step: what a noisy twin validation stored) fit no form;
+    the fit then takes their ratio to plain, as with rows at one level, and says which."""
+    rates = truth_rates(4)
+    data = synthetic(lambda c: 30.0 + 8.0 * c, lambda c: 50.0 + 30.0 * c, rates)
+    off = tuple(
+        LevelObs(Policy.of_max_slots(3), c, (Repeat(1000.0 * c / ms, 1.0, ms),))
+        for c, ms in ((4, 54.0), (5, 77.0))
+    )
+    result = fit(replace(data, levels=data.levels + off), replicates=5)
+    model = result.model
+    assert model.off is None and model.threshold_rows == 2
+    plain = model.plain_tps(np.array([4.0, 5.0]))
+    expected = np.median([1000.0 * 4 / 54.0 / plain[0] - 1, 1000.0 * 5 / 77.0 / plain[1] - 1])
+    assert model.threshold_overhead == pytest.approx(expected, rel=0.05)
+    regime = result.quality.threshold_regime
+    assert regime["source"] == "ratio" and regime["unfitted_levels"] == [4, 5]
+
+
 def test_without_kernel_rows_the_step_is_linear_in_the_draft_length() -> None:
     rates = truth_rates(4)
     data = synthetic(lambda c: 10.0 + 2.0 * c, lambda c: 30.0 + 10.0 * c, rates)

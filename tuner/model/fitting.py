@@ -276,15 +276,24 @@ def fit(
     spec_base = verify_curve(verify, data.n_max + 1, x_max) if verify else None
     spec_forms = list(forms) + (["kernel"] if spec_base is not None else [])
     bases = {"plain": verify.get(1), "spec": spec_base, "off": verify.get(1)}
-    choices = {
-        key: _with_base(
-            select_form(
+    choices: dict[str, FormChoice] = {}
+    unfitted_off: list[int] = []
+    for key in list(fitted):
+        try:
+            choice = select_form(
                 *points[key], x_max, spec_forms if key == "spec" else decode_forms, bases[key]
-            ),
-            bases[key],
-        )
-        for key in fitted
-    }
+            )
+        except ValueError:
+            if key != "off":
+                raise
+            # Off rows that no form fits over 1..n_parallel (two adjacent levels whose noise
+            # puts the line through them below zero at one stream, seen on the twin): they set
+            # the overhead against plain, as rows at one level do, rather than fail the fit.
+            unfitted_off = sorted({lv.concurrency for lv in off_levels})
+            del fitted["off"], points["off"]
+            off_levels = []
+            continue
+        choices[key] = _with_base(choice, bases[key])
     noise = {key: _level_noise(lvs, acc) for key, (lvs, acc) in fitted.items()}
     weight = {
         key: _calibration_weight(choices[key].curve, *points[key], noise[key]) for key in fitted
@@ -392,6 +401,8 @@ def fit(
         ),
         kernel=kernel_report,
     )
+    if unfitted_off:
+        quality.threshold_regime["unfitted_levels"] = unfitted_off
     return FitResult(model, quality)
 
 

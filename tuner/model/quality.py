@@ -112,7 +112,8 @@ class FitQuality:
     # the threshold server above N: "source" "curve" (its own, fitted from off rows at
     # "levels"), "ratio" (plain times 1 + overhead, off rows at one level) or "assumed" (plain);
     # "overhead" its tok/s ratio to plain - 1 (with a curve: the median over "levels"); "rows"
-    # how many off rows set it. Fits before costmodel-4 store overhead and rows only.
+    # how many off rows set it; "unfitted_levels" where off rows at two or more levels fitted
+    # no form (they set the ratio instead). Fits before costmodel-4 store overhead and rows only.
     threshold_regime: dict[str, Any] = field(default_factory=dict)
 
     @property

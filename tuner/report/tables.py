@@ -105,9 +105,15 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
             "over those levels)"
         )
     elif regime.get("rows"):
+        unfitted = regime.get("unfitted_levels")
+        why = (
+            f"; no curve fits the off rows at {', '.join(map(str, unfitted))} streams"
+            if unfitted
+            else ""
+        )
         head.append(
             f"threshold server above N: {pct(100 * regime['overhead'])} against plain "
-            f"(median of {regime['rows']} measured row(s))"
+            f"(median of {regime['rows']} measured row(s){why})"
         )
     elif regime:
         head.append("threshold server above N: assumed equal to plain (no threshold rows above N)")
