@@ -16,7 +16,9 @@ POST /props without changing anything each read as one line naming the remedy.
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,16 @@ _FLAGS = {"/slots": "--slots", "/metrics": "--metrics", "/props": "--props"}
 GAUGES = {"n_tokens_max_total", "n_tokens_max"}
 
 ChunkHandler = Callable[[dict[str, Any]], None]
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context per process, shared by every client: httpx builds a new one per client
+    by default, reading the whole CA bundle each time (about 30 ms of CPU), and a profile makes
+    dozens of clients (health polls, the switch, every round's pool). Built as httpx builds it
+    (certifi's bundle, SSL_CERT_FILE or SSL_CERT_DIR honoured); an SSLContext is safe to share
+    across threads."""
+    return httpx.create_ssl_context()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -357,7 +369,10 @@ class LlamaClient(_Api):
     ) -> None:
         super().__init__(url, api_key)
         self.http = httpx.Client(
-            headers=auth_headers(api_key), timeout=timeout, limits=limits or httpx.Limits()
+            headers=auth_headers(api_key),
+            timeout=timeout,
+            limits=limits or httpx.Limits(),
+            verify=_tls(),
         )
 
     def close(self) -> None:
@@ -466,7 +481,10 @@ class AsyncLlamaClient(_Api):
     ) -> None:
         super().__init__(url, api_key)
         self.http = httpx.AsyncClient(
-            headers=auth_headers(api_key), timeout=timeout, limits=limits or httpx.Limits()
+            headers=auth_headers(api_key),
+            timeout=timeout,
+            limits=limits or httpx.Limits(),
+            verify=_tls(),
         )
 
     async def aclose(self) -> None:
