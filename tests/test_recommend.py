@@ -395,6 +395,9 @@ def test_a_clear_gain_is_not_a_tie() -> None:
     _, choice = choice_for(model, {1: 0.4, 2: 0.3, 4: 0.1, 8: -0.03})
     assert choice.policy.max_slots == choice.model_optimum == 6
     assert choice.measure_next == []
+    # drafting up to 6 streams is shown ahead of plain: nothing to say about drafting at all
+    assert choice.plain_advantage is not None and choice.plain_advantage[2] < 0
+    assert not {ReasonCode.PLAIN_AHEAD, ReasonCode.PLAIN_UNRESOLVED} & set(codes(choice.reasons))
     assert ReasonCode.WITHIN_UNCERTAINTY not in codes(choice.reasons)
     assert ReasonCode.MEASURE_NEXT not in codes(choice.reasons)
 
@@ -415,7 +418,24 @@ def test_spec_ahead_everywhere_recommends_no_limit() -> None:
 def test_plain_ahead_everywhere_recommends_the_least_drafting() -> None:
     _, choice = choice_for(hand_model(40.0, spread=0.0001), {1: -0.3, 8: -0.8})
     assert choice.policy.max_slots == 1
-    assert choice.reasons[0].code is ReasonCode.PLAIN_EVERYWHERE
+    # Draft at all? Plain is shown ahead of N=1 in the objective: said first, with its figure.
+    assert choice.plain_ahead and choice.plain_advantage is not None
+    point, low, high = choice.plain_advantage
+    assert 0 < low <= point <= high
+    assert codes(choice.reasons)[:2] == [ReasonCode.PLAIN_AHEAD, ReasonCode.PLAIN_EVERYWHERE]
+    assert "drafting does not pay" in choice.reasons[0].text
+
+
+def test_plain_ahead_by_less_than_the_replicates_spread_is_unresolved() -> None:
+    # spec at 1 stream 2 % behind plain at the point (8.5 ms a stream), but the replicates put
+    # its cost anywhere from well ahead to well behind: plain's lead is not shown, and said so.
+    _, choice = choice_for(hand_model(8.5, spread=0.1), {1: -0.02, 8: -0.8})
+    assert choice.policy.max_slots == 1
+    assert choice.plain_advantage is not None and not choice.plain_ahead
+    point, low, high = choice.plain_advantage
+    assert low < 0 < point < high
+    assert choice.reasons[0].code is ReasonCode.PLAIN_UNRESOLVED
+    assert ReasonCode.PLAIN_AHEAD not in codes(choice.reasons)
 
 
 def test_every_output_format_renders_the_same_answer(fitted_bench_db: str) -> None:
@@ -434,6 +454,8 @@ def test_every_output_format_renders_the_same_answer(fitted_bench_db: str) -> No
     # The JSON output reads back as the same recommendation.
     again = Recommendation.from_stored(report.id, report.fit_id, report.max_slots, None, data)
     assert again.policy == report.policy and again.reasons == report.reasons
+    assert again.plain_advantage == report.plain_advantage is not None
+    assert data["drafting_pays"] is report.drafting_pays
     with pytest.raises(ValueError, match="xml"):
         OutputFormat("xml")
 

@@ -24,6 +24,8 @@ class ReasonCode(StrEnum):
     """What a reason says, for programs and tests (the text is for people)."""
 
     PLAIN_EVERYWHERE = "plain-everywhere"  # plain ahead even at 1 stream
+    PLAIN_AHEAD = "plain-ahead"  # plain shown ahead of the chosen N: drafting does not pay
+    PLAIN_UNRESOLVED = "plain-unresolved"  # plain predicted ahead, not shown: draft at all?
     SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
     CROSSOVER = "crossover"  # spec up to N, plain above
     NOISY_GAINS = "noisy-gains"  # measured gains change sign more than once
@@ -119,6 +121,14 @@ class Recommendation:
     # Values of N shown equivalent to the best within the tolerance (tuner tune), the answer the
     # smallest of them; empty where no tie was shown.
     tie: list[int] = field(default_factory=list)
+    # Plain's objective less this policy's, with one-sided 95 % bounds: (point, low, high); None
+    # where not judged. Plain shown ahead (low above 0): drafting does not pay for this traffic.
+    plain_advantage: tuple[float, float, float] | None = None
+
+    @property
+    def drafting_pays(self) -> bool:
+        """False where plain (no draft model) was shown ahead of this policy."""
+        return self.plain_advantage is None or self.plain_advantage[1] <= 0
 
     @property
     def max_slots(self) -> int:
@@ -160,6 +170,8 @@ class Recommendation:
     def explain_lines(self) -> list[str]:
         """The head line, the objective and the reasons, one per line."""
         head = f"N={self.max_slots}" + (f", n_max={self.n_max}" if self.tune_n_max else "")
+        if not self.drafting_pays:
+            head = f"plain (no draft model); {head} if the draft stays"
         lines = [
             f"recommendation {self.id}: {head} for {self.model}"
             f" (fit {self.fit_id}, study {self.study_name}, {self.trials} trials)"
@@ -204,6 +216,8 @@ class Recommendation:
             "objective_kind": self.objective_kind,
             "objective_text": self.objective_text,
             "tie": self.tie,
+            "drafting_pays": self.drafting_pays,
+            "plain_advantage": list(self.plain_advantage) if self.plain_advantage else None,
         }
 
     @classmethod
@@ -247,4 +261,9 @@ class Recommendation:
             objective_kind=str(details.get("objective_kind") or "tps"),
             objective_text=details.get("objective_text"),
             tie=[int(n) for n in details.get("tie") or []],
+            plain_advantage=(
+                (float(adv[0]), float(adv[1]), float(adv[2]))
+                if (adv := details.get("plain_advantage")) and None not in adv
+                else None
+            ),
         )

@@ -6,6 +6,11 @@
    spread of the objective difference over the bootstrap replicates), the smaller N, saying so.
 3. Why, in terms of levels, and which unmeasured levels the choice rests on while the data
    cannot decide their sign (measure next).
+4. Draft at all? The chosen N against plain (no draft model loaded) in the same objective:
+   where the bootstrap's one-sided 95 % bound shows plain ahead, drafting does not pay for this
+   traffic, and the answer says so first (N stays the least costly threshold for a server that
+   keeps its draft). Plain and the threshold server are separate launches, so this is the one
+   question that rests on rows measured across launches.
 
 Every reason carries a code (ReasonCode) beside its text, so programs and tests read the code.
 Pure: reads only the cost model and the study's evaluations (tuner.decide.search).
@@ -19,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.decide.search import Evaluation, SearchResult, preference
+from tuner.decide.objective import Objective
+from tuner.decide.search import Evaluation, SearchResult, evaluate, preference
 from tuner.model.costmodel import CostModel, Gain
 from tuner.policy import Policy
 from tuner.recommendation import Reason, ReasonCode
@@ -36,6 +42,14 @@ class Choice:
     reasons: list[Reason]
     measure_next: list[int]
     alternatives: list[dict[str, Any]]
+    # Plain's objective less the chosen's: point and one-sided 95 % bounds (bootstrap); None
+    # where the objective cannot score plain.
+    plain_advantage: tuple[float, float, float] | None = None
+
+    @property
+    def plain_ahead(self) -> bool:
+        """Plain shown ahead of the chosen N: drafting does not pay for this traffic."""
+        return self.plain_advantage is not None and self.plain_advantage[1] > 0
 
 
 def _bracket(gains: dict[int, float], n_parallel: int) -> tuple[int, int] | None:
@@ -218,6 +232,11 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                 f"(`tuner profile SPEC.toml --levels {levels_arg}`), then recommend again",
             )
         )
+    plain_advantage = _plain_advantage(model, result, values[chosen])
+    if plain_advantage is not None:
+        said = plain_reason(plain_advantage, chosen, values[chosen].value, unit)
+        if said is not None:
+            reasons.insert(0, said)
     samples = np.asarray(values[chosen].samples)
     if len(samples):
         obj_lo, obj_hi = model.bounds(samples[:, None])
@@ -240,4 +259,61 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
         reasons,
         measure_next,
         alternatives,
+        plain_advantage,
+    )
+
+
+def _plain_advantage(
+    model: CostModel, result: SearchResult, chosen: Evaluation
+) -> tuple[float, float, float] | None:
+    goal = result.objective if result.objective is not None else np.asarray(result.weights)
+    if not isinstance(goal, Objective) and not len(goal):
+        return None
+    return plain_advantage(model, goal, chosen)
+
+
+def plain_advantage(
+    model: CostModel, goal: Objective | np.ndarray, chosen: Evaluation | Policy
+) -> tuple[float, float, float] | None:
+    """Plain's objective less the chosen policy's: the point and the one-sided 95 % bounds of
+    the difference over the bootstrap replicates (paired: each replicate scores both); None
+    where the objective cannot score a server without drafts."""
+    try:
+        if isinstance(chosen, Policy):
+            chosen = evaluate(model, chosen, goal)
+        plain = evaluate(model, Policy.plain(), goal)
+    except (ValueError, ZeroDivisionError):
+        return None
+    point = plain.value - chosen.value
+    diff = np.asarray(plain.samples) - np.asarray(chosen.samples)
+    if len(diff) != len(chosen.samples) or not len(diff):
+        return point, point, point
+    low, high = model.bounds(diff[:, None])
+    return point, float(np.ravel(low)[0]), float(np.ravel(high)[0])
+
+
+def plain_reason(
+    advantage: tuple[float, float, float], chosen: int, objective: float, unit: str = "tok/s"
+) -> Reason | None:
+    """What the data say where plain is predicted ahead of the chosen N: shown (drafting does
+    not pay) or not yet (unresolved across launches); None where drafting is predicted ahead."""
+    point, low, high = advantage
+    if point <= 0:
+        return None
+    share = point / objective if objective else float("nan")
+    figures = (
+        f"plain (no draft model) ahead of N={chosen} by {point:.3g} {unit} ({_pct(share)}; "
+        f"one-sided 95 % bounds [{low:+.3g}, {high:+.3g}], plain and drafting on separate "
+        "launches)"
+    )
+    if low > 0:
+        return Reason(
+            ReasonCode.PLAIN_AHEAD,
+            f"drafting does not pay for this traffic: {figures}; serve without the draft "
+            f"model (N={chosen} is the least costly threshold for a server that keeps it)",
+        )
+    return Reason(
+        ReasonCode.PLAIN_UNRESOLVED,
+        f"whether to draft at all is unresolved: {figures}; a profile with more passes "
+        "(`--set workload.min_repeats=4`) measures plain and drafting launches again",
     )

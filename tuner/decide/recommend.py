@@ -216,6 +216,7 @@ def recommend(
         alternatives=choice.alternatives,
         objective_kind=goal.kind.value,
         objective_text=goal.describe(choice.objective),
+        plain_advantage=choice.plain_advantage,
     )
     if interpolated:
         rec.made_now = True

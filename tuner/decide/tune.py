@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.decide import recommend, search, settle, validate
+from tuner.decide import choice, recommend, search, settle, validate
 from tuner.decide.paired import BEHIND, LevelDiffs
 from tuner.errors import ConfigError
 from tuner.measure.backend import Backend
@@ -159,6 +159,11 @@ class TuneReport:
                 f"{line} now stands: the live comparisons changed the recommendation from "
                 f"N={self.started_from.max_slots}"
             )
+        if not self.standing.drafting_pays:
+            return (
+                f"{line} stands among thresholds, but plain is ahead of it: serve without the "
+                "draft model (see its first reason)"
+            )
         return f"{line} stands after the live comparisons (unchanged)"
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,6 +185,13 @@ class TuneReport:
             "seconds": self.seconds,
             "history": self.history,
             "pairs": {c: d.n for c, d in sorted(self.gains.items())},
+            # whether to draft at all: the model on plain's launches against the answer
+            "drafting_pays": self.standing.drafting_pays if self.standing else None,
+            "plain_advantage": (
+                list(self.standing.plain_advantage)
+                if self.standing and self.standing.plain_advantage
+                else None
+            ),
         }
 
 
@@ -343,7 +355,7 @@ def tune(
     study = _study(store, name, seed)
     _tell(study, report.settled, answer, n_max, objective, tune_n_max)
     report.standing = _store_live(
-        store, model_name, host, answer, n_max, objective, report, rec, tune_n_max
+        store, model_name, host, answer, n_max, objective, report, rec, tune_n_max, weights
     )
     return report
 
@@ -409,13 +421,21 @@ def _store_live(
     report: TuneReport,
     started: Recommendation,
     tune_n_max: bool,
+    weights: np.ndarray,
 ) -> Recommendation:
-    """The settled answer as the recommendation that stands for the fit of the data now."""
+    """The settled answer as the recommendation that stands for the fit of the data now. Live
+    pairs compare thresholds on the drafting launch; whether to draft at all rests on plain's
+    launches, so the model says it, on the fit of the data now, as recommend does."""
     standing = report.settled
     assert standing is not None
     fit = current_fit(store, model_name, host)
     policy = Policy.of_max_slots(answer, n_max)
     reasons = [_head_reason(standing, answer, report)]
+    against_plain = choice.plain_advantage(fit.model, np.asarray(weights), policy)
+    if against_plain is not None:
+        said = choice.plain_reason(against_plain, answer, objective)
+        if said is not None:
+            reasons.insert(0, said)
     for comp in standing.comparisons:
         low, high = comp.advantage.bounds(settle.CONFIDENCE)
         code = ReasonCode.PRUNED if comp.verdict == BEHIND else ReasonCode.LIVE_TRIALS
@@ -456,6 +476,7 @@ def _store_live(
         alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
         tie=list(standing.tie),
+        plain_advantage=against_plain,
     )
     recommendations.save(store, rec, {"tune": report.as_dict()})
     return rec
