@@ -396,7 +396,8 @@ def test_a_clear_gain_is_not_a_tie() -> None:
     assert choice.policy.max_slots == choice.model_optimum == 6
     assert choice.measure_next == []
     # drafting up to 6 streams is shown ahead of plain: nothing to say about drafting at all
-    assert choice.plain_advantage is not None and choice.plain_advantage[2] < 0
+    assert choice.plain.advantage is not None and choice.plain.advantage[2] < 0
+    assert not choice.plain.plain_ahead and not choice.plain.behind
     assert not {ReasonCode.PLAIN_AHEAD, ReasonCode.PLAIN_UNRESOLVED} & set(codes(choice.reasons))
     assert ReasonCode.WITHIN_UNCERTAINTY not in codes(choice.reasons)
     assert ReasonCode.MEASURE_NEXT not in codes(choice.reasons)
@@ -419,11 +420,31 @@ def test_plain_ahead_everywhere_recommends_the_least_drafting() -> None:
     _, choice = choice_for(hand_model(40.0, spread=0.0001), {1: -0.3, 8: -0.8})
     assert choice.policy.max_slots == 1
     # Draft at all? Plain is shown ahead of N=1 in the objective: said first, with its figure.
-    assert choice.plain_ahead and choice.plain_advantage is not None
-    point, low, high = choice.plain_advantage
+    assert choice.plain.plain_ahead and choice.plain.advantage is not None
+    point, low, high = choice.plain.advantage
     assert 0 < low <= point <= high
+    # and by the mechanism: spec shown behind plain at the one level N=1 drafts at
+    assert [c for c, *_ in choice.plain.behind] == [1] and choice.plain.behind[0][3] < 0
     assert codes(choice.reasons)[:2] == [ReasonCode.PLAIN_AHEAD, ReasonCode.PLAIN_EVERYWHERE]
     assert "drafting does not pay" in choice.reasons[0].text
+
+
+def test_spec_behind_plain_where_n_drafts_shows_plain_ahead_through_a_noisy_overhead() -> None:
+    # spec 14 % behind plain at 1 stream, tightly; the threshold server's overhead against plain
+    # (fitted across launches) anywhere within +-8 % over the replicates, so the objective's own
+    # bootstrap cannot show plain ahead of N=1. The mechanism can: N=1 drafts at 1 stream only,
+    # where spec is shown behind, and a server not drafting is no faster than plain.
+    model = hand_model(12.0, spread=0.0001)
+    rng = np.random.default_rng(1)
+    for rep in model.replicates:
+        rep["threshold_overhead"] = float(0.08 * rng.standard_normal())
+    _, choice = choice_for(model, {1: -0.14, 8: -0.8})
+    assert choice.policy.max_slots == 1
+    assert choice.plain.advantage is not None and choice.plain.advantage[1] < 0
+    assert choice.plain.plain_ahead
+    assert [c for c, *_ in choice.plain.behind] == [1]
+    assert choice.reasons[0].code is ReasonCode.PLAIN_AHEAD
+    assert "spec is behind plain at every level N=1 drafts at" in choice.reasons[0].text
 
 
 def test_plain_ahead_by_less_than_the_replicates_spread_is_unresolved() -> None:
@@ -431,9 +452,10 @@ def test_plain_ahead_by_less_than_the_replicates_spread_is_unresolved() -> None:
     # its cost anywhere from well ahead to well behind: plain's lead is not shown, and said so.
     _, choice = choice_for(hand_model(8.5, spread=0.1), {1: -0.02, 8: -0.8})
     assert choice.policy.max_slots == 1
-    assert choice.plain_advantage is not None and not choice.plain_ahead
-    point, low, high = choice.plain_advantage
+    assert choice.plain.advantage is not None and not choice.plain.plain_ahead
+    point, low, high = choice.plain.advantage
     assert low < 0 < point < high
+    assert not choice.plain.behind  # nor is spec shown behind at 1 stream
     assert choice.reasons[0].code is ReasonCode.PLAIN_UNRESOLVED
     assert ReasonCode.PLAIN_AHEAD not in codes(choice.reasons)
 

@@ -122,13 +122,9 @@ class Recommendation:
     # smallest of them; empty where no tie was shown.
     tie: list[int] = field(default_factory=list)
     # Plain's objective less this policy's, with one-sided 95 % bounds: (point, low, high); None
-    # where not judged. Plain shown ahead (low above 0): drafting does not pay for this traffic.
+    # where not judged.
     plain_advantage: tuple[float, float, float] | None = None
-
-    @property
-    def drafting_pays(self) -> bool:
-        """False where plain (no draft model) was shown ahead of this policy."""
-        return self.plain_advantage is None or self.plain_advantage[1] <= 0
+    drafting_pays: bool = True  # False where plain (no draft model) was shown ahead
 
     @property
     def max_slots(self) -> int:
@@ -266,4 +262,5 @@ class Recommendation:
                 if (adv := details.get("plain_advantage")) and None not in adv
                 else None
             ),
+            drafting_pays=details.get("drafting_pays") is not False,
         )

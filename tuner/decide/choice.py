@@ -42,14 +42,7 @@ class Choice:
     reasons: list[Reason]
     measure_next: list[int]
     alternatives: list[dict[str, Any]]
-    # Plain's objective less the chosen's: point and one-sided 95 % bounds (bootstrap); None
-    # where the objective cannot score plain.
-    plain_advantage: tuple[float, float, float] | None = None
-
-    @property
-    def plain_ahead(self) -> bool:
-        """Plain shown ahead of the chosen N: drafting does not pay for this traffic."""
-        return self.plain_advantage is not None and self.plain_advantage[1] > 0
+    plain: PlainVerdict  # draft at all?
 
 
 def _bracket(gains: dict[int, float], n_parallel: int) -> tuple[int, int] | None:
@@ -232,11 +225,10 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                 f"(`tuner profile SPEC.toml --levels {levels_arg}`), then recommend again",
             )
         )
-    plain_advantage = _plain_advantage(model, result, values[chosen])
-    if plain_advantage is not None:
-        said = plain_reason(plain_advantage, chosen, values[chosen].value, unit)
-        if said is not None:
-            reasons.insert(0, said)
+    plain = _plain_verdict(model, result, values[chosen])
+    said = plain.reason(values[chosen].value, unit)
+    if said is not None:
+        reasons.insert(0, said)
     samples = np.asarray(values[chosen].samples)
     if len(samples):
         obj_lo, obj_hi = model.bounds(samples[:, None])
@@ -259,61 +251,100 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
         reasons,
         measure_next,
         alternatives,
-        plain_advantage,
+        plain,
     )
 
 
-def _plain_advantage(
-    model: CostModel, result: SearchResult, chosen: Evaluation
-) -> tuple[float, float, float] | None:
+def _plain_verdict(model: CostModel, result: SearchResult, chosen: Evaluation) -> PlainVerdict:
     goal = result.objective if result.objective is not None else np.asarray(result.weights)
-    if not isinstance(goal, Objective) and not len(goal):
-        return None
-    return plain_advantage(model, goal, chosen)
+    return plain_verdict(model, goal, chosen)
 
 
-def plain_advantage(
-    model: CostModel, goal: Objective | np.ndarray, chosen: Evaluation | Policy
-) -> tuple[float, float, float] | None:
-    """Plain's objective less the chosen policy's: the point and the one-sided 95 % bounds of
-    the difference over the bootstrap replicates (paired: each replicate scores both); None
-    where the objective cannot score a server without drafts."""
-    try:
-        if isinstance(chosen, Policy):
-            chosen = evaluate(model, chosen, goal)
-        plain = evaluate(model, Policy.plain(), goal)
-    except (ValueError, ZeroDivisionError):
-        return None
-    point = plain.value - chosen.value
-    diff = np.asarray(plain.samples) - np.asarray(chosen.samples)
-    if len(diff) != len(chosen.samples) or not len(diff):
-        return point, point, point
-    low, high = model.bounds(diff[:, None])
-    return point, float(np.ravel(low)[0]), float(np.ravel(high)[0])
+@dataclass(frozen=True)
+class PlainVerdict:
+    """Draft at all? The chosen policy against plain (no draft model loaded).
 
+    Shown ahead one of two ways: plain's objective above the chosen's at the one-sided 95 %
+    bound over the bootstrap replicates (paired: each replicate scores both); or spec behind
+    plain at that bound at every level the policy drafts at, since where a threshold server
+    does not draft it runs the same target steps as plain with a draft model beside them, and
+    is no faster. Plain and drafting are separate launches, so this is the one question that
+    rests on rows measured across launches."""
 
-def plain_reason(
-    advantage: tuple[float, float, float], chosen: int, objective: float, unit: str = "tok/s"
-) -> Reason | None:
-    """What the data say where plain is predicted ahead of the chosen N: shown (drafting does
-    not pay) or not yet (unresolved across launches); None where drafting is predicted ahead."""
-    point, low, high = advantage
-    if point <= 0:
-        return None
-    share = point / objective if objective else float("nan")
-    figures = (
-        f"plain (no draft model) ahead of N={chosen} by {point:.3g} {unit} ({_pct(share)}; "
-        f"one-sided 95 % bounds [{low:+.3g}, {high:+.3g}], plain and drafting on separate "
-        "launches)"
-    )
-    if low > 0:
+    chosen: int  # the policy's N
+    advantage: tuple[float, float, float] | None  # plain - chosen objective: point, low, high
+    # where the policy drafts and spec is behind plain there: (c, point, low, high) per level,
+    # empty unless spec is shown behind at every such level
+    behind: tuple[tuple[int, float, float, float], ...] = ()
+
+    @property
+    def plain_ahead(self) -> bool:
+        return bool(self.behind) or (self.advantage is not None and self.advantage[1] > 0)
+
+    def reason(self, objective: float, unit: str = "tok/s") -> Reason | None:
+        """Plain shown ahead (drafting does not pay) or predicted ahead but not shown
+        (unresolved); None where drafting is predicted ahead."""
+        figures = ""
+        if self.advantage is not None:
+            point, low, high = self.advantage
+            share = point / objective if objective else float("nan")
+            figures = (
+                f"plain (no draft model) {'ahead of' if point > 0 else 'behind'} N={self.chosen} "
+                f"by {abs(point):.3g} {unit} ({_pct(share)}; one-sided 95 % bounds "
+                f"[{low:+.3g}, {high:+.3g}], plain and drafting on separate launches)"
+            )
+        if self.plain_ahead:
+            where = ""
+            if self.behind:
+                where = (
+                    "spec is behind plain at every level N="
+                    f"{self.chosen} drafts at ("
+                    + ", ".join(
+                        f"{_streams(c)}: {_pct(p)} [{_pct(lo)}, {_pct(hi)}]"
+                        for c, p, lo, hi in self.behind
+                    )
+                    + "), and a threshold server not drafting is no faster than plain"
+                )
+            said = "; ".join(x for x in (where, figures) if x)
+            return Reason(
+                ReasonCode.PLAIN_AHEAD,
+                f"drafting does not pay for this traffic: {said}; serve without the draft "
+                f"model (N={self.chosen} is the least costly threshold for a server that keeps "
+                "it)",
+            )
+        if self.advantage is None or self.advantage[0] <= 0:
+            return None
         return Reason(
-            ReasonCode.PLAIN_AHEAD,
-            f"drafting does not pay for this traffic: {figures}; serve without the draft "
-            f"model (N={chosen} is the least costly threshold for a server that keeps it)",
+            ReasonCode.PLAIN_UNRESOLVED,
+            f"whether to draft at all is unresolved: {figures}; a profile with more passes "
+            "(`--set workload.min_repeats=4`) measures plain and drafting launches again",
         )
-    return Reason(
-        ReasonCode.PLAIN_UNRESOLVED,
-        f"whether to draft at all is unresolved: {figures}; a profile with more passes "
-        "(`--set workload.min_repeats=4`) measures plain and drafting launches again",
-    )
+
+
+def plain_verdict(
+    model: CostModel, goal: Objective | np.ndarray, chosen: Evaluation | Policy
+) -> PlainVerdict:
+    """The chosen policy against plain in the objective goal (see PlainVerdict)."""
+    policy = chosen if isinstance(chosen, Policy) else chosen.policy
+    n = policy.max_slots or 0
+    advantage: tuple[float, float, float] | None = None
+    if isinstance(goal, Objective) or len(goal):
+        try:
+            if isinstance(chosen, Policy):
+                chosen = evaluate(model, chosen, goal)
+            plain = evaluate(model, Policy.plain(), goal)
+        except (ValueError, ZeroDivisionError):
+            plain = None  # an objective that cannot score a server without drafts
+        if plain is not None:
+            point = plain.value - chosen.value
+            diff = np.asarray(plain.samples) - np.asarray(chosen.samples)
+            if len(diff) and len(diff) == len(chosen.samples):
+                low, high = (float(np.ravel(b)[0]) for b in model.bounds(diff[:, None]))
+                advantage = (point, low, high)
+            else:
+                advantage = (point, point, point)
+    drafts_at = range(1, policy.effective(model.n_parallel) + 1)
+    gain = model.gain(policy.n_max, against="plain")
+    per_level = [(c, *gain.at(c)[:3]) for c in drafts_at]
+    behind = tuple(per_level) if per_level and all(hi < 0 for *_, hi in per_level) else ()
+    return PlainVerdict(n, advantage, behind)

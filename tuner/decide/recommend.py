@@ -216,7 +216,8 @@ def recommend(
         alternatives=choice.alternatives,
         objective_kind=goal.kind.value,
         objective_text=goal.describe(choice.objective),
-        plain_advantage=choice.plain_advantage,
+        plain_advantage=choice.plain.advantage,
+        drafting_pays=not choice.plain.plain_ahead,
     )
     if interpolated:
         rec.made_now = True

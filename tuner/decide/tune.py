@@ -431,11 +431,10 @@ def _store_live(
     fit = current_fit(store, model_name, host)
     policy = Policy.of_max_slots(answer, n_max)
     reasons = [_head_reason(standing, answer, report)]
-    against_plain = choice.plain_advantage(fit.model, np.asarray(weights), policy)
-    if against_plain is not None:
-        said = choice.plain_reason(against_plain, answer, objective)
-        if said is not None:
-            reasons.insert(0, said)
+    plain = choice.plain_verdict(fit.model, np.asarray(weights), policy)
+    said = plain.reason(objective)
+    if said is not None:
+        reasons.insert(0, said)
     for comp in standing.comparisons:
         low, high = comp.advantage.bounds(settle.CONFIDENCE)
         code = ReasonCode.PRUNED if comp.verdict == BEHIND else ReasonCode.LIVE_TRIALS
@@ -476,7 +475,8 @@ def _store_live(
         alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
         tie=list(standing.tie),
-        plain_advantage=against_plain,
+        plain_advantage=plain.advantage,
+        drafting_pays=not plain.plain_ahead,
     )
     recommendations.save(store, rec, {"tune": report.as_dict()})
     return rec
