@@ -48,8 +48,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "at-least-n": (
         "tuner/model/costmodel.py",
-        "return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))",
-        "return np.where(c < policy.max_slots, spec, self.threshold_tps(c))",
+        "return np.asarray(c) <= policy.max_slots",
+        "return np.asarray(c) < policy.max_slots",
     ),
     "one-standard-error": (
         "tuner/decide/paired.py",

@@ -134,6 +134,13 @@ class Crossover:
         }
 
 
+def _drafts(c: np.ndarray, policy: Policy) -> np.ndarray:
+    """Where a threshold policy drafts: while at most N slots generate (the patch starts no new
+    draft while more than N do). The one place the model counts the threshold."""
+    assert policy.max_slots is not None
+    return np.asarray(c) <= policy.max_slots
+
+
 @dataclass
 class CostModel:
     """A fitted model of one server: step costs, acceptance and bootstrap replicates."""
@@ -209,7 +216,7 @@ class CostModel:
         spec = self.spec_tps(c, policy.n_max)
         if policy.is_always:
             return spec
-        return np.where(c <= policy.max_slots, spec, self.threshold_tps(c))
+        return np.where(_drafts(c, policy), spec, self.threshold_tps(c))
 
     def level_tps(self, policy: Policy) -> np.ndarray:
         """policy_tps at levels 1..n_parallel, each regime's curve computed once per model (the
@@ -221,7 +228,7 @@ class CostModel:
         if policy.is_always:
             return spec
         off = self._regime("off", 0, self.threshold_tps)
-        return np.where(self.levels <= policy.max_slots, spec, off)
+        return np.where(_drafts(self.levels, policy), spec, off)
 
     def _regime(self, kind: str, n: int, tps: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         key = (kind, n)
