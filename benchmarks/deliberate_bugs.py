@@ -47,9 +47,9 @@ BUGS: dict[str, tuple[str, str, str]] = {
         "    w = np.zeros(n_parallel)\n    if True:  # the bug: the traffic's weights ignored\n",
     ),
     "at-least-n": (
-        "tuner/model/costmodel.py",
-        "return np.asarray(c) <= policy.max_slots",
-        "return np.asarray(c) < policy.max_slots",
+        "tuner/policy.py",
+        "return self.max_slots == 0 or streams <= self.max_slots",
+        "return self.max_slots == 0 or streams < self.max_slots",
     ),
     "one-standard-error": (
         "tuner/decide/paired.py",

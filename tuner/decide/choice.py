@@ -6,11 +6,9 @@
    spread of the objective difference over the bootstrap replicates), the smaller N, saying so.
 3. Why, in terms of levels, and which unmeasured levels the choice rests on while the data
    cannot decide their sign (measure next).
-4. Draft at all? The chosen N against plain (no draft model loaded) in the same objective:
-   where the bootstrap's one-sided 95 % bound shows plain ahead, drafting does not pay for this
-   traffic, and the answer says so first (N stays the least costly threshold for a server that
-   keeps its draft). Plain and the threshold server are separate launches, so this is the one
-   question that rests on rows measured across launches.
+4. Draft at all? The chosen N against plain (no draft model loaded), see PlainVerdict: where
+   plain is shown ahead, drafting does not pay for this traffic, and the answer says so first
+   (N stays the least costly threshold for a server that keeps its draft).
 
 Every reason carries a code (ReasonCode) beside its text, so programs and tests read the code.
 Pure: reads only the cost model and the study's evaluations (tuner.decide.search).
@@ -336,13 +334,10 @@ def plain_verdict(
         except (ValueError, ZeroDivisionError):
             plain = None  # an objective that cannot score a server without drafts
         if plain is not None:
-            point = plain.value - chosen.value
+            # both scored on the same replicates (the point estimate alone where none)
             diff = np.asarray(plain.samples) - np.asarray(chosen.samples)
-            if len(diff) and len(diff) == len(chosen.samples):
-                low, high = (float(np.ravel(b)[0]) for b in model.bounds(diff[:, None]))
-                advantage = (point, low, high)
-            else:
-                advantage = (point, point, point)
+            low, high = (float(np.ravel(b)[0]) for b in model.bounds(diff[:, None]))
+            advantage = (plain.value - chosen.value, low, high)
     drafts_at = range(1, policy.effective(model.n_parallel) + 1)
     gain = model.gain(policy.n_max, against="plain")
     per_level = [(c, *gain.at(c)[:3]) for c in drafts_at]

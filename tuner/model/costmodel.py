@@ -135,10 +135,9 @@ class Crossover:
 
 
 def _drafts(c: np.ndarray, policy: Policy) -> np.ndarray:
-    """Where a threshold policy drafts: while at most N slots generate (the patch starts no new
-    draft while more than N do). The one place the model counts the threshold."""
-    assert policy.max_slots is not None
-    return np.asarray(c) <= policy.max_slots
+    """Policy.drafts_at over an array of levels: the model counts the threshold by the same
+    rule as the profiler and the schedule."""
+    return np.vectorize(policy.drafts_at, otypes=[bool])(np.asarray(c))
 
 
 @dataclass
