@@ -1,13 +1,14 @@
 """Context depth on the real bench: every level measured at each depth in the same launches,
 stored with its depth, fitted per depth, and recommend answering for a depth it measured.
 
-A decode step reads every slot's KV cache: at 1024 tokens of context the bench's 135M F32
-target reads more per step at 2 streams than at none, and attention over the cache comes on top
-(about 11 ms per decode row per 1000 tokens held: a plain step at 2 streams about 1.5 times as
-long, a drafting step's 14 rows far more). Both depths are measured on the same launch, so the
-slowdown is a contrast a 30 % spell of the machine does not flip; the test asserts only its sign
-and a 5 % floor. One repeat per level and no preflight: what is tested is that each depth is
-prefilled, measured, stored and fitted on its own, not the figures.
+That the deep context was really there is read from the server's own accounting (a deep
+request processed no more than the token or two decoding starts from: the rest came from the
+cache), not from speed. The step-time contrast between depths (seen 1.63 plain and 1.89 spec
+times slower at 2 streams) is not asserted: one round per cell, and a spell of this VM once
+made the spec cells 1.03 apart (86.4 against 83.5 ms). benchmarks/depth.py prints the figures;
+how the model uses a slowdown is tests/test_depth_model.py's, on data with a known one. One
+repeat per level and no preflight: what is tested is that each depth is prefilled, measured,
+stored and fitted on its own, not the figures.
 """
 
 from __future__ import annotations
@@ -83,11 +84,6 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     # Each pass's launch measured both depths: the same pass at both.
     for config in ("plain", "spec"):
         assert passes[(config, 2, 0)] == passes[(config, 2, DEEP)]
-    # Deeper context, slower steps: seen 1.63 (plain) and 1.89 (spec) times slower at 2 streams,
-    # same launch and pass; a 30 % slow spell on the shallow cell alone would leave 1.14.
-    for config in ("plain", "spec"):
-        assert step[(config, 2, DEEP)] > 1.05 * step[(config, 2, 0)], step
-
     data = tuner_json(env, "fit", "--model", MODEL)
     assert data["inputs"]["context_tokens"] == 0 and data["inputs"]["depths"] == [0, DEEP]
     assert set(data["crossover_by_depth"]) == {"0", str(DEEP)}
