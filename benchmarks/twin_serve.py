@@ -85,7 +85,7 @@ def twin_binary(workdir: Path) -> Path:
     if beside.exists():
         return beside
     script = workdir / "tuner-twin-server"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.command "$@"\n')
     script.chmod(0o755)
     return script
 

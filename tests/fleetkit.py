@@ -119,7 +119,7 @@ def llama_servers(marker: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         cmdline = _read(entry / "cmdline")
-        if b"llama-server" not in cmdline.split(b"\0")[0] and b"tuner.twin.server" not in cmdline:
+        if b"llama-server" not in cmdline.split(b"\0")[0] and b"tuner.twin.command" not in cmdline:
             continue
         if needle not in _read(entry / "environ") and needle not in cmdline:
             continue

@@ -34,8 +34,9 @@ from tuner.policy import Policy
 from tuner.traffic import TrafficProfile
 from tuner.twin import tokenizer
 from tuner.twin.backend import TwinBackend
+from tuner.twin.command import main
 from tuner.twin.launch import ArgError, launch_world, parse_args
-from tuner.twin.server import TwinServer, main
+from tuner.twin.server import TwinServer
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"

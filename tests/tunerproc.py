@@ -126,7 +126,7 @@ def twin_server_script(folder: Path) -> Path:
     """An executable in folder that runs the twin server with this interpreter (what the
     package's tuner-twin-server script does, wherever the test runs from)."""
     path = folder / "tuner-twin-server"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.server "$@"\n')
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tuner.twin.command "$@"\n')
     path.chmod(0o755)
     return path
 

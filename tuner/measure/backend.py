@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import client, metrics
 from tuner.measure.client import LlamaClient
-from tuner.measure.load import LoadGenerator, RequestSample, Workload
+from tuner.measure.load import LoadGenerator, RequestSample, Workload, summarize
 from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
 from tuner.measure.schedule import Cell
 from tuner.measure.server import ManagedServer
@@ -38,11 +38,14 @@ from tuner.policy import Policy
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 RELAUNCH, LIVE, ATTACHED = "relaunch", "live", "attached"
 SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
-# Tokens per stream of the rounds that check the live switch: enough that drafting at threshold
-# 0 (a draft every few tokens a stream) stands well clear of the few drafts a threshold of 1
-# still lets through while the second stream's prompt is processed (at 24 tokens the bench
-# drafted 12 at 0 and 4 at 1, too close for the rule below).
-CHECK_TOKENS = 64
+# Tokens per stream of the two streamed rounds that check the live switch. The check counts the
+# draft tokens made while both streams generated (the window of summarize, from the server's
+# per-token draft counters), so the drafts a threshold of 1 lets through while the second
+# stream's prompt is processed, which made a whole-round count need 64 tokens a stream, do not
+# count. At 32 the bench drafted 44-47 tokens in that window at threshold 0 and 0-3 at 1 (the
+# allowance in flight: 12); longer drafts accept more a step and take fewer steps, so the rounds
+# grow with n_max (5 tokens a draft position) to keep several steps in the window.
+CHECK_TOKENS = 32
 
 
 @dataclass
@@ -56,6 +59,34 @@ class Measured:
     # Where requests failed: what the backend makes of it (the server's death named, or a hang),
     # for the level's error; None where it knows nothing more than the requests' own errors.
     failure: str | None = None
+
+
+def switch_problem(name: str, drafted: dict[int, int | None], n_max: int) -> str | None:
+    """The live switch check's verdict, pure: drafted holds the draft tokens a server made while
+    both of 2 streams generated, at threshold 1 and at 0 (None: no per-token counters). Threshold
+    1 may finish the drafts in flight when the second stream started (n_max a stream, the
+    profiler's allowance too) and start none; threshold 0 must draft past that allowance, or
+    nothing shows that the switch works. None where both hold, else why not."""
+    in_flight = 2 * n_max
+    at_one, at_zero = drafted.get(1), drafted.get(0)
+    if at_one is None or at_zero is None:
+        return (
+            f"{name} gives no per-token draft counters (timings_per_token), so the switch "
+            "cannot be seen to work"
+        )
+    if at_zero <= in_flight:
+        return (
+            f"{name} drafted {at_zero} tokens while 2 streams generated with the threshold at 0 "
+            f"(no more than the {in_flight} that may be in flight), so the switch cannot be "
+            "seen to work"
+        )
+    if at_one > in_flight:
+        return (
+            f"the draft counters of {name} did not follow the switch ({at_one} draft tokens while "
+            f"2 streams generated at threshold 1, more than the {in_flight} that may be in "
+            f"flight; {at_zero} at 0)"
+        )
+    return None
 
 
 class Backend(Protocol):
@@ -148,7 +179,7 @@ class ServerBackend:
             return self.way  # checked when a drafting policy first needs the server
         self._checked = True
         server = self._serve(drafting[0], check=False)
-        problem = self._switch_problem(server)
+        problem = self._switch_problem(server, drafting[0].n_max or self.spec.speculative.n_max)
         if problem is None:
             self.observer(
                 ProgressEvent(
@@ -167,33 +198,25 @@ class ServerBackend:
         self.observer(ProgressEvent("message", text=note))
         return self.way
 
-    def _switch_problem(self, server: ManagedServer) -> str | None:
-        """Why the live switch cannot be trusted on this launch, or None."""
+    def _switch_problem(self, server: ManagedServer, n_max: int) -> str | None:
+        """Why the live switch cannot be trusted on this launch, or None: a streamed round of 2
+        streams at threshold 1, then at 0, judged by switch_problem."""
         try:
             if client.max_slots(server.url) is None:
                 return f"{server.name} does not report spec_draft_max_slots in GET /props"
-            counts = {}
-            check = Workload(prompt_tokens=8, max_tokens=CHECK_TOKENS, stream=False)
+            drafted: dict[int, int | None] = {}
+            tokens = max(CHECK_TOKENS, 5 * n_max)
+            check = Workload(prompt_tokens=8, max_tokens=tokens, stream=True)
             for n in (1, 0):
                 self._set(server, n)
-                with LlamaClient(server.url) as api:
-                    before = api.metrics()
-                    LoadGenerator(server.url, check).run(2, round_key=0)
-                    after = api.metrics()
-                counts[n] = metrics.drafting_summary(after.since(before))["drafts"]
+                samples = LoadGenerator(server.url, check).run(2, round_key=0)
+                failed = [s for s in samples if not s.ok]
+                if failed:
+                    return f"a check round at threshold {n} failed ({failed[0].error})"
+                drafted[n] = summarize(samples, 2).window_drafted
         except (ServerError, LoadError) as exc:
             return str(exc).splitlines()[0]
-        if counts[0] <= 0:
-            return (
-                f"{server.name} drafted nothing with the threshold at 0, so the switch cannot "
-                "be seen to work"
-            )
-        if counts[1] * 4 > counts[0]:
-            return (
-                f"the draft counters of {server.name} did not follow the switch ({counts[1]:.0f} "
-                f"drafts with 2 streams at threshold 1, {counts[0]:.0f} at 0)"
-            )
-        return None
+        return switch_problem(server.name, drafted, n_max)
 
     @property
     def up_key(self) -> Hashable | None:

@@ -21,61 +21,53 @@ imported by their own module names:
 - `frozen`: the frozen set of worlds the method is graded on.
 """
 
-from tuner.twin.engine import (
-    Emission,
-    Engine,
-    Metrics,
-    Request,
-    RequestResult,
-    SimResult,
-    SlotState,
-    SlotView,
-    StepResult,
-    TwinError,
-    Workload,
-    closed_level,
-    policies,
-    request_seed,
-    simulate,
-)
-from tuner.twin.noise import NoiseParams, NoiseProcess, NoiseSpec
-from tuner.twin.truth import (
-    Cell,
-    Choice,
-    ClosedTruth,
-    OpenLoopTruth,
-    closed_truth,
-    open_loop_truth,
-)
-from tuner.twin.world import World, load_world, world_from_dict, world_to_toml
+from __future__ import annotations
 
-__all__ = [
-    "Cell",
-    "Choice",
-    "ClosedTruth",
-    "Emission",
-    "Engine",
-    "Metrics",
-    "NoiseParams",
-    "NoiseProcess",
-    "NoiseSpec",
-    "OpenLoopTruth",
-    "Request",
-    "RequestResult",
-    "SimResult",
-    "SlotState",
-    "SlotView",
-    "StepResult",
-    "TwinError",
-    "Workload",
-    "World",
-    "closed_level",
-    "closed_truth",
-    "load_world",
-    "open_loop_truth",
-    "policies",
-    "request_seed",
-    "simulate",
-    "world_from_dict",
-    "world_to_toml",
-]
+import importlib
+from typing import Any
+
+# Where each export lives. Loaded on first use (PEP 562), so that a process that needs only a
+# light module of the package (the twin server answering `--version`, as a preflight asks it
+# to, dozens of times in a test run) does not pay for numpy and the engine.
+_EXPORTS = {
+    "tuner.twin.engine": (
+        "Emission",
+        "Engine",
+        "Metrics",
+        "Request",
+        "RequestResult",
+        "SimResult",
+        "SlotState",
+        "SlotView",
+        "StepResult",
+        "TwinError",
+        "Workload",
+        "closed_level",
+        "policies",
+        "request_seed",
+        "simulate",
+    ),
+    "tuner.twin.noise": ("NoiseParams", "NoiseProcess", "NoiseSpec"),
+    "tuner.twin.truth": (
+        "Cell",
+        "Choice",
+        "ClosedTruth",
+        "OpenLoopTruth",
+        "closed_truth",
+        "open_loop_truth",
+    ),
+    "tuner.twin.world": ("World", "load_world", "world_from_dict", "world_to_toml"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tuner.twin' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_WHERE)

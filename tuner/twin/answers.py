@@ -15,9 +15,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tuner.twin import tokenizer
+from tuner.twin.command import BUILD_INFO
 from tuner.twin.engine import Request, RequestResult
 from tuner.twin.http import BadRequest, bad_request
-from tuner.twin.launch import BUILD_INFO
 from tuner.twin.live import Done, Tokens
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,19 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tuner import __version__
 from tuner.errors import ConfigError
 from tuner.inputs import validation_message
 from tuner.policy import Policy
 from tuner.twin.world import World, load_world
 
 MAX_SLOTS_ENV = "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"
-BUILD_INFO = f"twin-{__version__}"
-VERSION_TEXT = (
-    f"version: 0 ({BUILD_INFO})\n"
-    f"built with tuner twin on Python {platform.python_version()} for "
-    f"{platform.system()} {platform.machine()}"
-)
 
 
 class ArgError(ValueError):
@@ -268,50 +260,3 @@ def launch_world(args: ServerArgs) -> tuple[World, Policy]:
         raise ConfigError(f"--spec-draft-n-max {n_max}: the twin drafts at most 64 tokens")
     policy = Policy.of_max_slots(args.max_slots, n_max) if args.drafting else Policy.plain()
     return world, policy
-
-
-HELP_TEXT = """usage: tuner-twin-server [options]
-
-The tuner's twin of llama-server: a simulated server whose world file stands in for the model.
-
------ common params -----
-
--m,    --model FNAME                    the twin's world file (TOML; see tuner.twin.world)
--np,   --parallel N                     number of server slots (default: the world's n_parallel)
--c,    --ctx-size N                     size of the context (per slot ctx/parallel; all of it
-                                        with --kv-unified; default: the world's slot_context)
--b,    --batch-size N                   rows of one step (default: the world's n_batch)
--kvu,  --kv-unified                     one KV buffer shared by all slots
--s,    --seed SEED                      seed of the step-time noise and of requests that bring
-                                        none (default: random)
--t,    --threads N                      accepted, no effect
-
------ speculative params -----
-
--md,   --model-draft FNAME              load a draft model: the world's drafting server (the
-                                        file is not read)
---spec-type TYPE                        speculative type; any but none drafts
---spec-draft-n-max N                    number of tokens to draft (default: the world's n_max)
---spec-draft-max-slots N                start no new drafts while more than N slots are
-                                        generating, 0 = no limit (default: 0)
-                                        (env: LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS)
---spec-synth-len L                      synthetic mean acceptance length (over the world's)
---spec-synth-rates P0,P1,...            synthetic acceptance per position (over the world's)
-
------ server params -----
-
---host HOST                             ip address to listen on (default: 127.0.0.1)
---port PORT                             port to listen on (default: 8080)
---api-key KEY                           API key the clients must send
--a,    --alias NAME                     model name in responses (default: the world's
-                                        model_name)
---metrics                               enable prometheus compatible metrics endpoint
---props                                 enable changing global properties via POST /props
---slots, --no-slots                     expose slots monitoring endpoint (default: enabled)
-
------ twin params -----
-
---speed X                               virtual time runs X times faster than the wall
-                                        (default: 1)
---noise PRESET                          off, quiet or vm, over the world's [noise] preset
-"""

@@ -1,11 +1,11 @@
 """The twin as an HTTP server: a simulated llama-server that the tuner launches, measures,
 switches live and observes exactly as it does the real one (issue 25).
 
-`tuner-twin-server` takes llama-server's command line (tuner.twin.launch), the world file as
-`--model`, so a profile spec names it as `server.binary` and the world as `server.model`
-(example: profiles/twin/bench-twin.toml); `tuner twin serve WORLD` starts the same server by hand.
-`--help` lists the flags (--spec-draft-max-slots among them), `--version` and `--list-devices`
-answer as llama-server does.
+`tuner-twin-server` (tuner.twin.command, which answers `--help`, `--version` and
+`--list-devices` as llama-server does, the flags --spec-draft-max-slots among them) takes
+llama-server's command line (tuner.twin.launch), the world file as `--model`, so a profile spec
+names it as `server.binary` and the world as `server.model` (example:
+profiles/twin/bench-twin.toml); `tuner twin serve WORLD` starts the same server by hand.
 
 Endpoints, shaped as llama-server 11434 with the tuner's patch shapes them: /health, GET /props
 (total_slots, model_path, default_generation_settings.n_ctx, build_info, endpoint_*,
@@ -49,6 +49,7 @@ from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.twin import tokenizer
 from tuner.twin.answers import MAX_SLOTS_KEY, Answer, parse_max_slots_body
+from tuner.twin.command import BUILD_INFO
 from tuner.twin.engine import Engine, Request
 from tuner.twin.http import (
     BadRequest,
@@ -62,9 +63,6 @@ from tuner.twin.http import (
     sse,
 )
 from tuner.twin.launch import (
-    BUILD_INFO,
-    HELP_TEXT,
-    VERSION_TEXT,
     ArgError,
     ServerArgs,
     launch_world,
@@ -602,18 +600,9 @@ def serve(args: ServerArgs, log: Callable[[str], None] | None = None) -> None:
     asyncio.run(main())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`tuner-twin-server`: llama-server's command line, a twin behind it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in argv or "-h" in argv:
-        print(HELP_TEXT)
-        return 0
-    if "--version" in argv:
-        print(VERSION_TEXT, file=sys.stderr)
-        return 0
-    if "--list-devices" in argv:
-        print("Available devices:")
-        return 0
+def run(argv: Sequence[str]) -> int:
+    """Serve llama-server's command line argv (tuner.twin.command answers the probes); the exit
+    status llama-server would give."""
     try:
         args = parse_args(argv)
         serve(args)
@@ -627,7 +616,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{BIND_FAILURE}: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
