@@ -82,8 +82,8 @@ def test_apply_live_sets_n_keeps_it_and_writes_the_env_file(
     thread = threading.Thread(target=override, daemon=True)
     thread.start()
     # Traffic: rounds of 96 tokens keep the slots busy most of each 5 s window (about 6 s of a
-    # 7 s one). The watcher is told to decide on 0.5 s of busy time (its default, 5 s, is a
-    # service's guard against idle spells): eight times below what the traffic gives, where 5 s
+    # 7 s one). The watcher is told to decide on 0.3 s of busy time (its default, 5 s, is a
+    # service's guard against idle spells): over ten times below what the traffic gives, where 5 s
     # left one full run with no decision at all. Decisions at 5, 10 and 15 s: the first sets N,
     # the second finds the override and corrects it, the third finds N kept.
     stop = threading.Event()
@@ -98,7 +98,7 @@ def test_apply_live_sets_n_keeps_it_and_writes_the_env_file(
         "h",
         server.url,
         env_path,
-        WatchOptions(every_s=5.0, window_s=5.0, drift=1.0, apply="live", min_busy_s=0.5),
+        WatchOptions(every_s=5.0, window_s=5.0, drift=1.0, apply="live", min_busy_s=0.3),
         observer,
         name="live-watch",
         duration_s=16.0,
