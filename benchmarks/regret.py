@@ -193,9 +193,15 @@ def main() -> None:
         answer, cost, report = tuner_way(spec, model, work / "tuner")
         says_plain = report.get("drafting_pays") is False
         said = f"plain (N={answer} if drafting)" if says_plain else f"N={answer}"
+        advantage = report.get("plain_advantage")  # [point, low, high] tok/s, or None
+        plain = (
+            f"{advantage[0]:+.2f} [{advantage[1]:+.2f}, {advantage[2]:+.2f}] tok/s"
+            if advantage
+            else "not judged"
+        )
         print(
             f"answer {said} ({report['status']}, tie {report['tie']}; plain against N={answer} "
-            f"in the tuner's model: {report.get('plain_advantage')}) in {cost:.0f} s "
+            f"in the tuner's model: {plain}) in {cost:.0f} s "
             f"(tune: {report['sweeps']} sweeps, {report['seconds']:.0f} s)",
             flush=True,
         )
