@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 PLAIN = "plain"
 ALWAYS = "spec"  # the stored name of always-draft levels
@@ -71,8 +72,9 @@ class Policy:
     def is_threshold(self) -> bool:
         return bool(self.max_slots)
 
-    def drafts_at(self, streams: int) -> bool:
-        """Whether new drafts start while `streams` slots generate."""
+    def drafts_at(self, streams: Any) -> Any:
+        """Whether new drafts start while `streams` slots generate; elementwise for an array of
+        levels (the cost model's mask), the one rule the profiler, schedule and model share."""
         if self.max_slots is None:
             return False
         return self.max_slots == 0 or streams <= self.max_slots

@@ -28,7 +28,13 @@ from typing import Any, Protocol
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import client, metrics
 from tuner.measure.client import LlamaClient
-from tuner.measure.load import LoadGenerator, RequestSample, Workload, summarize
+from tuner.measure.load import (
+    LoadGenerator,
+    RequestSample,
+    Workload,
+    drafts_in_flight,
+    summarize,
+)
 from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
 from tuner.measure.schedule import Cell
 from tuner.measure.server import ManagedServer
@@ -64,10 +70,10 @@ class Measured:
 def switch_problem(name: str, drafted: dict[int, int | None], n_max: int) -> str | None:
     """The live switch check's verdict, pure: drafted holds the draft tokens a server made while
     both of 2 streams generated, at threshold 1 and at 0 (None: no per-token counters). Threshold
-    1 may finish the drafts in flight when the second stream started (n_max a stream, the
+    1 may finish the drafts in flight when the second stream started (load.drafts_in_flight, the
     profiler's allowance too) and start none; threshold 0 must draft past that allowance, or
     nothing shows that the switch works. None where both hold, else why not."""
-    in_flight = 2 * n_max
+    in_flight = drafts_in_flight(2, n_max)
     at_one, at_zero = drafted.get(1), drafted.get(0)
     if at_one is None or at_zero is None:
         return (

@@ -162,6 +162,13 @@ def never_together(samples: list[RequestSample], concurrency: int) -> bool:
     return min(s.token_times[-1] for s in good) <= max(s.token_times[0] for s in good)
 
 
+def drafts_in_flight(streams: int, n_max: int) -> int:
+    """The most draft tokens a round's window may hold from drafts begun before it, one draft of
+    n_max a stream: what a threshold that starts no draft there may still show in
+    window_drafted (the profiler's per-round check and the live switch check both allow it)."""
+    return streams * n_max
+
+
 def _drafts_by(sample: RequestSample, t: float) -> int:
     """The sample's draft counter as of its last token at or before time t (0 before its
     first)."""

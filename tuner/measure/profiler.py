@@ -27,7 +27,7 @@ from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
 from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
-from tuner.measure.load import Workload, never_together, summarize
+from tuner.measure.load import Workload, drafts_in_flight, never_together, summarize
 from tuner.measure.plan import (
     Observer,
     ProgressEvent,
@@ -258,7 +258,7 @@ class Profiler:
             return None
         if not policy.drafting or policy.drafts_at(concurrency):
             return None  # plain, or a policy that drafts here: nothing to check
-        in_flight = concurrency * (policy.n_max or self.spec.speculative.n_max)
+        in_flight = drafts_in_flight(concurrency, policy.n_max or self.spec.speculative.n_max)
         if drafted <= in_flight:
             return None
         return (

@@ -134,12 +134,6 @@ class Crossover:
         }
 
 
-def _drafts(c: np.ndarray, policy: Policy) -> np.ndarray:
-    """Policy.drafts_at over an array of levels: the model counts the threshold by the same
-    rule as the profiler and the schedule."""
-    return np.vectorize(policy.drafts_at, otypes=[bool])(np.asarray(c))
-
-
 @dataclass
 class CostModel:
     """A fitted model of one server: step costs, acceptance and bootstrap replicates."""
@@ -215,7 +209,7 @@ class CostModel:
         spec = self.spec_tps(c, policy.n_max)
         if policy.is_always:
             return spec
-        return np.where(_drafts(c, policy), spec, self.threshold_tps(c))
+        return np.where(policy.drafts_at(c), spec, self.threshold_tps(c))
 
     def level_tps(self, policy: Policy) -> np.ndarray:
         """policy_tps at levels 1..n_parallel, each regime's curve computed once per model (the
@@ -227,7 +221,7 @@ class CostModel:
         if policy.is_always:
             return spec
         off = self._regime("off", 0, self.threshold_tps)
-        return np.where(_drafts(self.levels, policy), spec, off)
+        return np.where(policy.drafts_at(self.levels), spec, off)
 
     def _regime(self, kind: str, n: int, tps: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         key = (kind, n)

@@ -22,23 +22,6 @@ VERSION_TEXT = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`tuner-twin-server`: llama-server's command line, a twin behind it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in argv or "-h" in argv:
-        print(HELP_TEXT)
-        return 0
-    if "--version" in argv:
-        print(VERSION_TEXT, file=sys.stderr)
-        return 0
-    if "--list-devices" in argv:
-        print("Available devices:")
-        return 0
-    from tuner.twin.server import run
-
-    return run(argv)
-
-
 HELP_TEXT = """usage: tuner-twin-server [options]
 
 The tuner's twin of llama-server: a simulated server whose world file stands in for the model.
@@ -84,6 +67,23 @@ The tuner's twin of llama-server: a simulated server whose world file stands in 
                                         (default: 1)
 --noise PRESET                          off, quiet or vm, over the world's [noise] preset
 """
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`tuner-twin-server`: llama-server's command line, a twin behind it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(HELP_TEXT)
+        return 0
+    if "--version" in argv:
+        print(VERSION_TEXT, file=sys.stderr)
+        return 0
+    if "--list-devices" in argv:
+        print("Available devices:")
+        return 0
+    from tuner.twin.server import run
+
+    return run(argv)
 
 
 if __name__ == "__main__":
