@@ -4,51 +4,63 @@ A twin calibrated from a bench profile, held against bench measurements it never
 
 1. The profile: `tuner profile SPEC --budget 0` (plain, always draft and, on the live switch, the
    off arm at 1, 2, 4, 8 streams; no adaptive levels, so the closed levels below stay out of it)
-   into a fresh database, or the newest completed profile run of `--db` (or `--run`). The twin
-   world is calibrated from that run by the code `tuner twin calibrate --run` runs
-   (tuner.twin.from_run: plain and always-draft levels fitted, threshold levels held out); it is
-   never adjusted to any figure measured below. The policy served open loop is the profile's
-   recommended N (`recommend`'s standing answer after the profile), or `--policy N`.
-2. Closed levels not in the profile (`--levels-closed`, default 3,5,6,7): plain, always draft and,
-   on the live switch, the threshold that does not draft there (c-1), measured in interleaved
-   passes by the profiler (tuner.measure.profiler.Profiler.run_pass) into a database of the
-   benchmark's own, a round per policy per pass, until every policy's 95 % t-interval of the
-   mean tok/s (the tuner's estimand: aggregate tok/s while all c streams generate) is within
-   `--target` of its mean, or `--max-rounds` rounds. The twin's figure is its noise-free truth
-   (tuner.twin.truth.closed_truth) with the run's prompt and output lengths.
-3. Open loop at three Poisson rates (`--rates`, default: the rates at which the twin keeps about
-   1.5, 4 and 7 slots generating under the policy; the cost model's queue rates printed beside
-   them): windows of `--window` seconds of arrivals conditioned on their count (the arrivals
-   `tuner validate --arrivals poisson` sends, tuner.measure.openloop.poisson_offsets), served by
-   the policy on one launch (tuner.measure.backend.ServerBackend.arrivals), the rates taking
-   turns window by window, each rate until the 95 % t-intervals of its throughput and its mean
-   time per output token are within `--target`, or `--max-rounds` windows. Per window: throughput
-   (output tokens / span, summarize_open_loop) and mean TPOT over tokens (sum of generation times
-   / sum of tokens after the first: the tpot objective's E[c] / E[tps]). The twin's figure: the
-   mean of the same per-window figures over many seeded windows of the same length, rate, prompt
-   and output lengths, noise-free, until its standard error is 0.5 % of it (a tenth of the
-   bench interval it is held against).
-4. The open-loop gap: per rate, against the closed-level tok/s at the mean generating slots m
+   into a fresh database, or the newest completed profile run of `--db` (or `--run`). The
+   "profile twin" is calibrated from that run by the code `tuner twin calibrate --run` runs
+   (tuner.twin.from_run: plain and always-draft levels fitted, threshold levels held out). From
+   it come the policy served open loop (the profile's recommended N, `recommend`'s standing
+   answer after the profile, or `--policy N`) and the arrival rates (`--rates`, default: the
+   rates at which this twin keeps about 1.5, 4 and 7 slots generating under the policy; the
+   cost model's queue rates printed beside them).
+2. The bench, in turns on the same launches (`measure_together`): a closed pass, then one open
+   window at each rate, again, into a database of the benchmark's own.
+   - A closed pass (tuner.measure.profiler.Profiler.run_pass), a round per policy per level: at
+     the held-out levels (`--levels-closed`, default 3,5,6,7) plain, always draft and, on the
+     live switch, the threshold that does not draft there (c-1); at the profile's levels plain
+     and always draft again: the calibration levels, measured in the same drift of the machine
+     as everything the twin is held against. A held-out level closes when every policy's 95 %
+     t-interval of the mean tok/s (the tuner's estimand: aggregate tok/s while all c streams
+     generate) is within `--target` of its mean, or at `--max-rounds` rounds; the calibration
+     levels are measured while a held-out level is.
+   - An open window: `--window` seconds of Poisson arrivals conditioned on their count (the
+     arrivals `tuner validate --arrivals poisson` sends, tuner.measure.openloop.poisson_offsets)
+     served by the policy (tuner.measure.backend.ServerBackend.arrivals), the rates in turn
+     (forward, then backward), each until the 95 % t-intervals of its throughput and mean time
+     per output token are within `--target`, or `--max-rounds` windows. Per window: throughput
+     (output tokens / span, summarize_open_loop) and mean TPOT over tokens (sum of generation
+     times / sum of tokens after the first: the tpot objective's E[c] / E[tps]).
+   The "same-drift twin" is then calibrated by the same code from the calibration levels of
+   these passes (the mean of their rounds, the estimator the held-out figures are compared on;
+   acceptance and time to first token from the same rounds; the profile's llama-batched-bench
+   rows). It is never adjusted to a held-out figure. This is the twin that is judged: a profile
+   measured minutes before the held-out figures is held against the machine's drift as much as
+   against the twin (the last run without the turns saw plain at 7 streams move 25 % in six
+   minutes, the profile at the slow end).
+3. Closed levels held out: each twin's noise-free truth (tuner.twin.truth.closed_truth, the
+   run's prompt and output lengths) against the bench's interval.
+4. Open loop: each twin's figure is the mean of the same per-window figures over many seeded
+   windows of the same length, rate, prompt and output lengths, noise-free, until its standard
+   error is 0.5 % of it (a tenth of the bench interval it is held against).
+5. The open-loop gap: per rate, against the closed-level tok/s at the mean generating slots m
    (interpolated between levels; the cost model's fit, the bench's measured levels and the twin's
    truth), what open loop delivered, on the bench and in the twin, split in two factors: the
    occupancy spread (the closed levels weighted by the time spent at each number of generating
    slots, idle included, against the closed level at their mean: what a concave curve loses to
    a spread) and the rest (what the server delivered against that mixture: prefill of arriving
    prompts batched into decode steps, slots joining and leaving mid-draft, client overhead). A
-   profile's closed levels cannot see prompt rows (every prompt is evaluated before the window
-   opens); the calibrated twin prices them from the profile's own time to first token (the
-   slope of the levels' median TTFT over their c x P prompt rows: tuner.twin.from_run). A second
-   twin row prices them from the profile's step table instead (its rows_ms, which follows
-   llama-batched-bench's rows beyond the plain levels): a cross-check of that price, not the
-   calibrated twin's prediction.
+   closed level cannot see prompt rows (every prompt is evaluated before the window opens); the
+   calibrated twins price them from their levels' time to first token (the slope of the levels'
+   median TTFT over their c x P prompt rows: tuner.twin.from_run). A third twin prices them from
+   the same-drift twin's step table instead (its rows_ms, which follows llama-batched-bench's
+   rows beyond the plain levels): a cross-check of that price, not the judged prediction.
 
     .venv/bin/python benchmarks/twin_fidelity.py [--levels-closed 3,5,6,7] [--rates R1,R2,R3]
         [--policy N] [--window 60] [--max-rounds 20] [--target 0.06] [--quick] [--keep DIR]
         [--db URL [--run RUN]] [--seed 0] [--spec SPEC] [--stand-in WORLD]
 
-About 50 minutes on this 2-core VM, 80 if every cell runs to its cap: the profile 2-3 min, the
-twin's side 1-2 min, closed levels 12 rounds a pass at about 35 s a pass, 10-20 passes; open loop
-63 s a window (60 s of arrivals and the drain), 8-20 windows at each of three rates.
+On this 2-core VM a turn is a closed pass (about 3 s a round, 17 rounds with three held-out
+levels) and three windows (the window and a few seconds of drain each): about 2.5 minutes with
+30 s windows, so `--max-rounds 12` is at most about 30 minutes; the profile 2-3 min, the twins'
+side 2-4 min.
 
 `--quick` is a smoke run (one profile round per level and no llama-batched-bench rows, closed
 levels 3 and 6, at most two rounds and two 10 s windows per cell; about 3 minutes): its
@@ -67,7 +79,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +92,6 @@ from tuner.decide.recommend import standing
 from tuner.measure.backend import Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import RequestSample
-from tuner.measure.load import Workload as LoadWorkload
 from tuner.measure.observe import generating_histogram
 from tuner.measure.openloop import poisson_offsets, summarize_open_loop
 from tuner.measure.plan import Observer, ProgressEvent
@@ -326,96 +337,131 @@ def with_prefill_priced(cal: Calibration, prompt_tokens: int) -> tuple[World, fl
 Closed = dict[tuple[Policy, int], list[float]]  # (policy, c) -> tok/s per round
 
 
-def measure_closed(
-    profiler: Profiler,
-    policies: list[Policy],
-    levels: list[int],
-    target: float,
-    least: int,
-    most: int,
-    say: Callable[[str], None],
-) -> Closed:
-    """Interleaved passes over the levels (plain on its launch; always draft and, on the live
-    switch, the off arm on the drafting launch) until every policy at a level meets the target
-    or `most` rounds; a level closes for all its policies together, as the profiler's do."""
-    depth = profiler.depth
+def open_rates(windows: list[list[Window]], target: float, least: int, most: int) -> list[int]:
+    """The rates whose throughput and mean TPOT do not meet the target yet (nor the cap)."""
+    return [
+        k
+        for k, ws in enumerate(windows)
+        if len(ws) < most
+        and not (
+            met(Interval.of([w.tps for w in ws]), target, least)
+            and met(Interval.of([w.tpot_ms for w in ws]), target, least)
+        )
+    ]
+
+
+@dataclass
+class Measured:
+    """What the bench served: closed rounds (calibration and held-out levels), open windows."""
+
+    closed: Closed
+    windows: list[list[Window]]
+    profiler: Profiler
+    seconds: float
+
+
+def measure_together(
+    f: Fidelity,
+    held: list[int],
+    calib: list[int],
+    rates: list[float],
+    backend: Backend,
+) -> Measured:
+    """Closed passes and open windows taking turns on the same launches, so that every figure
+    the twin is held against, and the calibration levels it is fitted to, are measured in the
+    same drift of the machine.
+
+    A closed pass (Profiler.run_pass): plain on its launch; always draft and, on the live
+    switch, the off arm (c-1) on the drafting launch, at the held-out levels; plain and always
+    draft at the calibration levels (the profile's). After each pass one window at each open
+    rate (forward, then backward). A held-out level closes when each of its policies meets the
+    target or the cap; the calibration levels are measured as long as a held-out level is.
+    A rate closes when its throughput and mean TPOT meet the target or the cap. Window w at rate
+    k: arrivals drawn from (seed, k, w), request seeds from its own round key."""
+    setup, args, say = f.setup, f.args, f.say
+    profiler = Profiler(setup.fidelity, setup.spec, f.work / "logs", progress(say), backend=backend)
+    context = (
+        Context(setup.spec.model_name, None, None, probe_host(None, setup.host))
+        if setup.stand_in
+        else gather_context(setup.spec, None)
+    )
+    profiler.create_run(context, kind="sweep")
+    policies = [Policy.plain(), Policy.always(f.n_max)]
     # The switch is checked first (as Profiler.execute does): the off arm joins the drafting
     # launch only where the live switch works.
-    check = getattr(profiler.backend, "check_switch", None)
+    check = getattr(backend, "check_switch", None)
     if check is not None:
         profiler.recorder.set_way(check(policies))
-    arms = profiler.arms(policies, [(depth, c) for c in levels])
-    open_arms = {cell: list(ps) for cell, ps in arms.items()}
-    values: Closed = {}
+    depth = profiler.depth
+    arms = profiler.arms(policies, [(depth, c) for c in held])
+    arms.update({(depth, c): list(policies) for c in calib})
+    open_cells = {cell: list(ps) for cell, ps in sorted(arms.items())}
+    workload = profiler.request_workload()
+    closed: Closed = {}
+    windows: list[list[Window]] = [[] for _ in rates]
     began = time.monotonic()
-    while open_arms:
-        p = profiler.run_pass(open_arms)
-        reps = profiler.repeats_by_level()
-        for (_, c), ps in list(open_arms.items()):
-            rounds = []
-            for policy in ps:
-                rows = reps.get((profiler.level_name(policy), c), [])
-                rounds.append(len(rows))  # the cap counts rounds, with a figure or not
-                values[(policy, c)] = [
-                    float(r["tokens_per_second"]) for r in rows if r.get("tokens_per_second")
-                ]
-            ivs = [Interval.of(values[(policy, c)]) for policy in ps]
-            if min(rounds) >= most or all(met(iv, target, least) for iv in ivs):
-                del open_arms[(depth, c)]
-        say(
-            f"  closed pass {p}: {time.monotonic() - began:.0f} s; open levels "
-            + (",".join(str(c) for _, c in open_arms) or "none")
-        )
-    return values
-
-
-def measure_open(
-    backend: Backend,
-    workload: LoadWorkload,
-    policy: Policy,
-    rates: list[float],
-    window_s: float,
-    target: float,
-    least: int,
-    most: int,
-    seed: int,
-    say: Callable[[str], None],
-) -> list[list[Window]]:
-    """Windows of seeded arrivals, the open rates taking turns (forward, then backward: a drift
-    of the machine lands on every rate alike), each rate until its throughput and mean TPOT meet
-    the target or `most` windows. Window w at rate k: arrivals drawn from (seed, k, w), request
-    seeds from its own round key."""
-    out: list[list[Window]] = [[] for _ in rates]
-    began = time.monotonic()
-    sweep = 0
+    turn = 0
     while True:
-        open_ = [
-            k
-            for k, ws in enumerate(out)
-            if len(ws) < most
-            and not (
-                met(Interval.of([w.tps for w in ws]), target, least)
-                and met(Interval.of([w.tpot_ms for w in ws]), target, least)
+        if not any(c in held for _, c in open_cells):
+            open_cells = {}  # calibration levels only beside held-out ones
+        rates_open = open_rates(windows, args.target, f.least, f.most)
+        if not open_cells and not rates_open:
+            break
+        if open_cells:
+            p = profiler.run_pass(open_cells)
+            reps = profiler.repeats_by_level()
+            for (_, c), ps in list(open_cells.items()):
+                rounds = []
+                for policy in ps:
+                    rows = reps.get((profiler.level_name(policy), c), [])
+                    rounds.append(len(rows))  # the cap counts rounds, with a figure or not
+                    closed[(policy, c)] = [
+                        float(r["tokens_per_second"]) for r in rows if r.get("tokens_per_second")
+                    ]
+                ivs = [Interval.of(closed[(policy, c)]) for policy in ps]
+                if min(rounds) >= f.most or (
+                    c in held and all(met(iv, args.target, f.least) for iv in ivs)
+                ):
+                    del open_cells[(depth, c)]
+            say(
+                f"  closed pass {p}: {time.monotonic() - began:.0f} s; held-out levels open: "
+                + (",".join(str(c) for _, c in open_cells if c in held) or "none")
             )
-        ]
-        if not open_:
-            return out
-        for k in open_ if sweep % 2 == 0 else open_[::-1]:
-            w = len(out[k])
-            offsets = poisson_offsets(rates[k], window_s, seed * 100_000 + k * 1000 + w)
+        for k in rates_open if turn % 2 == 0 else rates_open[::-1]:
+            w = len(windows[k])
+            offsets = poisson_offsets(rates[k], f.window_s, args.seed * 100_000 + k * 1000 + w)
             key = 50_000 + k * 1000 + w
-            measured = backend.arrivals(policy, offsets, key, None, workload)
-            got = window_of(measured.samples, rates[k])
+            served = backend.arrivals(f.policy, offsets, key, None, workload)
+            got = window_of(served.samples, rates[k])
             if got.failed:
-                first = next(s.error for s in measured.samples if not s.ok)
+                first = next(s.error for s in served.samples if not s.ok)
                 raise SystemExit(f"{got.failed} requests failed at {rates[k]:g}/s: {first}")
-            out[k].append(got)
+            windows[k].append(got)
             say(
                 f"  {time.monotonic() - began:6.0f} s  rate {rates[k]:.4f}/s window {w + 1}: "
                 f"{got.tps:.1f} tok/s, mean TPOT {got.tpot_ms:.1f} ms, "
                 f"{got.generating:.2f} generating"
             )
-        sweep += 1
+        turn += 1
+    profiler.close_open_levels()
+    return Measured(closed, windows, profiler, time.monotonic() - began)
+
+
+def same_drift_data(f: Fidelity, measured: Measured, profile: RunData, calib: list[int]) -> RunData:
+    """The calibration levels as measured beside the held-out ones: the fidelity run's plain and
+    always-draft levels at the profile's concurrencies, each at the mean of its rounds (the
+    estimator the held-out figures are compared on), with the profile's llama-batched-bench
+    rows (a kernel table, not a level)."""
+    run = run_levels(f.setup.fidelity, measured.profiler.run_id)
+    keep = []
+    for lv in run.levels:
+        if lv.concurrency not in calib or not (lv.policy.is_plain or lv.policy.is_always):
+            continue
+        p = Policy.plain() if lv.policy.is_plain else Policy.always(f.n_max)
+        values = measured.closed.get((p, lv.concurrency))
+        mean = statistics.fmean(values) if values else lv.tokens_per_second
+        keep.append(replace(lv, tokens_per_second=mean))
+    return replace(run, levels=tuple(keep), kernel=profile.kernel)
 
 
 # --- curves for the gap ------------------------------------------------------------------------
@@ -600,7 +646,6 @@ class Fidelity:
     cal: Calibration
     load: Work
     policy: Policy
-    truth: ClosedTruth  # the calibrated twin's closed levels, c = 1..n_parallel
     window_s: float
     most: int  # rounds or windows per cell at most
     least: int  # ... and at least, before the target may stop a cell
@@ -618,6 +663,15 @@ class Fidelity:
     def twin_open(self, world: World, rate: float) -> TwinOpen:
         """A world's noise-free open-loop figures at a rate, in windows like the bench's."""
         return twin_open(world, self.policy, rate, self.window_s, self.load, self.twin_rel_se)
+
+    def truth_of(self, world: World) -> ClosedTruth:
+        """A world's noise-free closed levels, c = 1..n_parallel, with the run's lengths."""
+        return closed_truth(
+            world,
+            output_tokens=self.load.output_tokens,
+            prompt_tokens=self.load.prompt_tokens,
+            concurrency=list(range(1, self.np_ + 1)),
+        )
 
     def stand_in_truth(self) -> ClosedTruth | None:
         """The stand-in world's own closed truth (what its measurements should cover)."""
@@ -658,46 +712,45 @@ def calibrated(
     return data, cal, fit, policy, load
 
 
-def closed_part(f: Fidelity, levels: list[int], backend: Backend) -> tuple[Closed, Profiler, float]:
-    """Part 2: the closed levels not in the profile, bench against twin."""
-    setup, args = f.setup, f.args
-    f.say(
-        f"\n== 2. closed levels not in the profile: {levels} (target +-{100 * args.target:.0f} %)"
-    )
-    profiler = Profiler(
-        setup.fidelity, setup.spec, f.work / "logs", progress(f.say), backend=backend
-    )
-    context = (
-        Context(setup.spec.model_name, None, None, probe_host(None, setup.host))
-        if setup.stand_in
-        else gather_context(setup.spec, None)
-    )
-    profiler.create_run(context, kind="sweep")
-    started = time.monotonic()
-    policies = [Policy.plain(), Policy.always(f.n_max)]
-    closed = measure_closed(profiler, policies, levels, args.target, f.least, f.most, f.say)
-    seconds = time.monotonic() - started
+@dataclass(frozen=True)
+class Twin:
+    """One calibrated twin the bench is held against: its closed truth and open-loop figures."""
+
+    name: str
+    truth: ClosedTruth
+    open: list[TwinOpen]
+
+
+def closed_part(f: Fidelity, measured: Measured, held: list[int], twins: list[Twin]) -> None:
+    """Part 3: the held-out closed levels, bench against each twin (the first is judged)."""
+    args, closed = f.args, measured.closed
+    f.say(f"\n== 3. closed levels not in the profile: {held} (target +-{100 * args.target:.0f} %)")
     known = f.stand_in_truth()
-    rows, inside = [], 0
-    for (p, c), values in sorted(closed.items(), key=lambda kv: (kv[0][1], kv[0][0].sort_key)):
-        iv = Interval.of(values)
-        twin = f.truth.tps(p, c)
-        inside += iv.holds(twin)
-        row = [p.label, c, iv.n, iv.text(), f"+-{100 * iv.rel:.1f} %", f"{twin:.1f}"]
-        row += [pct(twin / iv.mean - 1), verdict(iv, twin, args.target)]
+    rows, inside = [], dict.fromkeys((t.name for t in twins), 0)
+    cells = [(p, c) for (p, c) in closed if c in held]
+    for p, c in sorted(cells, key=lambda pc: (pc[1], pc[0].sort_key)):
+        iv = Interval.of(closed[(p, c)])
+        row: list[object] = [p.label, c, iv.n, iv.text(), f"+-{100 * iv.rel:.1f} %"]
+        for k, t in enumerate(twins):
+            twin = t.truth.tps(p, c)
+            inside[t.name] += iv.holds(twin)
+            row += [f"{twin:.1f} ({pct(twin / iv.mean - 1)})"]
+            if k == 0:
+                row.append(verdict(iv, twin, args.target))
         if known is not None:
             row.append(beside(iv, known.tps(p, c), 1))
         rows.append(row)
-    head = ["policy", "streams", "rounds", "bench tok/s mean [95 % CI]", "half-width", "twin"]
-    head += ["twin error", "twin inside"] + (["stand-in truth"] if known is not None else [])
+    head = ["policy", "streams", "rounds", "bench tok/s mean [95 % CI]", "half-width"]
+    head += [f"{twins[0].name} (error)", "inside"] + [f"{t.name} (error)" for t in twins[1:]]
+    head += ["stand-in truth"] if known is not None else []
     f.say(table(head, rows))
+    way = getattr(measured.profiler.backend, "way", "?")
     f.say(
-        f"measured by {getattr(backend, 'way', '?')}; "
-        f"{inside}/{len(rows)} twin figures inside the bench's interval; {seconds:.0f} s. N=c-1 "
-        "at c: the threshold that does not draft there (the twin's rests on its assumed "
-        f"re-evaluation share, {f.cal.reeval_share:g} of the target's forward)"
+        f"measured by {way}; inside the bench's interval: "
+        + ", ".join(f"{t.name} {inside[t.name]}/{len(rows)}" for t in twins)
+        + f". N=c-1 at c: the threshold that does not draft there (the twins' rests on an "
+        f"assumed re-evaluation share, {f.cal.reeval_share:g} of the target's forward)"
     )
-    return closed, profiler, seconds
 
 
 OPEN_FIGURES: tuple[tuple[str, Callable[[Window], float], int, bool], ...] = (
@@ -708,79 +761,58 @@ OPEN_FIGURES: tuple[tuple[str, Callable[[Window], float], int, bool], ...] = (
 )
 
 
-def open_part(
-    f: Fidelity,
-    rates: list[float],
-    backend: Backend,
-    workload: LoadWorkload,
-    twin_runs: list[TwinOpen],
-    priced_runs: list[TwinOpen],
-) -> tuple[list[list[Window]], float]:
-    """Part 3: open loop at the rates, bench against twin."""
-    args = f.args
+def open_part(f: Fidelity, measured: Measured, rates: list[float], twins: list[Twin]) -> None:
+    """Part 4: open loop at the rates, bench against each twin (the first is judged)."""
+    args, bench = f.args, measured.windows
     f.say(
-        f"\n== 3. open loop under {f.policy.label}: {f.window_s:g} s windows of Poisson arrivals "
+        f"\n== 4. open loop under {f.policy.label}: {f.window_s:g} s windows of Poisson arrivals "
         f"conditioned on their count (target +-{100 * args.target:.0f} %)"
     )
-    started = time.monotonic()
-    bench = measure_open(
-        backend,
-        workload,
-        f.policy,
-        rates,
-        f.window_s,
-        args.target,
-        f.least,
-        f.most,
-        args.seed,
-        f.say,
-    )
-    seconds = time.monotonic() - started
     known = None
     if f.setup.stand_in is not None:
         known = [f.twin_open(f.setup.stand_in, r) for r in rates]
-    rows, inside, judged_cells = [], 0, 0
+    rows, inside, judged_cells = [], dict.fromkeys((t.name for t in twins), 0), 0
     for k, rate in enumerate(rates):
         for name, what, digits, judged in OPEN_FIGURES:
             iv = Interval.of([what(w) for w in bench[k]])
-            twin = twin_runs[k].mean(what)
-            priced = priced_runs[k].mean(what)
-            if judged:
-                judged_cells += 1
-                inside += iv.holds(twin)
-            row = [f"{rate:.4f}", name, iv.n, iv.text(digits), f"+-{100 * iv.rel:.1f} %"]
-            row += [f"{twin:.{digits}f}", pct(twin / iv.mean - 1)]
-            row += [verdict(iv, twin, args.target) if judged else "-"]
-            row += [f"{priced:.{digits}f} ({pct(priced / iv.mean - 1)})"]
+            judged_cells += judged
+            row: list[object] = [f"{rate:.4f}", name, iv.n, iv.text(digits)]
+            row.append(f"+-{100 * iv.rel:.1f} %")
+            for j, t in enumerate(twins):
+                twin = t.open[k].mean(what)
+                inside[t.name] += judged and iv.holds(twin)
+                row.append(f"{twin:.{digits}f} ({pct(twin / iv.mean - 1)})")
+                if j == 0:
+                    row.append(verdict(iv, twin, args.target) if judged else "-")
             if known is not None:
                 row.append(beside(iv, known[k].mean(what), digits))
             rows.append(row)
-    head = ["rate /s", "figure", "windows", "bench mean [95 % CI]", "half-width", "twin"]
-    head += ["twin error", "twin inside", "twin, prefill priced (error)"]
+    head = ["rate /s", "figure", "windows", "bench mean [95 % CI]", "half-width"]
+    head += [f"{twins[0].name} (error)", "inside"] + [f"{t.name} (error)" for t in twins[1:]]
     head += ["stand-in truth"] if known is not None else []
     f.say(table(head, rows))
     f.say(
-        f"{inside}/{judged_cells} twin figures (throughput, mean TPOT) inside the bench's "
-        f"interval; {seconds:.0f} s. Twin: the mean of "
-        f"{min(len(t.windows) for t in twin_runs)} or more seeded windows a rate, noise-free"
+        "throughput and mean TPOT inside the bench's interval: "
+        + ", ".join(f"{t.name} {inside[t.name]}/{judged_cells}" for t in twins)
+        + f". Twins: the mean of {min(len(o.windows) for t in twins for o in t.open)} or more "
+        "seeded windows a rate, noise-free"
     )
-    return bench, seconds
 
 
 def gap_part(
     f: Fidelity,
     data: RunData,
     fit_tps: np.ndarray,
-    closed: Closed,
+    measured: Measured,
     rates: list[float],
-    bench: list[list[Window]],
-    twin_runs: list[TwinOpen],
-    priced_runs: list[TwinOpen],
+    twin: Twin,
+    priced: Twin,
     per_token_ms: float,
 ) -> None:
-    """Part 4: the open-loop gap, on the bench and in the twin, in two factors."""
+    """Part 5: the open-loop gap, on the bench and in the twin, in two factors."""
     np_, n_max, policy = f.np_, f.n_max, f.policy
-    f.say(f"\n== 4. the open-loop gap under {policy.label}")
+    closed, bench = measured.closed, measured.windows
+    f.say(f"\n== 5. the open-loop gap under {policy.label}")
     profiled: dict[tuple[Policy, int], float] = {}
     for lv in data.levels:
         p = Policy.plain() if lv.policy.is_plain else lv.policy.with_n_max(n_max)
@@ -792,7 +824,7 @@ def gap_part(
         return profiled.get((p, c))
 
     bench_curve, assumed, missing = policy_curve(bench_value, policy, np_, n_max)
-    twin_curve, _, _ = policy_curve(lambda p, c: f.truth.tps(p, c), policy, np_, n_max)
+    twin_curve, _, _ = policy_curve(lambda p, c: twin.truth.tps(p, c), policy, np_, n_max)
     fit_curve = {0: 0.0, **{c: float(fit_tps[c - 1]) for c in range(1, np_ + 1)}}
     for name, curve in (("bench", bench_curve), ("twin", twin_curve), ("fit", fit_curve)):
         values = ", ".join(f"{curve[c]:.1f}" for c in range(1, np_ + 1))
@@ -805,8 +837,8 @@ def gap_part(
     for k, rate in enumerate(rates):
         sides = (
             ("bench", Pooled.of(bench[k]), bench_curve),
-            ("twin", twin_runs[k].pooled, twin_curve),
-            ("twin, prefill priced", priced_runs[k].pooled, twin_curve),
+            ("twin", twin.open[k].pooled, twin_curve),
+            ("twin, prefill priced", priced.open[k].pooled, twin_curve),
         )
         for side, pooled, curve in sides:
             m = pooled.generating
@@ -843,12 +875,13 @@ def gap_part(
         "medians at its levels; twin: its truth) interpolated at m; closed mixture: the same "
         "levels weighted by the time at each number of generating slots, idle included;\n"
         "gap vs closed = open / closed at m - 1 = (1 + occupancy spread) x (1 + rest) - 1.\n"
-        f"Prefill priced from the profile's own step table: {per_token_ms:.2f} ms a prompt "
+        f"Prefill priced from the same-drift twin's step table: {per_token_ms:.2f} ms a prompt "
         f"token, {prefill_ms:.0f} ms a request of {f.load.prompt_tokens} tokens (the bench "
         f"evaluated {evaluated:.1f} a request): at the rates "
         "above "
         + ", ".join(f"{100 * r * prefill_ms / 1000:.0f} %" for r in rates)
-        + " of the time. The calibrated twin prices it at 0 (closed levels cannot see it)."
+        + " of the time. The calibrated twins price it from the time to first token of their "
+        "levels (tuner.twin.from_run)."
     )
 
 
@@ -894,12 +927,6 @@ def main() -> int:
         cal=cal,
         load=load,
         policy=policy,
-        truth=closed_truth(
-            cal.world,
-            output_tokens=load.output_tokens,
-            prompt_tokens=load.prompt_tokens,
-            concurrency=list(range(1, np_ + 1)),
-        ),
         window_s=args.window or (10.0 if quick else 60.0),
         most=args.max_rounds or (2 if quick else 20),
         least=2 if quick else 3,
@@ -924,9 +951,9 @@ def main() -> int:
         rate_why = "the twin's for " + ", ".join(f"{m:g}" for m in TARGETS) + " generating"
     fit_tps = np.asarray(fit.model.policy_tps(np.arange(1, np_ + 1), policy), dtype=float)
     fit_rates = [queue.rate_for_mean_generating(fit_tps, load.output_tokens, m) for m in TARGETS]
-    twin_runs = [f.twin_open(cal.world, r) for r in rates]
-    priced, per_token_ms = with_prefill_priced(cal, load.prompt_tokens)
-    priced_runs = [f.twin_open(priced, r) for r in rates]
+    profile_twin = Twin(
+        "profile twin", f.truth_of(cal.world), [f.twin_open(cal.world, r) for r in rates]
+    )
     say(
         f"rates {', '.join(f'{r:.4f}' for r in rates)} /s ({rate_why}); the cost model's queue "
         f"(tuner.model.queue) puts {', '.join(f'{m:g}' for m in TARGETS)} generating at "
@@ -934,17 +961,41 @@ def main() -> int:
         f"{time.monotonic() - started:.0f} s"
     )
 
+    calib = sorted(profiled)
+    say(
+        f"\n== 2. the bench: closed passes (held-out levels {levels}; calibration levels {calib}, "
+        f"plain and always draft) and open windows at each rate, taking turns"
+    )
     backend = setup.backend(args.seed + 1, progress(say))
     try:
-        closed, profiler, closed_s = closed_part(f, levels, backend)
-        workload = profiler.request_workload()
-        bench, open_s = open_part(f, rates, backend, workload, twin_runs, priced_runs)
+        measured = measure_together(f, levels, calib, rates, backend)
     finally:
         backend.close()
-    gap_part(f, data, fit_tps, closed, rates, bench, twin_runs, priced_runs, per_token_ms)
+    started = time.monotonic()
+    same = calibrate_run(same_drift_data(f, measured, data, calib))
+    (work / "twin-world-same-drift.toml").write_text(world_to_toml(same.world))
     say(
-        f"\nwall: {time.monotonic() - began:.0f} s (closed {closed_s:.0f} s, open "
-        f"{open_s:.0f} s); files in {work}"
+        "\nthe same-drift twin: calibrated (tuner.twin.from_run, as `twin calibrate --run`) "
+        f"from the calibration levels {calib} measured in the passes above, at the mean of "
+        "their rounds; the profile's llama-batched-bench rows; judged below"
+    )
+    say(same.report())
+    same_twin = Twin(
+        "same-drift twin", f.truth_of(same.world), [f.twin_open(same.world, r) for r in rates]
+    )
+    priced_world, per_token_ms = with_prefill_priced(same, load.prompt_tokens)
+    priced = Twin(
+        "same-drift twin, prefill from its step table",
+        f.truth_of(priced_world),
+        [f.twin_open(priced_world, r) for r in rates],
+    )
+    say(f"twin predictions: {time.monotonic() - started:.0f} s")
+    closed_part(f, measured, levels, [same_twin, profile_twin])
+    open_part(f, measured, rates, [same_twin, profile_twin, priced])
+    gap_part(f, data, fit_tps, measured, rates, same_twin, priced, per_token_ms)
+    say(
+        f"\nwall: {time.monotonic() - began:.0f} s (bench {measured.seconds:.0f} s); "
+        f"files in {work}"
     )
     if quick:
         say("QUICK run: intervals of at most two rounds or windows; the target is not met.")

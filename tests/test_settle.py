@@ -22,6 +22,7 @@ from tuner.decide.paired import (
     t_quantile,
     verdict,
 )
+from tuner.decide.tune import sweep_text
 
 NP = 8
 UNIFORM = [1 / NP] * NP
@@ -123,6 +124,9 @@ def test_a_smaller_contender_only_within_the_tolerance_stays_open_until_it_ties(
     assert three.verdict == WITHIN and not equivalent(three.advantage, 1.0)
     assert standing.status == settle.OPEN and standing.answer == 4
     assert standing.measure_next == [4]
+    # the sweep names what it measures: no contender is unresolved, N=3 is measured for the tie
+    assert not standing.unresolved and [c.contender for c in standing.measuring] == [3]
+    assert sweep_text(4, standing) == "N=4 against N=3 (equivalent?)"
     many = gains_with(near_zero, sd=10.0, n=400)
     moved = settle.assess(many, UNIFORM, 4, NP, objective=100.0)
     assert moved.status == settle.MOVED and moved.answer == 3 and 3 in moved.tie

@@ -102,6 +102,9 @@ class Standing:
     tie: list[int] = field(default_factory=list)
     measure_next: list[int] = field(default_factory=list)  # levels, when unresolved
     tolerance: float = 0.0  # in objective units (tok/s)
+    # when unresolved: the comparisons measured next (unresolved ones, and smaller contenders
+    # within the tolerance but not yet shown equivalent, the tie question)
+    measuring: list[Comparison] = field(default_factory=list)
 
     @property
     def unresolved(self) -> list[Comparison]:
@@ -144,7 +147,9 @@ def assess(
     ]
     if open_:
         wanted = next_levels(gains, weights, open_)
-        return Standing(answer, OPEN, comparisons, measure_next=wanted, tolerance=tol)
+        return Standing(
+            answer, OPEN, comparisons, measure_next=wanted, tolerance=tol, measuring=open_
+        )
     tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
     if min(tie) != answer:
         # A smaller N is shown equivalent: it becomes the answer, and its own contenders

@@ -340,9 +340,8 @@ def tune(
             observer(
                 ProgressEvent(
                     "message",
-                    text=f"sweep {report.sweeps + 1}: N={answer} against "
-                    + ", ".join(f"N={c.contender}" for c in standing.unresolved)
-                    + f"; on and off in turn at {levels} streams",
+                    text=f"sweep {report.sweeps + 1}: {sweep_text(answer, standing)}; "
+                    f"on and off in turn at {levels} streams",
                 )
             )
             profiler.run_pass(arms, pairs=SWEEP_PAIRS)
@@ -358,6 +357,16 @@ def tune(
         store, model_name, host, answer, n_max, objective, report, rec, tune_n_max, weights
     )
     return report
+
+
+def sweep_text(answer: int, standing: settle.Standing) -> str:
+    """What a sweep compares: each contender still measured, and why where it is not a
+    plain unresolved comparison (within the tolerance, measured on for the tie)."""
+    names = [
+        f"N={c.contender}" + (" (equivalent?)" if c.verdict == settle.WITHIN else "")
+        for c in standing.measuring
+    ]
+    return f"N={answer} against " + ", ".join(names)
 
 
 def _moved_text(answer: int, standing: settle.Standing, sweeps: int) -> str:
