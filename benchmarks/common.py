@@ -32,6 +32,15 @@ def tuner(env: dict[str, str], *args: str) -> str:
     return tuner_run(env, *args).stdout
 
 
+def say_text(event: object) -> None:
+    """A backend's launches and live-switch check, one line each (the observer benchmarks give
+    a ServerBackend; the profiler's round events have their own lines where a benchmark wants
+    them)."""
+    text = getattr(event, "text", "")
+    if text:
+        print(f"  {text}", flush=True)
+
+
 def rate_for(
     generating: Callable[[float], float], target: float, first: float, steps: int
 ) -> float:

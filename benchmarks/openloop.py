@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import tuner, tuner_env
+from common import say_text, tuner, tuner_env
 
 from tuner.bench import load_bench
 from tuner.decide import settle
@@ -149,7 +149,7 @@ def main() -> None:
         flush=True,
     )
     judge_store = Store(f"sqlite:///{work / 'judge.db'}")
-    backend = ServerBackend(spec, work / "logs", print, switch="live")
+    backend = ServerBackend(spec, work / "logs", say_text, switch="live")
     profiler = Profiler(judge_store, spec, work / "logs", lambda e: None, backend=backend)
     profiler.create_run(gather_context(spec, None), kind="openloop")
     judge = Judge(profiler, backend, args.window)

@@ -29,15 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import say_text
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def say_text(event: object) -> None:
-    """The backend's launches and live-switch check, one line each (its other events are
-    the profiler's, reported per block below)."""
-    text = getattr(event, "text", "")
-    if text:
-        print(f"  {text}", flush=True)
 
 
 def main() -> int:
