@@ -13,9 +13,14 @@
    seeds (another draw per block). A block's value is the contender's mean time per output
    token (mean generating slots / throughput, the token-weighted figure the tpot objective
    predicts) over the answer's, minus 1, averaged over its two pairs; blocks accumulate until
-   the one-sided 95 % bound (t-quantiles for the blocks taken) shows the contender behind, or
-   at most 3 % ahead (the answer holds), or ahead by possibly more (the answer loses), or the
-   time per rate (--minutes, default 30) runs out, reported with its bound.
+   the one-sided 95 % bound shows the contender behind, or at most 3 % ahead (the answer
+   holds), or ahead by possibly more (the answer loses), or the time per rate (--minutes,
+   default 30) runs out, reported with its bound. The bound's standard error comes from the
+   spread of blocks pooled over the rate's contenders, with t-quantiles for the degrees of
+   freedom that has (blocks taken minus contenders), and no contender is judged before three
+   blocks of its own: a pair's two halves serve the same arrivals, yet their mean TPOT ratio
+   moved by 10-25 % from one pair to the next here, and with two blocks a chance agreement of
+   the two passed for a resolved comparison.
 
     .venv/bin/python benchmarks/openloop.py [--window 40] [--minutes 30] [--db URL] [--seed 0]
 """
@@ -23,7 +28,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -34,7 +41,7 @@ from common import say_text, tuner, tuner_env
 from tuner.bench import load_bench
 from tuner.decide import settle
 from tuner.decide.objective import ObjectiveKind
-from tuner.decide.paired import Contrast, LevelDiffs, verdict
+from tuner.decide.paired import Contrast, verdict
 from tuner.decide.recommend import recommend, standing
 from tuner.measure.backend import ServerBackend
 from tuner.measure.observe import Poller
@@ -55,6 +62,7 @@ SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"
 MODEL = "smollm2-135m-f32"
 TARGETS = (1.5, 4.0, 7.0)
 TOLERANCE = 0.03  # a contender at most this much better on mean TPOT leaves the answer standing
+MIN_BLOCKS = 3  # a contender's blocks before any verdict
 
 
 def mean_tpot_ms(f: OpenLoopFigures) -> float:
@@ -114,9 +122,30 @@ class Judge:
         return sum(ratios) / 2
 
 
-def advantage(blocks: list[float]) -> Contrast:
-    """A contender's advantage from its blocks (one level, one difference a block)."""
-    return Contrast.of({0: LevelDiffs(tuple(blocks))}, {0: 1.0})
+def advantages(blocks: dict[int, list[float]]) -> dict[int, Contrast]:
+    """Each contender's advantage at a rate: the mean of its blocks, its standard error from the
+    spread pooled over the rate's contenders (each contender's blocks about its own mean; the
+    spread is the machine's and the arrivals', which every contender at the rate meets alike),
+    with the degrees of freedom that pooling has: blocks taken minus contenders."""
+    df = sum(len(bs) - 1 for bs in blocks.values() if bs)
+    squares = sum((b - statistics.fmean(bs)) ** 2 for bs in blocks.values() if bs for b in bs)
+    out = {}
+    for m, bs in blocks.items():
+        mean = statistics.fmean(bs) if bs else math.nan
+        if df < 1 or not bs:
+            out[m] = Contrast(mean, math.inf, 0.0)
+        else:
+            out[m] = Contrast(mean, math.sqrt(squares / df / len(bs)), float(df))
+    return out
+
+
+def judged(blocks: dict[int, list[float]], m: int) -> str:
+    """A contender's verdict: unresolved before MIN_BLOCKS of its own blocks (with two, one
+    chance agreement of two block values, each the mean of two pairs that differed by 25 %,
+    passed for a resolved comparison), then the one-sided rule at the tolerance."""
+    if len(blocks[m]) < MIN_BLOCKS:
+        return settle.UNRESOLVED
+    return verdict(advantages(blocks)[m], TOLERANCE)
 
 
 def main() -> None:
@@ -181,17 +210,19 @@ def main() -> None:
             for m in list(open_):
                 # advantage of the contender: how much lower its mean TPOT is, relative
                 blocks[m].append(-judge.compare(n, m, rate, block, args.seed + k))
-                if verdict(advantage(blocks[m]), TOLERANCE) != settle.UNRESOLVED:
+                if judged(blocks, m) != settle.UNRESOLVED:
                     open_.remove(m)
             block += 1
         print(f"  N={n} against its contenders on mean TPOT (advantage > 0: contender faster):")
+        pooled = advantages(blocks)
         for m in contenders:
-            adv = advantage(blocks[m])
+            adv = pooled[m]
             low, high = adv.bounds(0.95)
-            v = verdict(adv, TOLERANCE)
+            v = judged(blocks, m)
             print(
                 f"    N={m}: {100 * adv.estimate:+.1f} % over {len(blocks[m])} blocks, "
-                f"one-sided 95 % bounds [{100 * low:+.1f} %, {100 * high:+.1f} %]: {v}"
+                f"one-sided 95 % bounds [{100 * low:+.1f} %, {100 * high:+.1f} %] "
+                f"(df {adv.df:.0f}, pooled over the rate's contenders): {v}"
             )
             summary.append((rate, n, m, adv, v, len(blocks[m])))
     backend.close()
