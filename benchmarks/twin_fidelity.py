@@ -677,12 +677,7 @@ class Fidelity:
         """The stand-in world's own closed truth (what its measurements should cover)."""
         if self.setup.stand_in is None:
             return None
-        return closed_truth(
-            self.setup.stand_in,
-            output_tokens=self.load.output_tokens,
-            prompt_tokens=self.load.prompt_tokens,
-            concurrency=list(range(1, self.np_ + 1)),
-        )
+        return self.truth_of(self.setup.stand_in)
 
 
 def calibrated(
