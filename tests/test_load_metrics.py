@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tuner.measure import kernel, metrics
 from tuner.measure.client import parse_metrics
 from tuner.measure.load import RequestSample, never_together, summarize
-from tuner.measure.spec import default_levels
+from tuner.measure.spec import SpeculativeSpec, default_levels
 from tuner.measure.stats import relative_mad
 
 METRICS_BEFORE = """\
@@ -129,6 +131,30 @@ def test_kernel_jsonl_gives_decode_and_verify_points() -> None:
     assert verify.step_ms == pytest.approx(50.0)
     assert (decode.shape, decode.rows) == ("decode", 2)
     assert decode.step_ms == pytest.approx(40.0)
+
+
+def test_kernel_jsonl_of_the_draft_model_gives_its_generation_steps() -> None:
+    line = (
+        '{"n_kv_max": 40, "pp": 1, "tg": 16, "pl": 3, "n_kv": 51, "t_pp": 0.01, '
+        '"speed_pp": 300.0, "t_tg": 0.112, "speed_tg": 428.6, "t": 0.122, "speed": 418.0}'
+    )
+    (draft,) = kernel.parse_jsonl(line, model="draft")
+    assert (draft.shape, draft.n_seq, draft.rows) == ("draft", 3, 3)
+    assert draft.step_ms == pytest.approx(7.0)
+    cmd = kernel.draft_command(Path("/b/llama-batched-bench"), Path("/m/d.gguf"), 4, 2, 16, [])
+    assert cmd[cmd.index("-m") + 1] == "/m/d.gguf" and cmd[cmd.index("-npl") + 1] == "1,2,3,4"
+    assert cmd[cmd.index("-npp") + 1] == "1" and cmd[cmd.index("-t") + 1] == "2"
+
+
+def test_the_draft_model_is_read_from_the_drafting_arguments() -> None:
+    def draft(*args: str) -> Path | None:
+        return SpeculativeSpec(args=list(args)).draft_model()
+
+    assert draft("--model-draft", "/m/d.gguf", "--spec-synth-len", "3") == Path("/m/d.gguf")
+    assert draft("-md", "/m/e.gguf") == Path("/m/e.gguf")
+    assert draft("--model-draft=/m/f.gguf") == Path("/m/f.gguf")
+    assert draft("--spec-type", "ngram-simple") is None
+    assert draft("--model-draft") is None  # nothing after it: llama-server's own error to give
 
 
 def test_kernel_verify_lengths_cover_the_draft() -> None:

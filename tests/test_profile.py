@@ -108,8 +108,11 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
         assert build.has_max_slots and len(build.binary_sha256) == 64
         assert session.scalars(select(Host)).one().cpu_cores == os.cpu_count()
         kernel = session.scalars(select(KernelRow).filter_by(run_id=run.id)).all()
-        assert {k.shape for k in kernel} == {"decode", "verify"}
+        assert {k.shape for k in kernel} == {"decode", "verify", "draft"}
         assert max(k.rows for k in kernel) == 8 * 7  # -np x (n_max + 1)
+        # the draft model's generation steps at 1..-np sequences (--model-draft bench:draft)
+        draft = sorted(k.n_seq for k in kernel if k.shape == "draft")
+        assert draft == list(range(1, 9)), draft
     # Acceptance is measured per position from /metrics: E[L] = 1 + sum a_i, near synth-len
     # 3.5 (at 4 streams: the level with the most drafts, about 150).
     rates = levels[("spec", 4)].metrics["accept_rates"]

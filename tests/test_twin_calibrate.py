@@ -102,6 +102,56 @@ def test_fitting_recovers_the_knots_of_a_known_world() -> None:
     assert [y for _, y in fitted.draft.call_ms] == pytest.approx([3.0, 3.5, 6.0], rel=0.03)
 
 
+@pytest.mark.slow
+def test_between_its_levels_a_fit_follows_the_measured_kernel_shape() -> None:
+    """A world whose target costs as much at 3 rows as at 4 and whose draft call costs more at 3
+    slots than at 4 (the bench's one-block draft on this CPU): fitted at 1, 2 and 4 streams, a
+    straight line between the levels misses both at 3; the kernel rows' shape (each here the
+    world's cost less a constant, as llama-batched-bench sees less than the server pays) does
+    not."""
+    known = world_from_dict(
+        {
+            "name": "sawtooth",
+            "model_name": "twin-sawtooth",
+            "n_parallel": 4,
+            "n_max": 3,
+            "acceptance": {"synth_len": 2.4},
+            "step": {"rows_ms": [[1, 20.0], [2, 26.0], [3, 30.0], [4, 30.0], [16, 60.0]]},
+            "draft": {"call_ms": [[1, 3.0], [2, 3.5], [3, 7.0], [4, 6.0]]},
+            "noise": {"preset": "off"},
+        }
+    )
+    truth = closed_truth(known, rel_se=0.003, concurrency=[1, 2, 3, 4])
+    plain = {c: truth.tps(Policy.plain(), c) for c in (1, 2, 4)}
+    spec = {c: truth.tps(Policy.always(), c) for c in (1, 2, 4)}
+    template = known.model_copy(
+        update={
+            "step": known.step.model_copy(update={"rows_ms": [(1, 5.0), (16, 60.0)]}),
+            "draft": known.draft.model_copy(update={"call_ms": [(1, 1.0)]}),
+        }
+    )
+    rows_shape = Curve([(1, 15.0), (2, 21.0), (3, 25.0), (4, 25.0)])
+    call_shape = Curve([(1, 2.0), (2, 2.5), (3, 6.0), (4, 5.0)])
+    shaped, _ = fit_world(
+        template, plain, spec, rel_se=0.003, rows_shape=rows_shape, call_shape=call_shape
+    )
+    assert Curve(shaped.step.rows_ms)(3) == pytest.approx(30.0, rel=0.01)
+    assert Curve(shaped.draft.call_ms)(3) == pytest.approx(7.0, rel=0.03)
+    line, _ = fit_world(template, plain, spec, rel_se=0.003)
+    assert Curve(line.step.rows_ms)(3) == pytest.approx(28.0, rel=0.01)
+    at_3 = {"shaped": closed_truth(shaped, rel_se=0.003, concurrency=[3])}
+    at_3["line"] = closed_truth(line, rel_se=0.003, concurrency=[3])
+    for policy in (Policy.plain(), Policy.always()):
+        want = truth.tps(policy, 3)
+        assert at_3["shaped"].tps(policy, 3) == pytest.approx(want, rel=0.01)
+        assert at_3["line"].tps(policy, 3) > 1.05 * want  # the line's cheaper steps
+    # the levels fitted are the same either way
+    for c, value in spec.items():
+        assert closed_truth(shaped, rel_se=0.003, concurrency=[c]).tps(
+            Policy.always(), c
+        ) == pytest.approx(value, rel=0.01)
+
+
 def test_acceptance_is_estimated_only_where_the_table_has_none() -> None:
     plain = {1: 38.7, 2: 54.0, 4: 67.5, 8: 78.3}
     spec = {1: 56.5, 2: 57.9, 4: 64.8, 8: 69.9}
@@ -118,3 +168,26 @@ def test_acceptance_is_estimated_only_where_the_table_has_none() -> None:
     with pytest.raises(ValueError, match="plain row and a spec row"):
         calibrate_table(doc.model_copy(update={"rows": doc.rows[:1]}))
     assert math.isfinite(length)
+
+
+def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
+    tmp_path: Path,
+) -> None:
+    from benchdata import BENCH_KERNEL, store_profile
+
+    from tuner.storage.engine import Store
+    from tuner.storage.fits import select_data
+    from tuner.twin.from_run import kernel_curve, run_levels
+
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    draft = [
+        ("draft", c, 1, ms) for c, ms in zip(range(1, 9), (2, 4, 7, 5, 8, 6, 9, 7), strict=True)
+    ]
+    run_id = store_profile(store, kernel=BENCH_KERNEL + draft)
+    data, _ = select_data(store, "smollm2-bench", None)
+    assert len(data.kernel) == len(BENCH_KERNEL)
+    run = run_levels(store, run_id)
+    call_shape = kernel_curve(run, "draft")
+    assert call_shape is not None and [call_shape(c) for c in (3, 4)] == [7.0, 5.0]
+    rows_shape = kernel_curve(run, "decode")
+    assert rows_shape is not None and rows_shape(1) == BENCH_KERNEL[0][3]

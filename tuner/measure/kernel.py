@@ -1,8 +1,12 @@
 """Kernel-level step costs from `llama-batched-bench --output-format jsonl`.
 
-One run measures both shapes the server executes: generation steps of n_seq x 1 rows (decode)
-and prompt batches of n_seq x (n+1) rows (the verify shape of a draft of n tokens). They give the
-shape of T(rows) cheaply; server-level runs calibrate what the bare kernels miss.
+One run on the target measures both shapes the server executes: generation steps of n_seq x 1
+rows (decode) and prompt batches of n_seq x (n+1) rows (the verify shape of a draft of n tokens).
+They give the shape of T(rows) cheaply; server-level runs calibrate what the bare kernels miss.
+A second, shorter run on the draft model (where the spec loads one) measures its generation
+steps of n_seq x 1 rows ("draft"): the shape of a draft call's cost in the number of drafting
+slots, which on a CPU is not smooth (the bench's one-block draft costs more at 3, 5 and 7 rows
+than at 4, 6 and 8).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from tuner.errors import ServerDiedError, ServerError
 
 @dataclass(frozen=True)
 class KernelPoint:
-    shape: str  # "decode" (n_seq x 1) or "verify" (n_seq x tokens_per_seq)
+    shape: str  # "decode" (n_seq x 1), "verify" (n_seq x tokens_per_seq), "draft" (draft model)
     n_seq: int
     tokens_per_seq: int
     step_ms: float
@@ -65,8 +69,27 @@ def command(
     return cmd + extra_args
 
 
-def parse_jsonl(text: str) -> list[KernelPoint]:
-    """Every jsonl line gives one verify point (its prompt batch) and one decode point."""
+def draft_command(
+    binary: Path,
+    draft_model: Path,
+    n_parallel: int,
+    threads: int | None,
+    generation_tokens: int,
+    extra_args: list[str],
+) -> list[str]:
+    """The draft model's generation steps at 1..n_parallel sequences (one-token prompts)."""
+    n_ctx = n_parallel * (1 + generation_tokens) + 16
+    cmd = [str(binary), "-m", str(draft_model), "-c", str(n_ctx), "-npp", "1"]
+    cmd += ["-ntg", str(generation_tokens), "-npl", ",".join(map(str, range(1, n_parallel + 1)))]
+    cmd += ["--output-format", "jsonl"]
+    if threads:
+        cmd += ["-t", str(threads)]
+    return cmd + extra_args
+
+
+def parse_jsonl(text: str, model: str = "target") -> list[KernelPoint]:
+    """Every jsonl line of the target gives one verify point (its prompt batch) and one decode
+    point; of the draft model (`model="draft"`), one draft point (its generation steps)."""
     points: list[KernelPoint] = []
     for line in text.splitlines():
         line = line.strip()
@@ -74,14 +97,22 @@ def parse_jsonl(text: str) -> list[KernelPoint]:
             continue
         row = json.loads(line)
         pl, pp, tg = int(row["pl"]), int(row["pp"]), int(row["tg"])
+        step_ms = float(row["t_tg"]) * 1000 / tg if tg > 0 else None
+        if model == "draft":
+            if step_ms is not None:
+                points.append(KernelPoint("draft", pl, 1, step_ms))
+            continue
         points.append(KernelPoint("verify", pl, pp, float(row["t_pp"]) * 1000))
-        if tg > 0:
-            points.append(KernelPoint("decode", pl, 1, float(row["t_tg"]) * 1000 / tg))
+        if step_ms is not None:
+            points.append(KernelPoint("decode", pl, 1, step_ms))
     return points
 
 
-def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) -> list[KernelPoint]:
-    """Run llama-batched-bench and parse its rows; its output is kept in log_path."""
+def run_batched_bench(
+    cmd: list[str], log_path: Path, timeout_s: float = 600, model: str = "target"
+) -> list[KernelPoint]:
+    """Run llama-batched-bench and parse its rows (`parse_jsonl`'s model); its output is kept in
+    log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -99,7 +130,7 @@ def run_batched_bench(cmd: list[str], log_path: Path, timeout_s: float = 600) ->
             f"llama-batched-bench {what}" + (f" ({cause})" if cause else "") + f":\n{tail}",
             returncode=result.returncode,
         )
-    points = parse_jsonl(result.stdout + "\n" + result.stderr)
+    points = parse_jsonl(result.stdout + "\n" + result.stderr, model)
     if not points:
         raise ServerError(f"llama-batched-bench printed no jsonl rows; see {log_path}")
     return points

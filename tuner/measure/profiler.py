@@ -522,7 +522,19 @@ class Profiler:
             self.spec.kernel.generation_tokens,
             self.spec.kernel.args,
         )
-        points = kernel.run_batched_bench(cmd, self.log_dir / f"run-{self.run_id}" / "kernel.log")
+        logs = self.log_dir / f"run-{self.run_id}"
+        points = kernel.run_batched_bench(cmd, logs / "kernel.log")
+        draft = self.spec.speculative.draft_model()
+        if draft is not None and draft.exists():
+            cmd = kernel.draft_command(
+                binary,
+                draft,
+                self.spec.server.n_parallel,
+                self.spec.server.threads,
+                self.spec.kernel.generation_tokens,
+                self.spec.kernel.args,
+            )
+            points += kernel.run_batched_bench(cmd, logs / "kernel-draft.log", model="draft")
         self.record_kernel(points)
 
 

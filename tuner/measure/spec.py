@@ -54,6 +54,15 @@ class SpeculativeSpec(_Strict):
         None, ge=1, description="also measure --spec-draft-max-slots N (needs the patched server)"
     )
 
+    def draft_model(self) -> Path | None:
+        """The draft model file the arguments load (`-md`/`--model-draft`), if any."""
+        for i, arg in enumerate(self.args):
+            if arg.startswith("--model-draft="):
+                return Path(arg.split("=", 1)[1])
+            if arg in ("-md", "--model-draft") and i + 1 < len(self.args):
+                return Path(self.args[i + 1])
+        return None
+
 
 class OutputSpec(_Strict):
     """How many tokens each request generates (every request of a level still starts together;

@@ -245,7 +245,10 @@ def select_data(
         run_ids = [run.id for run in group]
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
-            for row in session.scalars(select(KernelRow).where(KernelRow.run_id.in_(run_ids)))
+            for row in session.scalars(
+                # the draft model's rows are the twin's (tuner.twin.from_run), not the target's
+                select(KernelRow).where(KernelRow.run_id.in_(run_ids), KernelRow.shape != "draft")
+            )
         ]
         spec = basis.spec or {}
         weights = (spec.get("workload") or {}).get("weights")

@@ -193,7 +193,8 @@ class KernelRow(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
-    shape: Mapped[str] = mapped_column(String(16))  # decode (n_seq x 1) | verify (n_seq x (n+1))
+    # decode (n_seq x 1) | verify (n_seq x (n+1)) | draft (the draft model's n_seq x 1)
+    shape: Mapped[str] = mapped_column(String(16))
     n_seq: Mapped[int]
     tokens_per_seq: Mapped[int]
     rows: Mapped[int]

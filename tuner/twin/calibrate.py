@@ -38,6 +38,7 @@ import math
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,24 @@ def _with_table(world: World, section: str, key: str, points: list[tuple[float, 
     return World.model_validate(data)
 
 
+def _shaped(solved: Mapping[int, float], shape: Curve | None) -> dict[float, float]:
+    """Solved knots and, where a shape is given, every integer between two of them: the shape
+    there plus the knots' offsets from the shape, interpolated. The shape's bumps are kept (a
+    kernel that costs as much at 3 rows as at 4), its level is the knots'."""
+    points = {float(c): v for c, v in solved.items()}
+    if shape is None:
+        return points
+    xs = sorted(solved)
+    for lo, hi in pairwise(xs):
+        off_lo, off_hi = solved[lo] - shape(lo), solved[hi] - shape(hi)
+        for x in range(lo + 1, hi):
+            t = (x - lo) / (hi - lo)
+            points[float(x)] = max(0.0, shape(x) + off_lo + t * (off_hi - off_lo))
+    return points
+
+
 def _merge_points(
-    solved: dict[int, float], kept: list[tuple[float, float]]
+    solved: Mapping[float, float], kept: list[tuple[float, float]]
 ) -> list[tuple[float, float]]:
     """Solved knots, plus kept points beyond the largest solved one, starting at x <= 1."""
     top = max(solved)
@@ -202,9 +219,13 @@ def fit_world(
     output_tokens: int = 128,
     prompt_tokens: int = 32,
     rel_se: float = 0.002,
+    rows_shape: Curve | None = None,
+    call_shape: Curve | None = None,
 ) -> tuple[World, list[str]]:
     """The template with rows_ms solved at the plain levels and call_ms at the spec levels (see
-    the module docstring); reeval_ms becomes reeval_share x rows_ms when a share is given."""
+    the module docstring); reeval_ms becomes reeval_share x rows_ms when a share is given.
+    Between two solved knots the tables are linear, or follow `rows_shape` / `call_shape` (a
+    measured kernel cost by rows, `_shaped`) where one is given."""
     notes: list[str] = []
     kw = {"output_tokens": output_tokens, "prompt_tokens": prompt_tokens, "rel_se": rel_se}
     world = template
@@ -221,7 +242,9 @@ def fit_world(
         if x == 0.0:
             notes.append(f"plain at {c}: {tps:.2f} tok/s at most, table {plain[c]:.2f}")
         rows[c] = x
-    world = _with_table(world, "step", "rows_ms", _merge_points(rows, rows_kept))
+    world = _with_table(
+        world, "step", "rows_ms", _merge_points(_shaped(rows, rows_shape), rows_kept)
+    )
     if reeval_share is not None:
         points = [(x, reeval_share * y) for x, y in world.step.rows_ms]
         world = _with_table(world, "draft", "reeval_ms", points)
@@ -245,7 +268,9 @@ def fit_world(
                 "(acceptance too low for this table)"
             )
         calls[c] = x
-    world = _with_table(world, "draft", "call_ms", _merge_points(calls, calls_kept))
+    world = _with_table(
+        world, "draft", "call_ms", _merge_points(_shaped(calls, call_shape), calls_kept)
+    )
     return world, notes
 
 

@@ -14,7 +14,10 @@ is then pure, the solver of tuner.twin.calibrate on a template built from the ru
   so that the world's noise-free closed levels (the run's own prompt and output lengths) give
   the run's tok/s (`fit_world`); beyond the largest plain level rows_ms follows the kernel rows
   (decode and verify batches by rows) shifted onto the plain step there, or its last segment
-  without kernel rows;
+  without kernel rows. Between two solved levels rows_ms follows the shape of the target's
+  decode rows and call_ms that of the draft model's generation rows (tuner.measure.kernel),
+  where the run has them, else a straight line: on this CPU a draft call over 3 slots costs
+  more than over 4, which no line through the levels 2 and 4 can know;
 - the draft model's re-evaluation of every batch is `reeval_share` of the target's forward (what
   the threshold levels above their N pay over plain; plain and spec levels cannot tell it);
 - prompt rows cost what the run's own time to first token says: every round starts its c
@@ -74,7 +77,7 @@ class RunData:
     prompt_tokens: int
     depth: int
     levels: tuple[RunLevel, ...]
-    kernel: tuple[tuple[int, float], ...] = field(default=())  # (rows, step_ms)
+    kernel: tuple[tuple[str, int, float], ...] = field(default=())  # (shape, rows, step_ms)
 
     def of(self, kind: str) -> dict[int, RunLevel]:
         """plain, spec (always draft) or threshold levels by concurrency (thresholds: the last
@@ -112,7 +115,7 @@ def run_levels(store: Store, run_id: int) -> RunData:
             for lv in shallow
         )
         rows = session.scalars(select(KernelRow).where(KernelRow.run_id == run_id)).all()
-        kernel = tuple(sorted((row.rows, row.step_ms) for row in rows))
+        kernel = tuple(sorted((row.shape, row.rows, row.step_ms) for row in rows))
         n_max = run.n_max or (spec.get("speculative") or {}).get("n_max") or 3
         return RunData(
             run_id=run_id,
@@ -194,20 +197,29 @@ def prefill_of(data: RunData) -> tuple[dict[str, float], str]:
     )
 
 
+def kernel_curve(data: RunData, *shapes: str) -> Curve | None:
+    """The run's llama-batched-bench rows of these shapes as a curve in rows (the median of the
+    rows measured at each count), or None without any."""
+    by_rows: dict[int, list[float]] = {}
+    for shape, rows, ms in data.kernel:
+        if shape in shapes and ms > 0:
+            by_rows.setdefault(rows, []).append(ms)
+    if not by_rows:
+        return None
+    return Curve(sorted((float(r), statistics.median(v)) for r, v in by_rows.items()))
+
+
 def _rows_template(data: RunData, plain: dict[int, float]) -> list[tuple[float, float]]:
     """rows_ms before solving: the plain steps (c / tok/s), and beyond the largest plain level
-    the kernel rows shifted onto the plain step there."""
+    the target's kernel rows shifted onto the plain step there."""
     points = sorted((float(c), 1000.0 * c / tps) for c, tps in plain.items())
     if points[0][0] > 1:
         points.insert(0, (1.0, points[0][1]))
-    if data.kernel:
-        by_rows: dict[int, list[float]] = {}
-        for rows, ms in data.kernel:
-            by_rows.setdefault(rows, []).append(ms)
-        kernel = sorted((float(r), statistics.median(v)) for r, v in by_rows.items())
+    kernel = kernel_curve(data, "decode", "verify")
+    if kernel is not None:
         top_x, top_ms = points[-1]
-        shift = top_ms - Curve(kernel)(top_x)
-        points += [(x, max(0.0, ms + shift)) for x, ms in kernel if x > top_x]
+        shift = top_ms - kernel(top_x)
+        points += [(x, max(0.0, ms + shift)) for x, ms in kernel.points() if x > top_x]
     return points
 
 
@@ -244,8 +256,17 @@ def calibrate_run(
         }
     )
     work = {"output_tokens": data.output_tokens, "prompt_tokens": data.prompt_tokens}
+    rows_shape = kernel_curve(data, "decode")
+    call_shape = kernel_curve(data, "draft")
     world, notes = fit_world(
-        template, plain, spec, reeval_share=reeval_share, rel_se=rel_se, **work
+        template,
+        plain,
+        spec,
+        reeval_share=reeval_share,
+        rel_se=rel_se,
+        rows_shape=rows_shape,
+        call_shape=call_shape,
+        **work,
     )
     thresholds = data.of("threshold")
     levels = sorted(set(plain) | set(spec) | set(thresholds))
@@ -261,6 +282,12 @@ def calibrate_run(
     for c, lv in sorted(thresholds.items()):
         held += fits(lv.policy.with_n_max(data.n_max), {c: lv.tokens_per_second})
     notes.append(prefill_note)
+    for what, shape, source in (
+        ("rows_ms", rows_shape, "the target's decode rows"),
+        ("call_ms", call_shape, "the draft model's generation rows"),
+    ):
+        between = "follows the shape of" if shape is not None else "is a straight line: no"
+        notes.append(f"between its levels {what} {between} {source} from llama-batched-bench")
     if data.depth:
         notes.append(f"levels at depth {data.depth} (the run's shallowest); the world's depth is 0")
     return Calibration(

@@ -114,6 +114,10 @@ class Curve:
             return self._cache[x]
         return self._eval(float(x))
 
+    def points(self) -> list[tuple[float, float]]:
+        """The table's points."""
+        return list(zip(self._xs, self._ys, strict=True))
+
     def at_int(self) -> list[float]:
         """Values at 0, 1, 2, ... (the lookup list)."""
         return self._cache
