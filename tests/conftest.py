@@ -99,7 +99,8 @@ def _profile_once(
 # machine; which N is right is tested on the twin (test_bench_twin.py, test_decisions.py).
 # Levels 1 and 4 (4: the drafting launch measures threshold 3 beside always-draft there), two
 # repeats (two interleaved passes), short outputs, no warm-up round, no adaptive levels, and
-# kernel rows of two decode steps each (every shape is still run and stored).
+# kernel rows of two decode steps each, full-draft prompt batches measured once more (every
+# shape is still run and stored).
 SHARED_PROFILE_LEVELS = (1, 4)
 SHARED_PROFILE_TOKENS = 48
 SHARED_WORKLOAD_ARGS = [
@@ -116,7 +117,13 @@ SHARED_WORKLOAD_ARGS = [
     "--set",
     "workload.warmup=0",
 ]
-SHARED_PROFILE_ARGS = [*SHARED_WORKLOAD_ARGS, "--set", "kernel.generation_tokens=2"]
+SHARED_PROFILE_ARGS = [
+    *SHARED_WORKLOAD_ARGS,
+    "--set",
+    "kernel.generation_tokens=2",
+    "--set",
+    "kernel.prompt_repeats=1",
+]
 
 
 @pytest.fixture(scope="session")

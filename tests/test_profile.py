@@ -110,6 +110,9 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
         kernel = session.scalars(select(KernelRow).filter_by(run_id=run.id)).all()
         assert {k.shape for k in kernel} == {"decode", "verify", "draft"}
         assert max(k.rows for k in kernel) == 8 * 7  # -np x (n_max + 1)
+        # full drafts' verify batches measured again alone (prompt_repeats: 1 here)
+        full = sorted(k.n_seq for k in kernel if k.shape == "verify" and k.tokens_per_seq == 7)
+        assert full == sorted(2 * list(range(1, 9))), full
         # the draft model's generation steps at 1..-np sequences (--model-draft bench:draft)
         draft = sorted(k.n_seq for k in kernel if k.shape == "draft")
         assert draft == list(range(1, 9)), draft

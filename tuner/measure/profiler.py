@@ -524,6 +524,18 @@ class Profiler:
         )
         logs = self.log_dir / f"run-{self.run_id}"
         points = kernel.run_batched_bench(cmd, logs / "kernel.log")
+        if self.spec.kernel.prompt_repeats:
+            cmd = kernel.prompt_command(
+                binary,
+                self.spec.server.model,
+                self.spec.server.n_parallel,
+                self.spec.speculative.n_max,
+                self.spec.server.ctx_size,
+                self.spec.server.threads,
+                self.spec.kernel.prompt_repeats,
+                self.spec.kernel.args,
+            )
+            points += kernel.run_batched_bench(cmd, logs / "kernel-prompts.log", model="prompts")
         draft = self.spec.speculative.draft_model()
         if draft is not None and draft.exists():
             cmd = kernel.draft_command(

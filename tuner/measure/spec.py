@@ -220,6 +220,9 @@ class KernelSpec(_Strict):
         None, description="llama-batched-bench; default: beside llama-server"
     )
     generation_tokens: int = Field(16, ge=2, description="-ntg: decode steps per point")
+    prompt_repeats: int = Field(
+        5, ge=0, description="full-draft prompt batches measured again alone, this many times"
+    )
     args: list[str] = Field(default_factory=list, description="extra llama-batched-bench arguments")
 
 
