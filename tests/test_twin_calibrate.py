@@ -170,6 +170,7 @@ def test_acceptance_is_estimated_only_where_the_table_has_none() -> None:
     assert math.isfinite(length)
 
 
+@pytest.mark.slow  # calibrates a world to the stored run: about ten seconds
 def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
     tmp_path: Path,
 ) -> None:
@@ -177,7 +178,7 @@ def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
 
     from tuner.storage.engine import Store
     from tuner.storage.fits import select_data
-    from tuner.twin.from_run import kernel_curve, run_levels
+    from tuner.twin.from_run import calibrate_run, kernel_curve, run_levels
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     draft = [
@@ -191,3 +192,8 @@ def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
     assert call_shape is not None and [call_shape(c) for c in (3, 4)] == [7.0, 5.0]
     rows_shape = kernel_curve(run, "decode")
     assert rows_shape is not None and rows_shape(1) == BENCH_KERNEL[0][3]
+    calibration = calibrate_run(run, rel_se=0.02)
+    assert calibration.synth_len_source == "pooled /metrics acceptance per position"
+    notes = "\n".join(calibration.notes)
+    assert "call_ms follows the shape of the draft model's generation rows" in notes, notes
+    assert "rows_ms follows the shape of the target's decode rows" in notes, notes

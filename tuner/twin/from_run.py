@@ -282,12 +282,12 @@ def calibrate_run(
     for c, lv in sorted(thresholds.items()):
         held += fits(lv.policy.with_n_max(data.n_max), {c: lv.tokens_per_second})
     notes.append(prefill_note)
-    for what, shape, source in (
+    for what, shape, rows in (
         ("rows_ms", rows_shape, "the target's decode rows"),
         ("call_ms", call_shape, "the draft model's generation rows"),
     ):
         between = "follows the shape of" if shape is not None else "is a straight line: no"
-        notes.append(f"between its levels {what} {between} {source} from llama-batched-bench")
+        notes.append(f"between its levels {what} {between} {rows} from llama-batched-bench")
     if data.depth:
         notes.append(f"levels at depth {data.depth} (the run's shallowest); the world's depth is 0")
     return Calibration(
