@@ -6,7 +6,8 @@ A twin calibrated from a bench profile, held against bench measurements it never
    off arm at 1, 2, 4, 8 streams; no adaptive levels, so the closed levels below stay out of it)
    into a fresh database, or the newest completed profile run of `--db` (or `--run`). The
    "profile twin" is calibrated from that run by the code `tuner twin calibrate --run` runs
-   (tuner.twin.from_run: plain and always-draft levels fitted, threshold levels held out). From
+   (tuner.twin.from_run: plain and always-draft levels fitted, the threshold server's overhead
+   over plain from the off arms). From
    it come the policy served open loop (the profile's recommended N, `recommend`'s standing
    answer after the profile, or `--policy N`) and the arrival rates (`--rates`, default: the
    rates at which this twin keeps about 1.5, 4 and 7 slots generating under the policy; the
@@ -20,7 +21,8 @@ A twin calibrated from a bench profile, held against bench measurements it never
      as everything the twin is held against. A held-out level closes when every policy's 95 %
      t-interval of the mean tok/s (the tuner's estimand: aggregate tok/s while all c streams
      generate) is within `--target` of its mean, or at `--max-rounds` rounds; the calibration
-     levels are measured while a held-out level is.
+     levels (with their off arms, which give the threshold server's overhead over plain) are
+     measured while a held-out level is.
    - An open window: `--window` seconds of Poisson arrivals conditioned on their count (the
      arrivals `tuner validate --arrivals poisson` sends, tuner.measure.openloop.poisson_offsets)
      served by the policy (tuner.measure.backend.ServerBackend.arrivals), the rates in turn
@@ -372,8 +374,8 @@ def measure_together(
     same drift of the machine.
 
     A closed pass (Profiler.run_pass): plain on its launch; always draft and, on the live
-    switch, the off arm (c-1) on the drafting launch, at the held-out levels; plain and always
-    draft at the calibration levels (the profile's). After each pass one window at each open
+    switch, the off arm (c-1) on the drafting launch, at the held-out levels and at the
+    calibration levels (the profile's). After each pass one window at each open
     rate (forward, then backward). A held-out level closes when each of its policies meets the
     target or the cap; the calibration levels are measured as long as a held-out level is.
     A rate closes when its throughput and mean TPOT meet the target or the cap. Window w at rate
@@ -393,8 +395,7 @@ def measure_together(
     if check is not None:
         profiler.recorder.set_way(check(policies))
     depth = profiler.depth
-    arms = profiler.arms(policies, [(depth, c) for c in held])
-    arms.update({(depth, c): list(policies) for c in calib})
+    arms = profiler.arms(policies, [(depth, c) for c in sorted({*held, *calib})])
     open_cells = {cell: list(ps) for cell, ps in sorted(arms.items())}
     workload = profiler.request_workload()
     closed: Closed = {}
@@ -448,16 +449,18 @@ def measure_together(
 
 
 def same_drift_data(f: Fidelity, measured: Measured, profile: RunData, calib: list[int]) -> RunData:
-    """The calibration levels as measured beside the held-out ones: the fidelity run's plain and
-    always-draft levels at the profile's concurrencies, each at the mean of its rounds (the
-    estimator the held-out figures are compared on), with the profile's llama-batched-bench
-    rows (a kernel table, not a level)."""
+    """The calibration levels as measured beside the held-out ones: the fidelity run's plain,
+    always-draft and off-arm levels at the profile's concurrencies, each at the mean of its
+    rounds (the estimator the held-out figures are compared on), with the profile's
+    llama-batched-bench rows (a kernel table, not a level)."""
     run = run_levels(f.setup.fidelity, measured.profiler.run_id)
     keep = []
     for lv in run.levels:
-        if lv.concurrency not in calib or not (lv.policy.is_plain or lv.policy.is_always):
+        c = lv.concurrency
+        off = lv.policy.is_threshold and not lv.policy.drafts_at(c)
+        if c not in calib or not (lv.policy.is_plain or lv.policy.is_always or off):
             continue
-        p = Policy.plain() if lv.policy.is_plain else Policy.always(f.n_max)
+        p = Policy.plain() if lv.policy.is_plain else lv.policy.with_n_max(f.n_max)
         values = measured.closed.get((p, lv.concurrency))
         mean = statistics.fmean(values) if values else lv.tokens_per_second
         keep.append(replace(lv, tokens_per_second=mean))
@@ -714,6 +717,7 @@ class Twin:
     name: str
     truth: ClosedTruth
     open: list[TwinOpen]
+    reeval_share: float  # the threshold server's overhead over plain, of the target's forward
 
 
 def closed_part(f: Fidelity, measured: Measured, held: list[int], twins: list[Twin]) -> None:
@@ -743,8 +747,10 @@ def closed_part(f: Fidelity, measured: Measured, held: list[int], twins: list[Tw
     f.say(
         f"measured by {way}; inside the bench's interval: "
         + ", ".join(f"{t.name} {inside[t.name]}/{len(rows)}" for t in twins)
-        + f". N=c-1 at c: the threshold that does not draft there (the twins' rests on an "
-        f"assumed re-evaluation share, {f.cal.reeval_share:g} of the target's forward)"
+        + ". N=c-1 at c: the threshold that does not draft there (the twins' rests on the "
+        "threshold server's overhead over plain, "
+        + ", ".join(f"{t.name} {100 * t.reeval_share:.1f} %" for t in twins)
+        + ", from the off arms at the calibration levels)"
     )
 
 
@@ -947,7 +953,10 @@ def main() -> int:
     fit_tps = np.asarray(fit.model.policy_tps(np.arange(1, np_ + 1), policy), dtype=float)
     fit_rates = [queue.rate_for_mean_generating(fit_tps, load.output_tokens, m) for m in TARGETS]
     profile_twin = Twin(
-        "profile twin", f.truth_of(cal.world), [f.twin_open(cal.world, r) for r in rates]
+        "profile twin",
+        f.truth_of(cal.world),
+        [f.twin_open(cal.world, r) for r in rates],
+        cal.reeval_share,
     )
     say(
         f"rates {', '.join(f'{r:.4f}' for r in rates)} /s ({rate_why}); the cost model's queue "
@@ -959,7 +968,7 @@ def main() -> int:
     calib = sorted(profiled)
     say(
         f"\n== 2. the bench: closed passes (held-out levels {levels}; calibration levels {calib}, "
-        f"plain and always draft) and open windows at each rate, taking turns"
+        f"plain, always draft and the off arm) and open windows at each rate, taking turns"
     )
     backend = setup.backend(args.seed + 1, progress(say))
     try:
@@ -976,13 +985,17 @@ def main() -> int:
     )
     say(same.report())
     same_twin = Twin(
-        "same-drift twin", f.truth_of(same.world), [f.twin_open(same.world, r) for r in rates]
+        "same-drift twin",
+        f.truth_of(same.world),
+        [f.twin_open(same.world, r) for r in rates],
+        same.reeval_share,
     )
     priced_world, per_token_ms = with_prefill_priced(same, load.prompt_tokens)
     priced = Twin(
         "same-drift twin, prefill from its step table",
         f.truth_of(priced_world),
         [f.twin_open(priced_world, r) for r in rates],
+        same.reeval_share,
     )
     say(f"twin predictions: {time.monotonic() - started:.0f} s")
     closed_part(f, measured, levels, [same_twin, profile_twin])

@@ -197,3 +197,39 @@ def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
     notes = "\n".join(calibration.notes)
     assert "call_ms follows the shape of the draft model's generation rows" in notes, notes
     assert "rows_ms follows the shape of the target's decode rows" in notes, notes
+
+
+@pytest.mark.slow  # calibrates a world to the stored run: about ten seconds
+def test_the_threshold_servers_overhead_is_measured_from_the_runs_off_arms(
+    tmp_path: Path,
+) -> None:
+    """A run with threshold levels above their N (the off arms) gives the share a threshold
+    server pays over plain: each level's plain / threshold - 1, their mean; each such level is
+    held out with the others' share."""
+    from benchdata import BENCH_LEVELS, store_profile
+
+    from tuner.storage.engine import Store
+    from tuner.twin.from_run import calibrate_run, run_levels, threshold_shares
+
+    def off(n: int, c: int, tps: float) -> tuple[str, int, list[tuple]]:
+        return (f"max-slots-{n}", c, [(tps, 1.0, 1000.0 * c / tps, 0, [])])
+
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    levels = [*BENCH_LEVELS, off(1, 2, 118.354 / 1.10), off(3, 4, 191.09 / 1.04)]
+    run = run_levels(store, store_profile(store, levels=levels))
+    plain = {c: lv.tokens_per_second for c, lv in run.of("plain").items()}
+    shares = threshold_shares(run)
+    assert shares == pytest.approx(
+        {2: plain[2] / (118.354 / 1.10) - 1, 4: plain[4] / (191.09 / 1.04) - 1}
+    )
+    calibration = calibrate_run(run, rel_se=0.02)
+    assert calibration.reeval_share == pytest.approx(sum(shares.values()) / 2)
+    assert "the mean over the run's threshold levels that do not draft" in "".join(
+        calibration.notes
+    )
+    held = {f.streams: f for f in calibration.held_out}
+    assert held[2].twin == pytest.approx(plain[2] / (1 + shares[4]), rel=0.01)
+    assert held[4].twin == pytest.approx(plain[4] / (1 + shares[2]), rel=0.01)
+    given = calibrate_run(run, rel_se=0.02, reeval_share=0.0)
+    assert given.reeval_share == 0.0
+    assert {f.streams: f.twin for f in given.held_out}[2] == pytest.approx(plain[2], rel=0.01)

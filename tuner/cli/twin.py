@@ -246,9 +246,13 @@ def calibrate(
     name: Annotated[str | None, typer.Option(help="the world's name")] = None,
     noise: Annotated[Noise, typer.Option(help="the world's noise preset")] = Noise.QUIET,
     reeval_share: Annotated[
-        float,
-        typer.Option(help="the draft's re-evaluation of a batch, as a share of the target's"),
-    ] = 0.02,
+        float | None,
+        typer.Option(
+            help="the draft's re-evaluation of a batch, as a share of the target's forward "
+            "(what a threshold server pays over plain); default: --table 0.02, --run measured "
+            "from its threshold levels where it has any, else 0.02"
+        ),
+    ] = None,
     synth_len: Annotated[
         float | None, typer.Option(help="--table: acceptance length when the table has none")
     ] = None,
@@ -269,7 +273,7 @@ def calibrate(
             table,
             name=name,
             synth_len=synth_len,
-            reeval_share=reeval_share,
+            reeval_share=0.02 if reeval_share is None else reeval_share,
             noise=noise.value,
             rel_se=rel_se,
         )

@@ -182,6 +182,11 @@ def _with_table(world: World, section: str, key: str, points: list[tuple[float, 
     return World.model_validate(data)
 
 
+def with_reeval_share(world: World, share: float) -> World:
+    """The world with the draft model's re-evaluation of every batch at `share` x rows_ms."""
+    return _with_table(world, "draft", "reeval_ms", [(x, share * y) for x, y in world.step.rows_ms])
+
+
 def _shaped(solved: Mapping[int, float], shape: Curve | None) -> dict[float, float]:
     """Solved knots and, where a shape is given, every integer between two of them: the shape
     there plus the knots' offsets from the shape, interpolated. The shape's bumps are kept (a
@@ -246,8 +251,7 @@ def fit_world(
         world, "step", "rows_ms", _merge_points(_shaped(rows, rows_shape), rows_kept)
     )
     if reeval_share is not None:
-        points = [(x, reeval_share * y) for x, y in world.step.rows_ms]
-        world = _with_table(world, "draft", "reeval_ms", points)
+        world = with_reeval_share(world, reeval_share)
 
     calls_kept = list(template.draft.call_ms)
     calls: dict[int, float] = {}

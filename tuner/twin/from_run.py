@@ -18,8 +18,13 @@ is then pure, the solver of tuner.twin.calibrate on a template built from the ru
   decode rows and call_ms that of the draft model's generation rows (tuner.measure.kernel),
   where the run has them, else a straight line: on this CPU a draft call over 3 slots costs
   more than over 4, which no line through the levels 2 and 4 can know;
-- the draft model's re-evaluation of every batch is `reeval_share` of the target's forward (what
-  the threshold levels above their N pay over plain; plain and spec levels cannot tell it);
+- the draft model's re-evaluation of every batch is `reeval_share` of the target's forward: what
+  a threshold server pays over plain where it does not draft, which plain and spec levels
+  cannot tell. It is measured where the run has threshold levels above their N (each such
+  level beside plain at its concurrency gives plain / threshold - 1; the share is their mean,
+  at least 0), else assumed (DEFAULT_REEVAL_SHARE, 2 %: an MTP head or one-block draft re-runs
+  about one block of a ~48-block target). On the bench the threshold server ran 0-14 % below
+  plain at levels where it did not draft, across launches;
 - prompt rows cost what the run's own time to first token says: every round starts its c
   streams together, so their c x P prompt rows are one batch, and a level's median TTFT rises
   with c x P by `prefill.ms_per_token` (the Theil-Sen slope over the plain levels); the
@@ -30,7 +35,9 @@ is then pure, the solver of tuner.twin.calibrate on a template built from the ru
 - slots and depth costs are 0 and the noise is the preset given (a run's noise is not a world's:
   its spread is the machine's).
 
-Threshold levels are predicted by the world and set beside the run (`Calibration.held_out`).
+Threshold levels are predicted by the world and set beside the run (`Calibration.held_out`);
+one that gave the share is predicted with the share of the others (left out), or with the
+assumed share where it is the only one.
 The world's `model_name` is "twin-" and the run's model: never the measured model's own, so
 data measured on the twin never pools with the real model's.
 """
@@ -47,9 +54,11 @@ from tuner.errors import NotFoundError, NothingToDoError
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 from tuner.storage.orm import KernelRow, Level, Run, Sample
-from tuner.twin.calibrate import Calibration, LevelFit, fit_world
+from tuner.twin.calibrate import Calibration, LevelFit, fit_world, with_reeval_share
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import Curve, World
+
+DEFAULT_REEVAL_SHARE = 0.02  # assumed where a run has no threshold level above its N
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,17 @@ def kernel_curve(data: RunData, *shapes: str) -> Curve | None:
     return Curve(sorted((float(r), statistics.median(v)) for r, v in by_rows.items()))
 
 
+def threshold_shares(data: RunData) -> dict[int, float]:
+    """What the threshold server paid over plain at each level where it did not draft and plain
+    was measured too: plain / threshold - 1, by concurrency."""
+    plain = data.of("plain")
+    return {
+        c: plain[c].tokens_per_second / lv.tokens_per_second - 1.0
+        for c, lv in data.of("threshold").items()
+        if not lv.policy.drafts_at(c) and c in plain and lv.tokens_per_second > 0
+    }
+
+
 def _rows_template(data: RunData, plain: dict[int, float]) -> list[tuple[float, float]]:
     """rows_ms before solving: the plain steps (c / tok/s), and beyond the largest plain level
     the target's kernel rows shifted onto the plain step there."""
@@ -227,11 +247,12 @@ def calibrate_run(
     data: RunData,
     *,
     name: str | None = None,
-    reeval_share: float = 0.02,
+    reeval_share: float | None = None,
     noise: str = "quiet",
     rel_se: float = 0.002,
 ) -> Calibration:
-    """A world for a stored run (see the module docstring)."""
+    """A world for a stored run (see the module docstring); reeval_share None: measured from the
+    run's threshold levels where it has any, else assumed."""
     plain = {c: lv.tokens_per_second for c, lv in data.of("plain").items()}
     spec = {c: lv.tokens_per_second for c, lv in data.of("spec").items()}
     if not plain or not spec:
@@ -240,6 +261,22 @@ def calibrate_run(
             "calibrate a world to"
         )
     acceptance, length, source = acceptance_of(data)
+    shares = threshold_shares(data)
+    if reeval_share is not None:
+        share, share_note = reeval_share, f"threshold server's overhead {reeval_share:.3f}: given"
+    elif shares:
+        share = max(0.0, statistics.fmean(shares.values()))
+        each = ", ".join(f"{100 * v:+.1f} % at {c}" for c, v in sorted(shares.items()))
+        share_note = (
+            f"threshold server's overhead over plain {100 * share:.1f} %: the mean over the "
+            f"run's threshold levels that do not draft ({each})"
+        )
+    else:
+        share = DEFAULT_REEVAL_SHARE
+        share_note = (
+            f"threshold server's overhead {share:.3f} of the target's forward: assumed (the run "
+            "has no threshold level above its N)"
+        )
     prefill, prefill_note = prefill_of(data)
     template = World.model_validate(
         {
@@ -262,7 +299,7 @@ def calibrate_run(
         template,
         plain,
         spec,
-        reeval_share=reeval_share,
+        reeval_share=share,
         rel_se=rel_se,
         rows_shape=rows_shape,
         call_shape=call_shape,
@@ -280,7 +317,18 @@ def calibrate_run(
 
     held: list[LevelFit] = []
     for c, lv in sorted(thresholds.items()):
-        held += fits(lv.policy.with_n_max(data.n_max), {c: lv.tokens_per_second})
+        policy = lv.policy.with_n_max(data.n_max)
+        if reeval_share is None and c in shares:
+            # the share without this level: the others' mean, or the assumed one
+            others = [v for k, v in shares.items() if k != c]
+            left = max(0.0, statistics.fmean(others)) if others else DEFAULT_REEVAL_SHARE
+            cell = closed_truth(
+                with_reeval_share(world, left), rel_se=rel_se, concurrency=[c], **work
+            ).cell(policy, c)
+            held.append(LevelFit(policy, c, lv.tokens_per_second, cell.tps, cell.se))
+        else:
+            held += fits(policy, {c: lv.tokens_per_second})
+    notes.append(share_note)
     notes.append(prefill_note)
     for what, shape, rows in (
         ("rows_ms", rows_shape, "the target's decode rows"),
@@ -294,7 +342,7 @@ def calibrate_run(
         world=world,
         synth_len=length,
         synth_len_source=source,
-        reeval_share=reeval_share,
+        reeval_share=share,
         fitted=tuple(fits(Policy.plain(), plain) + fits(Policy.always(data.n_max), spec)),
         held_out=tuple(held),
         notes=tuple(notes),
