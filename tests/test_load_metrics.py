@@ -148,14 +148,15 @@ def test_kernel_jsonl_of_the_draft_model_gives_its_generation_steps() -> None:
 
 def test_full_draft_prompt_batches_are_measured_again_alone() -> None:
     cmd = kernel.prompt_command(Path("/b/bb"), Path("/m/t.gguf"), 3, 6, 4096, None, 2, [])
-    assert cmd[cmd.index("-npp") + 1] == "7" and cmd[cmd.index("-ntg") + 1] == "1"
+    assert cmd[cmd.index("-npp") + 1] == "7" and cmd[cmd.index("-ntg") + 1] == "4"
     assert cmd[cmd.index("-npl") + 1] == "1,2,3,1,2,3" and "-t" not in cmd
     line = (
-        '{"n_kv_max": 40, "pp": 7, "tg": 1, "pl": 3, "n_kv": 24, "t_pp": 0.06, '
-        '"speed_pp": 350.0, "t_tg": 0.03, "speed_tg": 100.0, "t": 0.09, "speed": 255.0}'
+        '{"n_kv_max": 40, "pp": 7, "tg": 4, "pl": 3, "n_kv": 33, "t_pp": 0.06, '
+        '"speed_pp": 350.0, "t_tg": 0.12, "speed_tg": 100.0, "t": 0.18, "speed": 183.0}'
     )
-    (verify,) = kernel.parse_jsonl(line, model="prompts")  # its single decode step not kept
+    verify, decode = kernel.parse_jsonl(line, model="prompts")
     assert (verify.shape, verify.rows, verify.step_ms) == ("verify", 21, pytest.approx(60.0))
+    assert (decode.shape, decode.rows, decode.step_ms) == ("decode", 3, pytest.approx(30.0))
 
 
 def test_the_draft_model_is_read_from_the_drafting_arguments() -> None:

@@ -113,6 +113,8 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
         # full drafts' verify batches measured again alone (prompt_repeats: 1 here)
         full = sorted(k.n_seq for k in kernel if k.shape == "verify" and k.tokens_per_seq == 7)
         assert full == sorted(2 * list(range(1, 9))), full
+        decode = sorted(k.n_seq for k in kernel if k.shape == "decode")  # 3 lengths, and again
+        assert decode == sorted(4 * list(range(1, 9))), decode
         # the draft model's generation steps at 1..-np sequences (--model-draft bench:draft)
         draft = sorted(k.n_seq for k in kernel if k.shape == "draft")
         assert draft == list(range(1, 9)), draft

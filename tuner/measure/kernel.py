@@ -3,10 +3,12 @@
 One run on the target measures both shapes the server executes: generation steps of n_seq x 1
 rows (decode) and prompt batches of n_seq x (n+1) rows (the verify shape of a draft of n tokens).
 They give the shape of T(rows) cheaply; server-level runs calibrate what the bare kernels miss.
-A second run repeats the prompt batches of a full draft alone (n_max + 1 tokens a sequence, `-ntg
-1`, every count `repeats` times): a prompt batch is one call, and one measurement of it spreads
-10-15 % on this 2-core VM, so the rows of the step that verifies full drafts are the median of
-several. A third, short run on the draft model (where the spec loads
+A second run repeats the prompt batches of a full draft (n_max + 1 tokens a sequence, each count
+`repeats` times, with PROMPT_RUN_STEPS decode steps after each): a prompt batch is one call, and
+one measurement of it spreads 10-15 % on this 2-core VM, so the rows of the step that verifies
+full drafts are the median of several, and so are the decode rows (a spell of the machine hit two
+of the first run's three decode measurements at 5 sequences once, 44-49 ms against 35-39 at 4
+and 6). A third, short run on the draft model (where the spec loads
 one) measures its generation steps of n_seq x 1 rows ("draft"): the shape of a draft call's cost
 in the number of drafting slots, which on a CPU is not smooth (the bench's one-block draft costs
 more at 3, 5 and 7 rows than at 4, 6 and 8).
@@ -72,6 +74,9 @@ def command(
     return cmd + extra_args
 
 
+PROMPT_RUN_STEPS = 4  # decode steps after each repeated prompt batch: more decode rows, cheaply
+
+
 def prompt_command(
     binary: Path,
     model: Path,
@@ -82,11 +87,12 @@ def prompt_command(
     repeats: int,
     extra_args: list[str],
 ) -> list[str]:
-    """Prompt batches of n_max + 1 tokens a sequence alone, each count `repeats` times."""
-    n_ctx = max(ctx_size, n_parallel * (n_max + 2) + 16)
+    """Prompt batches of n_max + 1 tokens a sequence, each count `repeats` times, each followed
+    by PROMPT_RUN_STEPS decode steps."""
+    n_ctx = max(ctx_size, n_parallel * (n_max + 1 + PROMPT_RUN_STEPS) + 16)
     counts = ",".join(str(c) for _ in range(repeats) for c in range(1, n_parallel + 1))
     cmd = [str(binary), "-m", str(model), "-c", str(n_ctx)]
-    cmd += ["-npp", str(n_max + 1), "-ntg", "1", "-npl", counts]
+    cmd += ["-npp", str(n_max + 1), "-ntg", str(PROMPT_RUN_STEPS), "-npl", counts]
     cmd += ["--output-format", "jsonl"]
     if threads:
         cmd += ["-t", str(threads)]
@@ -112,9 +118,8 @@ def draft_command(
 
 
 def parse_jsonl(text: str, model: str = "target") -> list[KernelPoint]:
-    """Every jsonl line of the target gives one verify point (its prompt batch) and one decode
-    point; of `prompt_command`'s run (`model="prompts"`) the verify point alone (its one decode
-    step is too short to keep); of the draft model (`model="draft"`), one draft point (its
+    """Every jsonl line of the target (`prompt_command`'s too) gives one verify point (its prompt
+    batch) and one decode point; of the draft model (`model="draft"`), one draft point (its
     generation steps)."""
     points: list[KernelPoint] = []
     for line in text.splitlines():
@@ -129,7 +134,7 @@ def parse_jsonl(text: str, model: str = "target") -> list[KernelPoint]:
                 points.append(KernelPoint("draft", pl, 1, step_ms))
             continue
         points.append(KernelPoint("verify", pl, pp, float(row["t_pp"]) * 1000))
-        if step_ms is not None and model == "target":
+        if step_ms is not None:
             points.append(KernelPoint("decode", pl, 1, step_ms))
     return points
 

@@ -535,7 +535,7 @@ class Profiler:
                 self.spec.kernel.prompt_repeats,
                 self.spec.kernel.args,
             )
-            points += kernel.run_batched_bench(cmd, logs / "kernel-prompts.log", model="prompts")
+            points += kernel.run_batched_bench(cmd, logs / "kernel-prompts.log")
         draft = self.spec.speculative.draft_model()
         if draft is not None and draft.exists():
             cmd = kernel.draft_command(
