@@ -42,6 +42,25 @@ def verify_lengths(n_max: int) -> list[int]:
     return sorted({2, (top + 2) // 2, top}) if top > 2 else [2]
 
 
+def _batched_bench(
+    binary: Path,
+    model: Path,
+    n_ctx: int,
+    prompt_lengths: list[int],
+    generation_tokens: int,
+    counts: list[int],
+    threads: int | None,
+    extra_args: list[str],
+) -> list[str]:
+    """One llama-batched-bench command line: every prompt length x every sequence count."""
+    cmd = [str(binary), "-m", str(model), "-c", str(n_ctx)]
+    cmd += ["-npp", ",".join(map(str, prompt_lengths)), "-ntg", str(generation_tokens)]
+    cmd += ["-npl", ",".join(map(str, counts)), "--output-format", "jsonl"]
+    if threads:
+        cmd += ["-t", str(threads)]
+    return cmd + extra_args
+
+
 def command(
     binary: Path,
     model: Path,
@@ -52,26 +71,13 @@ def command(
     generation_tokens: int,
     extra_args: list[str],
 ) -> list[str]:
+    """The target's verify lengths and decode steps at 1..n_parallel sequences."""
     lengths = verify_lengths(n_max)
     n_ctx = max(ctx_size, n_parallel * (max(lengths) + generation_tokens) + 16)
-    cmd = [
-        str(binary),
-        "-m",
-        str(model),
-        "-c",
-        str(n_ctx),
-        "-npp",
-        ",".join(map(str, lengths)),
-        "-ntg",
-        str(generation_tokens),
-        "-npl",
-        ",".join(str(c) for c in range(1, n_parallel + 1)),
-        "--output-format",
-        "jsonl",
-    ]
-    if threads:
-        cmd += ["-t", str(threads)]
-    return cmd + extra_args
+    counts = list(range(1, n_parallel + 1))
+    return _batched_bench(
+        binary, model, n_ctx, lengths, generation_tokens, counts, threads, extra_args
+    )
 
 
 PROMPT_RUN_STEPS = 4  # decode steps after each repeated prompt batch: more decode rows, cheaply
@@ -90,13 +96,10 @@ def prompt_command(
     """Prompt batches of n_max + 1 tokens a sequence, each count `repeats` times, each followed
     by PROMPT_RUN_STEPS decode steps."""
     n_ctx = max(ctx_size, n_parallel * (n_max + 1 + PROMPT_RUN_STEPS) + 16)
-    counts = ",".join(str(c) for _ in range(repeats) for c in range(1, n_parallel + 1))
-    cmd = [str(binary), "-m", str(model), "-c", str(n_ctx)]
-    cmd += ["-npp", str(n_max + 1), "-ntg", str(PROMPT_RUN_STEPS), "-npl", counts]
-    cmd += ["--output-format", "jsonl"]
-    if threads:
-        cmd += ["-t", str(threads)]
-    return cmd + extra_args
+    counts = [c for _ in range(repeats) for c in range(1, n_parallel + 1)]
+    return _batched_bench(
+        binary, model, n_ctx, [n_max + 1], PROMPT_RUN_STEPS, counts, threads, extra_args
+    )
 
 
 def draft_command(
@@ -109,12 +112,44 @@ def draft_command(
 ) -> list[str]:
     """The draft model's generation steps at 1..n_parallel sequences (one-token prompts)."""
     n_ctx = n_parallel * (1 + generation_tokens) + 16
-    cmd = [str(binary), "-m", str(draft_model), "-c", str(n_ctx), "-npp", "1"]
-    cmd += ["-ntg", str(generation_tokens), "-npl", ",".join(map(str, range(1, n_parallel + 1)))]
-    cmd += ["--output-format", "jsonl"]
-    if threads:
-        cmd += ["-t", str(threads)]
-    return cmd + extra_args
+    counts = list(range(1, n_parallel + 1))
+    return _batched_bench(
+        binary, draft_model, n_ctx, [1], generation_tokens, counts, threads, extra_args
+    )
+
+
+def runs(
+    binary: Path,
+    target: Path,
+    draft: Path | None,
+    n_parallel: int,
+    n_max: int,
+    ctx_size: int,
+    threads: int | None,
+    generation_tokens: int,
+    prompt_repeats: int,
+    extra_args: list[str],
+) -> list[tuple[list[str], str, str]]:
+    """A profile's kernel runs as (command, log name, `parse_jsonl` model): the target's, its
+    full-draft prompt batches again (when prompt_repeats > 0), the draft model's (when given)."""
+    out = [
+        (
+            command(
+                binary, target, n_parallel, n_max, ctx_size, threads, generation_tokens, extra_args
+            ),
+            "kernel.log",
+            "target",
+        )
+    ]
+    if prompt_repeats:
+        cmd = prompt_command(
+            binary, target, n_parallel, n_max, ctx_size, threads, prompt_repeats, extra_args
+        )
+        out.append((cmd, "kernel-prompts.log", "target"))
+    if draft is not None:
+        cmd = draft_command(binary, draft, n_parallel, threads, generation_tokens, extra_args)
+        out.append((cmd, "kernel-draft.log", "draft"))
+    return out
 
 
 def parse_jsonl(text: str, model: str = "target") -> list[KernelPoint]:

@@ -512,41 +512,22 @@ class Profiler:
         if self.recorder.has_kernel_rows():
             return
         self.observer(ProgressEvent("kernel", text="kernel level: llama-batched-bench"))
-        cmd = kernel.command(
+        draft = self.spec.speculative.draft_model()
+        logs = self.log_dir / f"run-{self.run_id}"
+        points: list[kernel.KernelPoint] = []
+        for cmd, log, model in kernel.runs(
             binary,
             self.spec.server.model,
+            draft if draft is not None and draft.exists() else None,
             self.spec.server.n_parallel,
             self.spec.speculative.n_max,
             self.spec.server.ctx_size,
             self.spec.server.threads,
             self.spec.kernel.generation_tokens,
+            self.spec.kernel.prompt_repeats,
             self.spec.kernel.args,
-        )
-        logs = self.log_dir / f"run-{self.run_id}"
-        points = kernel.run_batched_bench(cmd, logs / "kernel.log")
-        if self.spec.kernel.prompt_repeats:
-            cmd = kernel.prompt_command(
-                binary,
-                self.spec.server.model,
-                self.spec.server.n_parallel,
-                self.spec.speculative.n_max,
-                self.spec.server.ctx_size,
-                self.spec.server.threads,
-                self.spec.kernel.prompt_repeats,
-                self.spec.kernel.args,
-            )
-            points += kernel.run_batched_bench(cmd, logs / "kernel-prompts.log")
-        draft = self.spec.speculative.draft_model()
-        if draft is not None and draft.exists():
-            cmd = kernel.draft_command(
-                binary,
-                draft,
-                self.spec.server.n_parallel,
-                self.spec.server.threads,
-                self.spec.kernel.generation_tokens,
-                self.spec.kernel.args,
-            )
-            points += kernel.run_batched_bench(cmd, logs / "kernel-draft.log", model="draft")
+        ):
+            points += kernel.run_batched_bench(cmd, logs / log, model=model)
         self.record_kernel(points)
 
 
