@@ -14,9 +14,10 @@ crossover above 4 streams), in one run on one machine:
    live switch), pairs accumulated sweep after sweep at the levels whose comparisons are still
    open, until each contender's one-sided 95 % bound shows the answer at most 1 % of the
    objective behind it (or behind not at all), or the contender ahead, or the judge's time per
-   regime (--minutes, default 60) runs out. Plain against the answer the same way, on
-   alternating launches (plain has no draft model to switch): every level, pairs across the
-   two launches of a pass.
+   regime (--minutes, default 60) runs out. Plain against the answer the same way at every
+   level, on two launches held up side by side (plain has no draft model to switch; each on its
+   own port, the idle one waiting): plain's round and the answer's alternate A B B A at a level,
+   seconds apart, where alternating launches put minutes and a model load between them.
 
 The tuner's answer is N, or plain (no draft model) where its recommendation says drafting does
 not pay (N then stands for a server that drafts anyway): plain shown more than 1 % ahead of a
@@ -62,7 +63,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
     """The judge's comparisons of the answer with its contenders and with plain."""
     from tuner.bench import load_bench
     from tuner.decide import settle
-    from tuner.decide.paired import Contrast, LevelDiffs, verdict
+    from tuner.decide.paired import Contrast, verdict
     from tuner.decide.tune import live_gains, sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
@@ -79,8 +80,10 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
     store = Store(f"sqlite:///{workdir / 'judge.db'}")
     context = gather_context(spec, None)
 
-    def profiler(switch: str) -> Profiler:
-        backend = ServerBackend(spec, workdir / "logs", lambda e: None, switch=switch)
+    def profiler(switch: str, side_by_side: bool = False) -> Profiler:
+        backend = ServerBackend(
+            spec, workdir / "logs", lambda e: None, switch=switch, side_by_side=side_by_side
+        )
         p = Profiler(store, spec, workdir / "logs", lambda e: None, backend=backend)
         p.create_run(context, kind="sweep")
         return p
@@ -117,28 +120,20 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
     live.backend.close()
     contenders_s = time.perf_counter() - started
 
-    # Plain against the answer: alternating launches, every level, pairs within a pass.
+    # Plain against the answer: both launches up side by side, every level, A B B A at each
+    # (plain's rounds and the answer's seconds apart, as the live switch pairs drafting ones).
     answer_policy = Policy.of_max_slots(answer, n_max)
-    cross = profiler("relaunch")
+    cross = profiler("relaunch", side_by_side=True)
     cells = [(depth, c) for c in range(1, np_ + 1)]
     plain_verdict, plain_adv, passes = settle.UNRESOLVED, Contrast(math.nan, math.inf, 0), 0
+    plain_levels: dict = {}
     while time.perf_counter() < deadline or passes < 2:
-        cross.run_pass({cell: [Policy.plain(), answer_policy] for cell in cells})
+        cross.run_pass({cell: [Policy.plain(), answer_policy] for cell in cells}, pairs=2)
         passes += 1
         if passes < 2:
             continue
-        rounds = cross.repeats_by_cell()
-        per_pass: dict[int, float] = {}
-        for (cfg, _, c), reps in rounds.items():
-            sign = -1.0 if cfg == "plain" else 1.0
-            for r in reps:
-                if r.get("tokens_per_second"):
-                    per_pass[r["pass"]] = per_pass.get(r["pass"], 0.0) + sign * weights[
-                        c - 1
-                    ] * float(r["tokens_per_second"])
-        # plain - answer per pass: a pair of launches, all levels
-        diffs = LevelDiffs(tuple(-v for v in per_pass.values()))
-        plain_adv = Contrast.of({0: diffs}, {0: 1.0})
+        plain_levels = plain_gains(cross.repeats_by_cell(), answer_policy.config_name)
+        plain_adv = Contrast.of(plain_levels, {c: weights[c - 1] for c in range(1, np_ + 1)})
         plain_verdict = verdict(plain_adv, tol)
         if plain_verdict != settle.UNRESOLVED:
             break
@@ -149,11 +144,39 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
         "tolerance": tol,
         "comparisons": {m: (comparisons[m], verdicts[m]) for m in comparisons},
         "plain": (plain_adv, plain_verdict, passes),
+        "plain_levels": {c: (d.mean, d.sd, d.n) for c, d in sorted(plain_levels.items())},
         "pairs": {c: d.n for c, d in sorted(gains.items())},
         "sweeps": sweeps,
         "contenders_s": contenders_s,
         "seconds": time.perf_counter() - started,
     }
+
+
+def plain_gains(rounds: dict, answer: str) -> dict:
+    """plain - answer per level from side-by-side rounds: a pair is both halves of one round key
+    (seconds apart, the same prompts and seeds), the unit a pass's block of pairs at the level
+    (as tune's live_gains: pairs of one A B B A block share a spell)."""
+    from tuner.decide import settle
+    from tuner.decide.paired import LevelDiffs
+    from tuner.measure.schedule import PAIRS_PER_PASS
+
+    by_level: dict[int, dict[str, dict[int, float]]] = {}
+    for (cfg, _, c), reps in rounds.items():
+        arm = "on" if cfg == "plain" else "off" if cfg == answer else None
+        if arm is None:
+            continue
+        for r in reps:
+            if r.get("tokens_per_second") and r.get("round_key") is not None and not r.get("apart"):
+                by_level.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
+                    r["tokens_per_second"]
+                )
+    out = {}
+    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
+        blocks: dict[int, list[float]] = {}
+        for key, diff in pairs.items():
+            blocks.setdefault(key // PAIRS_PER_PASS, []).append(diff)
+        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
+    return out
 
 
 def _medians(rounds: dict, which) -> dict[int, float]:
@@ -229,10 +252,15 @@ def main() -> None:
         adv, v, passes = result["plain"]
         low, high = adv.bounds(0.95)
         print(
-            f"| plain | 1-8 (launches) | {adv.estimate:+.2f} | [{low:+.2f}, {high:+.2f}] | "
-            f"{adv.df:.1f} | {v} ({passes} passes) |"
+            f"| plain | every level (side by side) | {adv.estimate:+.2f} | "
+            f"[{low:+.2f}, {high:+.2f}] | {adv.df:.1f} | {v} ({passes} passes) |"
         )
         resolved &= v != "unresolved"
+        per_level = ", ".join(
+            f"{c}: {mean:+.1f} (SD {sd:.1f}, {n} blocks)"
+            for c, (mean, sd, n) in result["plain_levels"].items()
+        )
+        print(f"plain - N={answer} per level, tok/s: {per_level}")
         # Plain ahead of a drafting answer is a contender ahead; where the tuner's answer was
         # plain, N drafting shown ahead of plain is.
         if not says_plain and low > tol:

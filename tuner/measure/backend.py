@@ -14,6 +14,14 @@ backend makes the server behave as that policy and measures one round there:
   launches of its own: only "load a draft at all?" compares across launches.
 - `attached`: a server the tuner did not start, measured as its operator configured it.
 
+With `side_by_side`, a launch is not stopped when a round needs another: the last two stay up,
+each on its own port, and every policy is in one group for the schedule, so plain (its own
+launch) and a drafting policy alternate at a cell round by round (A B B A) as the live switch's
+policies do: the halves of a pair are seconds apart and share the machine's spell, where
+alternating launches put minutes and a model load between them. An idle llama-server waits on
+its queue and takes no CPU; it costs a second model's memory, so only a judge that compares
+"load a draft at all?" uses it (benchmarks/regret.py).
+
 The twin's in-process backend (tuner/twin/backend.py) speaks the same interface in virtual time.
 """
 
@@ -139,6 +147,7 @@ class _Up:
     key: Hashable
     server: ManagedServer
     max_slots: int | None = None  # the live threshold set now (live launches)
+    speed: float = 1.0  # how fast its clock runs against the wall (a twin server's --speed)
 
 
 @dataclass
@@ -152,7 +161,9 @@ class ServerBackend:
     switch: str = "auto"  # auto | relaunch | live
     way: str = RELAUNCH
     run_id: int | None = None
+    side_by_side: bool = False  # keep the last two launches up (see the module docstring)
     _up: _Up | None = None
+    _parked: _Up | None = None  # side by side: the other launch, up and idle
     _launches: int = 0
     _checked: bool = False
     notes: list[str] = field(default_factory=list)
@@ -168,6 +179,13 @@ class ServerBackend:
     # -- which launch --
 
     def launch_key(self, policy: Target) -> Hashable:
+        if self.side_by_side and isinstance(policy, Policy):
+            return ("side-by-side",)  # one group: the schedule alternates every policy at a cell
+        return self.server_key(policy)
+
+    def server_key(self, policy: Target) -> Hashable:
+        """The launch that holds the policy (its cache, for prefill): launch_key, except side by
+        side, where the schedule's one group spans two launches."""
         if not isinstance(policy, Policy):
             return ("attached", policy.config_name)
         if self.way == LIVE and policy.drafting:
@@ -228,7 +246,9 @@ class ServerBackend:
     def up_key(self) -> Hashable | None:
         """The launch key of the server up now (the drafting launch a switch check left up, say),
         or None."""
-        return None if self._up is None else self._up.key
+        if self._up is None:
+            return None
+        return ("side-by-side",) if self.side_by_side else self._up.key
 
     def _set(self, server: ManagedServer, n: int) -> None:
         client.set_max_slots(server.url, n)
@@ -257,10 +277,19 @@ class ServerBackend:
         launch the threshold set to the policy's."""
         if check:
             self.check_switch([policy])
-        key = self.launch_key(policy)
+        key = self.server_key(policy)
         if self._up is None or self._up.key != key:
-            self._stop()
-            self._up = _Up(key, self._launch(policy))
+            if self.side_by_side and self._up is not None:
+                self._account()
+                if self._parked is not None and self._parked.key != key:
+                    self._parked.server.stop()
+                    self._parked = None
+                self._up, self._parked = self._parked, self._up
+                self._speed = 1.0 if self._up is None else self._up.speed
+            else:
+                self._stop()
+            if self._up is None:
+                self._up = _Up(key, self._launch(policy), speed=self._speed)
         if self.way == LIVE and policy.drafting:
             wanted = policy.max_slots or 0
             if self._up.max_slots != wanted:
@@ -319,6 +348,9 @@ class ServerBackend:
 
     def close(self) -> None:
         self._stop()
+        if self._parked is not None:
+            self._parked.server.stop()
+            self._parked = None
 
     @property
     def launches(self) -> int:

@@ -272,7 +272,8 @@ class Profiler:
         """A pass's steps in order; each launch prefills a depth's padding (for the widest level
         it measures there in the pass) before its first round at that depth in the pass."""
         assert self.backend is not None
-        key = self.backend.launch_key
+        # the launch that holds a policy's cache: its schedule group, except side by side
+        key = getattr(self.backend, "server_key", self.backend.launch_key)
         widest: dict[tuple[Any, int, int], int] = {}
         for s in steps:
             k = (key(s.policy), s.depth, s.pass_index)
