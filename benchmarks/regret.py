@@ -5,8 +5,9 @@ For each bench regime (profiles/bench-smollm2-cpu.toml: n-max 6 / synth-len 3.5,
 bench-smollm2-cpu-nmax3.toml: n-max 3 / synth-len 2.0, bench-smollm2-cpu-late.toml: a
 crossover above 4 streams), in one run on one machine:
 
-1. the tuner as a user runs it, timed: `tuner profile SPEC`, then `tuner tune` (the whole
-   cost: profile and live steps), into a fresh database; its answer N;
+1. the tuner as a user runs it, timed: `tuner profile SPEC`, then `tuner tune --plain-live`
+   (the whole cost: profile and live steps, whether to draft at all settled side by side with
+   the budget left), into a fresh database; its answer N, or plain;
 2. the judge, independent of the tuner's data: fresh launches, another workload seed, a
    database of its own (none of the tuner's rows). For the answer against each contender (N-1,
    N+1, N-2, N+2, always draft) the weighted difference is measured only where they differ: the
@@ -55,7 +56,7 @@ def tuner_way(spec: Path, model: str, workdir: Path) -> tuple[int, float, dict]:
     env = tuner_env(workdir / "tuner.db", workdir / "cache")
     started = time.perf_counter()
     tuner(env, "profile", str(spec))
-    report = json.loads(tuner(env, "tune", "--model", model, "--format", "json"))
+    report = json.loads(tuner(env, "tune", "--model", model, "--plain-live", "--format", "json"))
     return int(report["standing"]), time.perf_counter() - started, report
 
 
@@ -64,7 +65,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
     from tuner.bench import load_bench
     from tuner.decide import settle
     from tuner.decide.paired import Contrast, verdict
-    from tuner.decide.tune import live_gains, sweep_arms
+    from tuner.decide.tune import live_gains, plain_gains, sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
     from tuner.measure.spec import load_spec
@@ -150,33 +151,6 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
         "contenders_s": contenders_s,
         "seconds": time.perf_counter() - started,
     }
-
-
-def plain_gains(rounds: dict, answer: str) -> dict:
-    """plain - answer per level from side-by-side rounds: a pair is both halves of one round key
-    (seconds apart, the same prompts and seeds), the unit a pass's block of pairs at the level
-    (as tune's live_gains: pairs of one A B B A block share a spell)."""
-    from tuner.decide import settle
-    from tuner.decide.paired import LevelDiffs
-    from tuner.measure.schedule import PAIRS_PER_PASS
-
-    by_level: dict[int, dict[str, dict[int, float]]] = {}
-    for (cfg, _, c), reps in rounds.items():
-        arm = "on" if cfg == "plain" else "off" if cfg == answer else None
-        if arm is None:
-            continue
-        for r in reps:
-            if r.get("tokens_per_second") and r.get("round_key") is not None and not r.get("apart"):
-                by_level.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
-                    r["tokens_per_second"]
-                )
-    out = {}
-    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
-        blocks: dict[int, list[float]] = {}
-        for key, diff in pairs.items():
-            blocks.setdefault(key // PAIRS_PER_PASS, []).append(diff)
-        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
-    return out
 
 
 def _medians(rounds: dict, which) -> dict[int, float]:

@@ -130,3 +130,58 @@ def test_one_sided_bounds_from_paired_twin_rounds_miss_the_truth_no_more_than_th
         low, high = Contrast.of({c: diffs}, {c: 1.0}).bounds(0.95)
         misses += not low <= gain <= high
     assert misses <= 0.15 * runs, misses
+
+
+# The zigzag world with a heavy draft model beside the target: re-evaluating every batch costs
+# 30 % of a one-row step and more at more rows, so a server that keeps the draft loaded loses
+# wherever it does not draft, and plain is the truth's best under uniform weights (asserted
+# below from the truth, before the tuner runs).
+HEAVY_DRAFT = {"call_ms": [[1, 1.0], [6, 2.0]], "reeval_ms": [[1, 3.0], [32, 40.0]]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heavy", [False, True], ids=["drafting-pays", "plain-pays"])
+def test_plain_live_settles_whether_to_draft_at_all_on_the_truths_side(
+    tmp_path: Path, heavy: bool
+) -> None:
+    """tune --plain-live: with the budget left after the thresholds, plain against the answer
+    at every level, paired; its verdict must fall on the side of the truth's own difference,
+    and the stored recommendation must say so (drafting_pays, the first reason)."""
+    from twinworlds import zigzag_world
+
+    from tuner.decide.adaptive import profile_adaptively
+    from tuner.twin.truth import closed_truth
+
+    w = (
+        zigzag_world(
+            name="zigzag-heavy-quiet",
+            model_name="twin-zigzag-heavy",
+            draft=HEAVY_DRAFT,
+            noise={"preset": "quiet"},
+        )
+        if heavy
+        else world("zigzag-quiet")
+    )
+    t = closed_truth(w)
+    best = t.best(None)
+    plain_gain = t.objective(Policy.plain(), None) / best.value - 1.0
+    assert (plain_gain > 0.02) if heavy else (plain_gain < -0.02), plain_gain  # the world's case
+
+    store = Store(f"sqlite:///{tmp_path / 't.db'}")
+    backend = TwinBackend(w, switch="live", seed=5)
+    profile_adaptively(store, twin_spec(w), tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    report = tune(store, w.model_name, HOST, tmp_path, backend=backend, plain_live=True)
+    assert report.plain is not None and report.standing is not None
+    assert report.plain.verdict != "unresolved", report.plain
+    answer = Policy.of_max_slots(report.standing.max_slots or 0, w.n_max)
+    truth_diff = t.objective(Policy.plain(), None) - t.objective(answer, None)
+    stored = recommendations.load(store, report.standing.id)
+    if heavy:
+        assert truth_diff > 0
+        assert report.plain.verdict == "ahead" and not stored.drafting_pays
+        assert stored.reasons[0].code == ReasonCode.PLAIN_AHEAD
+        assert "side by side" in stored.reasons[0].text
+    else:
+        assert report.plain.verdict == "behind" and stored.drafting_pays
+        assert truth_diff < 0
+    store.dispose()

@@ -757,6 +757,15 @@ def tune(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the last unfinished tuning of this model")
     ] = False,
+    plain_live: Annotated[
+        bool,
+        typer.Option(
+            "--plain-live",
+            help="then settle whether to draft at all with the budget left: plain's launch held "
+            "up beside the drafting launch (the target model in memory twice), the two in turn "
+            "at every level",
+        ),
+    ] = False,
     overrides: OverridesOption = None,
     output: TableFormatOption = TableFormat.TABLE,
     skip_preflight: SkipPreflightOption = False,
@@ -787,6 +796,7 @@ def tune(
             overrides=parsed_overrides(overrides),
             skip_preflight=skip_preflight,
             seed=seed,
+            plain_live=plain_live,
         )
     if output is TableFormat.JSON:
         typer.echo(json.dumps(report.as_dict(), default=str))

@@ -222,6 +222,16 @@ def tuning(report: TuneReport) -> None:
             f"{comp.advantage.df:.1f}",
             comp.verdict,
         )
+    if report.plain is not None:
+        low, high = report.plain.advantage.bounds(0.95)
+        table.add_row(
+            f"plain vs N={answer}",
+            "every (side by side)",
+            f"{report.plain.advantage.estimate:+.2f}",
+            f"[{low:+.2f}, {high:+.2f}]",
+            f"{report.plain.advantage.df:.1f}",
+            f"{report.plain.verdict} ({report.plain.passes} passes)",
+        )
     out.print(table)
     if settled is not None:
         pairs = ", ".join(f"{c}: {d.n}" for c, d in sorted(report.gains.items()) if d.n)

@@ -20,6 +20,12 @@ one-sided bound clears the tolerance.
    stops with the latest answer, unresolved, and the levels between the two to measure next.
 4. It stops when every comparison is settled, or when the budget is spent: then the answer
    stands with what is unresolved named, with its bounds, and the levels to measure next.
+5. With `plain_live` (`--plain-live`), whether to draft at all is settled the same way with
+   what budget is left: plain's launch held up beside the drafting launch (two models in
+   memory: it has to be asked for), plain and the answer in turn at every level the traffic
+   weighs (A B, then B A in the next pass), their weighted difference with its one-sided
+   bounds. Without it, or while it is unresolved, the cost model over plain's separate launches
+   says (choice.plain_verdict).
 
 Every evaluated N is a trial of an Optuna study in the tuner's database (`tuner:live:run<ID>`):
 its parameters are N (and n_max), its value the answer's model objective plus the measured
@@ -41,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from tuner.decide import choice, recommend, search, settle, validate
-from tuner.decide.paired import BEHIND, LevelDiffs
+from tuner.decide.paired import AHEAD, BEHIND, Contrast, LevelDiffs, verdict
 from tuner.errors import ConfigError
 from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, quiet
@@ -108,6 +114,58 @@ def live_gains(
     return out
 
 
+def plain_gains(
+    rounds: Mapping[tuple[str, int, int], Sequence[Mapping[str, Any]]], answer: str
+) -> dict[int, LevelDiffs]:
+    """plain - answer per level from one run's rounds keyed (config, depth, concurrency), plain
+    and the answer (its config name) measured side by side: a pair is both halves of one round
+    key (the same prompts and seeds, seconds apart), the unit a pass's pairs at the level
+    averaged (as in live_gains)."""
+    by_level: dict[int, dict[str, dict[int, float]]] = {}
+    for (config, _, c), reps in rounds.items():
+        arm = "on" if config == Policy.plain().config_name else "off" if config == answer else None
+        if arm is None:
+            continue
+        for r in reps:
+            if r.get("apart") or not r.get("tokens_per_second") or r.get("round_key") is None:
+                continue
+            by_level.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
+                r["tokens_per_second"]
+            )
+    out: dict[int, LevelDiffs] = {}
+    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
+        blocks: dict[int, list[float]] = {}
+        for round_key, diff in pairs.items():
+            blocks.setdefault(round_key // PAIRS_PER_PASS, []).append(diff)
+        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
+    return out
+
+
+@dataclass(frozen=True)
+class PlainLive:
+    """Plain against the answer, measured side by side: the weighted advantage of plain (tok/s),
+    its verdict at the tolerance (ahead: drafting does not pay), the passes taken."""
+
+    advantage: Contrast
+    verdict: str
+    passes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        low, high = self.advantage.bounds(settle.CONFIDENCE)
+
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "estimate": finite(self.advantage.estimate),
+            "low": finite(low),
+            "high": finite(high),
+            "df": finite(self.advantage.df),
+            "verdict": self.verdict,
+            "passes": self.passes,
+        }
+
+
 def sweep_arms(levels: Sequence[int], depth: int, n_max: int, live: bool) -> dict[Cell, list]:
     """The rounds of one sweep: at each level, always draft and a threshold that does not
     draft there (c-1 on a live launch; 1 when relaunching: one launch for every level)."""
@@ -142,6 +200,7 @@ class TuneReport:
     settled: settle.Standing | None = None
     history: list[int] = field(default_factory=list)  # the answer after each assessment
     gains: dict[int, LevelDiffs] = field(default_factory=dict)
+    plain: PlainLive | None = None  # plain_live: plain against the answer, side by side
 
     @property
     def changed(self) -> bool:
@@ -185,7 +244,9 @@ class TuneReport:
             "seconds": self.seconds,
             "history": self.history,
             "pairs": {c: d.n for c, d in sorted(self.gains.items())},
-            # whether to draft at all: the model on plain's launches against the answer
+            # whether to draft at all: measured side by side (plain_live) where that resolved,
+            # else the model on plain's launches against the answer
+            "plain_live": self.plain.as_dict() if self.plain else None,
             "drafting_pays": self.standing.drafting_pays if self.standing else None,
             "plain_advantage": (
                 list(self.standing.plain_advantage)
@@ -228,13 +289,15 @@ def tune(
     seed: int = 0,
     switch: str = "auto",
     backend: Backend | None = None,
+    plain_live: bool = False,
 ) -> TuneReport:
     """`tuner tune`: settle N live (see the module docstring); returns its report.
 
     budget_s: seconds of measuring before it stops unresolved; tolerance: the share of the
     objective a contender may be ahead by and the answer still hold; tune_n_max: the model's
     study over (N, n_max) picks the draft length the answer is settled at; backend: measure on
-    this backend (the twin's) instead of launching the profile's llama-server."""
+    this backend (the twin's) instead of launching the profile's llama-server; plain_live:
+    settle whether to draft at all side by side with the budget left (step 5 above)."""
     if budget_s <= 0:
         raise ConfigError("--budget must be above 0")
     if not 0 < tolerance < 1:
@@ -266,6 +329,7 @@ def tune(
         skip_preflight=skip_preflight or backend is not None,
         backend=backend,
         switch=switch,
+        side_by_side=plain_live,
     )
     run_id = profiler.run_id
     assert run_id is not None and profiler.backend is not None
@@ -277,7 +341,41 @@ def tune(
     w = [float(x) for x in weights]
     started = profiler.backend.elapsed
 
+    def settle_plain() -> None:
+        policy = Policy.of_max_slots(answer, n_max)
+        coef = {c: w[c - 1] for c in range(1, n_parallel + 1) if w[c - 1] > 0}
+        cells = [(depth, c) for c in coef]
+        while True:
+            levels = plain_gains(profiler.repeats_by_cell(), profiler.level_name(policy))
+            advantage = Contrast.of(levels, coef)
+            passes = min((levels[c].n if c in levels else 0 for c in coef), default=0)
+            report.plain = PlainLive(advantage, verdict(advantage, tolerance * objective), passes)
+            if report.plain.verdict != settle.UNRESOLVED:
+                return
+            if profiler.backend.elapsed - started >= budget_s:
+                observer(
+                    ProgressEvent(
+                        "message",
+                        text=f"budget of {budget_s:.0f} s spent with plain against N={answer} "
+                        "unresolved",
+                    )
+                )
+                return
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"plain against N={answer}: pass {passes + 1}, side by side at every "
+                    "level the traffic weighs",
+                )
+            )
+            profiler.run_pass({cell: [Policy.plain(), policy] for cell in cells}, pairs=1)
+
     def body() -> None:
+        settle_thresholds()
+        if plain_live:
+            settle_plain()
+
+    def settle_thresholds() -> None:
         nonlocal answer, objective
         moves = 0
         visited = {answer}
@@ -442,6 +540,13 @@ def _store_live(
     reasons = [_head_reason(standing, answer, report)]
     plain = choice.plain_verdict(fit.model, np.asarray(weights), policy)
     said = plain.reason(objective)
+    plain_advantage, drafting_pays = plain.advantage, not plain.plain_ahead
+    live = report.plain
+    if live is not None and live.verdict != settle.UNRESOLVED:
+        said = _plain_live_reason(live, answer)
+        low, high = live.advantage.bounds(settle.CONFIDENCE)
+        plain_advantage = (live.advantage.estimate, low, high)
+        drafting_pays = live.verdict != AHEAD
     if said is not None:
         reasons.insert(0, said)
     for comp in standing.comparisons:
@@ -484,11 +589,29 @@ def _store_live(
         alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
         tie=list(standing.tie),
-        plain_advantage=plain.advantage,
-        drafting_pays=not plain.plain_ahead,
+        plain_advantage=plain_advantage,
+        drafting_pays=drafting_pays,
     )
     recommendations.save(store, rec, {"tune": report.as_dict()})
     return rec
+
+
+def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
+    """Whether to draft at all, as measured side by side."""
+    low, high = live.advantage.bounds(settle.CONFIDENCE)
+    figures = (
+        f"plain (no draft model) against N={answer}, measured side by side (plain's launch "
+        f"beside the drafting launch, in turn at every level, {live.passes} passes): "
+        f"{live.advantage.estimate:+.2f} tok/s weighted, one-sided 95 % bounds "
+        f"[{low:+.2f}, {high:+.2f}] (df {live.advantage.df:.1f}): {live.verdict}"
+    )
+    if live.verdict == AHEAD:
+        return Reason(
+            ReasonCode.PLAIN_AHEAD,
+            f"drafting does not pay for this traffic: {figures}; serve without the draft model "
+            f"(N={answer} is the least costly threshold for a server that keeps it)",
+        )
+    return Reason(ReasonCode.LIVE_TRIALS, f"drafting pays: {figures}")
 
 
 def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> Reason:

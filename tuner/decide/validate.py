@@ -122,11 +122,13 @@ def open_live_run(
     skip_preflight: bool = False,
     backend: Backend | None = None,
     switch: str = "auto",
+    side_by_side: bool = False,
 ) -> Profiler:
     """The patched server checked, its policies preflighted, and the run (of kind validate or
     tune, noting the recommendation it checks) reopened when resuming or else created.
 
-    backend: measure on it (the twin's) rather than on launches of the spec's server."""
+    backend: measure on it (the twin's) rather than on launches of the spec's server;
+    side_by_side: keep plain's launch up beside the drafting launch (ServerBackend's)."""
     if backend is not None:
         return _open_on_backend(store, spec, model, host, rec, kind, log_dir, observer, backend)
     check_spec_files(spec, f"profile spec of {model}")
@@ -139,7 +141,7 @@ def open_live_run(
         )
     if not skip_preflight:
         preflight(spec, policies, log_dir, observer)
-    profiler = Profiler(store, spec, log_dir, observer, switch=switch)
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch, side_by_side=side_by_side)
     run_id = find_resumable_run(store, spec, kind=kind, host_name=host) if resume else None
     if run_id is not None:
         profiler.reopen_run(run_id)

@@ -73,6 +73,7 @@ class Profiler:
     run_id: int | None = None
     backend: Backend | None = None  # default: a relaunching/live ServerBackend (switch)
     switch: str = "auto"
+    side_by_side: bool = False  # the default backend keeps plain's launch beside the drafting one
     recorder: RunRecorder = field(init=False)
     _prompt_set: PromptSet | None = None
     # The depth live runs and attach measure at when a caller names concurrencies only: the
@@ -84,7 +85,9 @@ class Profiler:
         self.depth = self.spec.workload.context_tokens[0]
         self.recorder = RunRecorder(self.store, self.spec, self.run_id)
         if self.backend is None:
-            self.backend = ServerBackend(self.spec, self.log_dir, self.observer, self.switch)
+            self.backend = ServerBackend(
+                self.spec, self.log_dir, self.observer, self.switch, side_by_side=self.side_by_side
+            )
 
     @property
     def depths(self) -> list[int]:
