@@ -1,17 +1,20 @@
 """Side by side (ServerBackend(side_by_side=True)): plain's launch and a drafting launch held up
 together, each on its own port, their rounds alternating at a cell (A B B A) the way the live
-switch alternates drafting policies, so a judge of "load a draft at all?" pairs rounds seconds
-apart. Launched as llama-server is, from a spec, with the twin server as the binary: what is
-tested is the backend's handling of launches and the schedule over them; the twin's drafting
-server drafts and its plain server does not, which shows each round reached the right launch.
+switch alternates drafting policies, so `tune --plain-live` and the regret judge pair plain's
+rounds with the answer's seconds apart. Launched from a spec, with the twin server as the
+binary (fast) and with the real bench llama-server: what is tested is the backend's handling of
+launches and the schedule over them; the drafting server drafts and the plain one does not,
+which shows each round reached the right launch.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tunerproc import TWIN_BENCH_WORLD, TWIN_SPEC, twin_server_script
 
+from tuner.bench import Bench
 from tuner.measure.backend import ServerBackend
 from tuner.measure.plan import ProgressEvent
 from tuner.measure.profiler import Profiler, gather_context
@@ -19,8 +22,10 @@ from tuner.measure.spec import load_spec
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 
+REPO = Path(__file__).resolve().parent.parent
 
-def _spec(folder: Path):
+
+def _twin_spec(folder: Path):
     return load_spec(
         TWIN_SPEC,
         [
@@ -35,7 +40,20 @@ def _spec(folder: Path):
 
 
 def test_plain_and_a_threshold_alternate_on_two_launches_held_up(tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
+    _alternate_on_two_launches(_twin_spec(tmp_path), tmp_path)
+
+
+@pytest.mark.bench
+def test_two_bench_servers_held_up_side_by_side(bench: Bench, tmp_path: Path) -> None:
+    spec = load_spec(
+        REPO / "profiles" / "bench-smollm2-cpu.toml",
+        [("workload.max_tokens", 24), ("workload.warmup", 0)],
+        bench_refs=bench.as_refs,
+    )
+    _alternate_on_two_launches(spec, tmp_path)
+
+
+def _alternate_on_two_launches(spec, tmp_path: Path) -> None:
     order: list[tuple[str, int]] = []
 
     def observe(event: ProgressEvent) -> None:
