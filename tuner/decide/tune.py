@@ -80,6 +80,31 @@ def stored_policy(config: str) -> Policy | None:
         return None
 
 
+# level -> arm ("on" | "off") -> (run id, round key) -> tok/s
+_Rounds = dict[int, dict[str, dict[tuple[int, int], float]]]
+
+
+def _add_round(by_level: _Rounds, c: int, arm: str, run_id: int, r: Mapping[str, Any]) -> None:
+    """A stored round as one half of its pair, unless it has no figure of the level: no
+    tokens, no round key, or apart (no window: the sum of lone streams' rates)."""
+    if r.get("apart") or not r.get("tokens_per_second") or r.get("round_key") is None:
+        return
+    key = (run_id, int(r["round_key"]))
+    by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])
+
+
+def _block_diffs(by_level: _Rounds) -> dict[int, LevelDiffs]:
+    """on - off per pair, averaged per block (a run's pass at a level): one difference per
+    block, its degrees of freedom counted by blocks."""
+    out = {}
+    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
+        blocks: dict[tuple[int, int], list[float]] = {}
+        for (run_id, round_key), diff in pairs.items():
+            blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append(diff)
+        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
+    return out
+
+
 def live_gains(
     rounds: Mapping[tuple[int, str, int], Sequence[Mapping[str, Any]]],
 ) -> dict[int, LevelDiffs]:
@@ -91,7 +116,7 @@ def live_gains(
     block, the pairs of one pass at the level (A B B A: two pairs whose off rounds sit side by
     side share a spell, so they are not independent), averaged: one difference per (run, pass),
     its degrees of freedom counted by blocks. Plain is another server and never pairs here."""
-    by_level: dict[int, dict[str, dict[tuple[int, int], float]]] = {}
+    by_level: _Rounds = {}
     for (run_id, config, c), reps in rounds.items():
         policy = stored_policy(config)
         if policy is None or not policy.drafting:
@@ -100,18 +125,8 @@ def live_gains(
         for r in reps:
             if arm == "off" and r.get("drafted_off"):
                 continue  # the threshold drafted inside the window: not a round of "off"
-            if r.get("apart"):
-                continue  # no window: the sum of lone streams' rates, not this level's figure
-            if r.get("tokens_per_second") and r.get("round_key") is not None:
-                key = (run_id, int(r["round_key"]))
-                by_level.setdefault(c, {}).setdefault(arm, {})[key] = float(r["tokens_per_second"])
-    out = {}
-    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
-        blocks: dict[tuple[int, int], list[float]] = {}
-        for (run_id, round_key), diff in pairs.items():
-            blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append(diff)
-        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
-    return out
+            _add_round(by_level, c, arm, run_id, r)
+    return _block_diffs(by_level)
 
 
 def plain_gains(
@@ -121,24 +136,13 @@ def plain_gains(
     and the answer (its config name) measured side by side: a pair is both halves of one round
     key (the same prompts and seeds, seconds apart), the unit a pass's pairs at the level
     averaged (as in live_gains)."""
-    by_level: dict[int, dict[str, dict[int, float]]] = {}
+    by_level: _Rounds = {}
     for (config, _, c), reps in rounds.items():
         arm = "on" if config == Policy.plain().config_name else "off" if config == answer else None
-        if arm is None:
-            continue
-        for r in reps:
-            if r.get("apart") or not r.get("tokens_per_second") or r.get("round_key") is None:
-                continue
-            by_level.setdefault(c, {}).setdefault(arm, {})[int(r["round_key"])] = float(
-                r["tokens_per_second"]
-            )
-    out: dict[int, LevelDiffs] = {}
-    for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
-        blocks: dict[int, list[float]] = {}
-        for round_key, diff in pairs.items():
-            blocks.setdefault(round_key // PAIRS_PER_PASS, []).append(diff)
-        out[c] = LevelDiffs(tuple(sum(v) / len(v) for _, v in sorted(blocks.items())))
-    return out
+        if arm is not None:
+            for r in reps:
+                _add_round(by_level, c, arm, 0, r)
+    return _block_diffs(by_level)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from tuner.policy import Policy
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 RELAUNCH, LIVE, ATTACHED = "relaunch", "live", "attached"
 SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
+SIDE_BY_SIDE = ("side-by-side",)  # the one launch group of a side-by-side backend's policies
 # Tokens per stream of the two streamed rounds that check the live switch. The check counts the
 # draft tokens made while both streams generated (the window of summarize, from the server's
 # per-token draft counters), so the drafts a threshold of 1 lets through while the second
@@ -180,7 +181,7 @@ class ServerBackend:
 
     def launch_key(self, policy: Target) -> Hashable:
         if self.side_by_side and isinstance(policy, Policy):
-            return ("side-by-side",)  # one group: the schedule alternates every policy at a cell
+            return SIDE_BY_SIDE  # one group: the schedule alternates every policy at a cell
         return self.server_key(policy)
 
     def server_key(self, policy: Target) -> Hashable:
@@ -248,7 +249,7 @@ class ServerBackend:
         or None."""
         if self._up is None:
             return None
-        return ("side-by-side",) if self.side_by_side else self._up.key
+        return SIDE_BY_SIDE if self.side_by_side else self._up.key
 
     def _set(self, server: ManagedServer, n: int) -> None:
         client.set_max_slots(server.url, n)
