@@ -220,7 +220,13 @@ def tuning(report: TuneReport) -> None:
             f"{comp.advantage.estimate:+.2f}",
             f"[{low:+.2f}, {high:+.2f}]",
             f"{comp.advantage.df:.1f}",
-            comp.verdict,
+            # a smaller contender measured on for the tie question: not settled yet
+            comp.verdict
+            + (
+                " (equivalent?)"
+                if comp in settled.measuring and comp.verdict != "unresolved"
+                else ""
+            ),
         )
     if report.plain is not None:
         low, high = report.plain.advantage.bounds(0.95)

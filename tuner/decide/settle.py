@@ -13,8 +13,9 @@ ahead (the answer moves to it), behind or within the tolerance (the answer holds
 unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
 best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. So a
 smaller contender that is only within the tolerance (at most that much ahead, but perhaps far
-behind) stays open until it is shown equivalent (the tie rule then takes it) or behind: else two
-runs on the same server could stop at different ends of one tie. When
+behind), or behind by what may be less than half the tolerance, stays open until it is shown
+equivalent (the tie rule then takes it) or at least half the tolerance behind: else two runs on
+the same server could stop at different ends of one tie. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
@@ -40,6 +41,13 @@ from tuner.decide.paired import (
 TOLERANCE = 0.01  # of the answer's objective: a contender this close is not worth a change
 CONFIDENCE = 0.95  # one-sided, per bound
 MAX_TIE = 3
+# A smaller contender leaves the tie question once shown at least this share of the tolerance
+# behind. Either answer is then within the tolerance of the other, so the question needs no
+# more precision than half the tolerance (a bounded cost, where "more than the tolerance
+# behind" would measure without end for a truth just inside it), and runs agree wherever the
+# truth is not between this margin and the tolerance: a smaller value less than half the
+# tolerance behind is always tied in, one more than the tolerance behind never.
+TIE_MARGIN = 0.5
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 
@@ -136,14 +144,7 @@ def assess(
         best = max(ahead, key=lambda c: (c.advantage.estimate, -c.contender))
         return Standing(best.contender, MOVED, comparisons, tolerance=tol)
     open_ = [
-        c
-        for c in comparisons
-        if c.verdict == UNRESOLVED
-        or (
-            c.verdict == WITHIN
-            and c.contender < answer
-            and not equivalent(c.advantage, tol, confidence)
-        )
+        c for c in comparisons if c.verdict == UNRESOLVED or tie_open(c, answer, tol, confidence)
     ]
     if open_:
         wanted = next_levels(gains, weights, open_)
@@ -156,6 +157,19 @@ def assess(
         # (further down) are compared next.
         return Standing(min(tie), MOVED, comparisons, tie=tie, tolerance=tol)
     return Standing(answer, SETTLED, comparisons, tie=tie, tolerance=tol)
+
+
+def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
+    """A smaller contender the tie question is still open for: within the tolerance or behind
+    the answer, but neither shown equivalent nor shown at least TIE_MARGIN of the tolerance
+    behind. Settled on "behind" alone (the upper bound below zero), two runs on one server
+    could stop at different ends of one tie: one that showed the smaller value equivalent first
+    would choose it, one that showed it slightly behind first would keep the larger."""
+    if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
+        return False
+    if equivalent(c.advantage, tol, confidence):
+        return False
+    return c.advantage.bounds(confidence)[1] > -TIE_MARGIN * tol
 
 
 def tie_set(
@@ -221,6 +235,7 @@ __all__ = [
     "MOVED",
     "OPEN",
     "SETTLED",
+    "TIE_MARGIN",
     "TOLERANCE",
     "UNRESOLVED",
     "WITHIN",
@@ -232,5 +247,6 @@ __all__ = [
     "contenders",
     "gains_from_rounds",
     "next_levels",
+    "tie_open",
     "tie_set",
 ]

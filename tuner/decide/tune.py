@@ -432,7 +432,7 @@ def tune(
                     ProgressEvent(
                         "message",
                         text=f"budget of {budget_s:.0f} s spent with "
-                        f"{len(standing.unresolved)} comparison(s) unresolved",
+                        f"{len(standing.measuring)} comparison(s) unresolved",
                     )
                 )
                 return
@@ -463,9 +463,10 @@ def tune(
 
 def sweep_text(answer: int, standing: settle.Standing) -> str:
     """What a sweep compares: each contender still measured, and why where it is not a
-    plain unresolved comparison (within the tolerance, measured on for the tie)."""
+    plain unresolved comparison (within the tolerance or slightly behind, measured on for the
+    tie)."""
     names = [
-        f"N={c.contender}" + (" (equivalent?)" if c.verdict == settle.WITHIN else "")
+        f"N={c.contender}" + (" (equivalent?)" if c.verdict != settle.UNRESOLVED else "")
         for c in standing.measuring
     ]
     return f"N={answer} against " + ", ".join(names)
@@ -631,7 +632,10 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
         return Reason(
             ReasonCode.UNRESOLVED,
             f"N={answer} stands, but the data show neither a difference nor equivalence for "
-            + ", ".join(f"N={c.contender}" for c in standing.unresolved)
+            + ", ".join(
+                f"N={c.contender}" + (" (equivalent?)" if c.verdict != settle.UNRESOLVED else "")
+                for c in standing.measuring or standing.unresolved
+            )
             + f" ({how}); measure next at "
             + ", ".join(f"{c} streams" for c in standing.measure_next),
         )
