@@ -49,11 +49,17 @@ def test_the_full_method_answers_within_the_tolerance_of_the_truths_best(
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [3, 5])
 def test_the_full_method_on_the_noisy_bench_world(tmp_path: Path, seed: int) -> None:
+    """N=4 is 0.55 % behind N=5 in truth: within the tolerance, but not by much, so whether
+    N=4 ties may stay open when the budget ends. Then nothing else may be open, and the values
+    the answer names as perhaps tied must hold the truth's best."""
     result = run_method(world("bench"), "full", seed=seed, workdir=tmp_path)
-    assert result.status == "settled", result.details
+    best = truth("bench").best().best.effective(world("bench").n_parallel)
+    if result.status != "settled":
+        verdicts = {c["contender"]: c["verdict"] for c in result.details["comparisons"]}
+        assert "unresolved" not in verdicts.values(), result.details
+        assert best in result.details["may_tie"], result.details
     assert regret("bench", result.answer) <= TOLERANCE, (result.answer, result.details)
     # what pruning dropped (shown behind) never includes the truth's best
-    best = truth("bench").best().best.effective(world("bench").n_parallel)
     behind = [c["contender"] for c in result.details["comparisons"] if c["verdict"] == "behind"]
     assert best not in behind, result.details
 

@@ -245,6 +245,11 @@ def tuning(report: TuneReport) -> None:
             f"tolerance +-{settled.tolerance:.2f} tok/s; pairs per level {{{pairs}}}"
             + (f"; tie {settled.tie}" if len(settled.tie) > 1 else "")
             + (
+                f"; may tie {settled.may_tie} (not yet shown equivalent or apart)"
+                if len(settled.may_tie) > max(1, len(settled.tie))
+                else ""
+            )
+            + (
                 f"; measure next at {', '.join(map(str, settled.measure_next))} streams"
                 if settled.measure_next
                 else ""

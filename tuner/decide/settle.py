@@ -13,9 +13,9 @@ ahead (the answer moves to it), behind or within the tolerance (the answer holds
 unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
 best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. So a
 smaller contender that is only within the tolerance (at most that much ahead, but perhaps far
-behind), or behind by what may be less than half the tolerance, stays open until it is shown
-equivalent (the tie rule then takes it) or at least half the tolerance behind: else two runs on
-the same server could stop at different ends of one tie. When
+behind), or behind by what may be less than the tolerance, stays open until it is shown
+equivalent (the tie rule then takes it) or more than the tolerance behind: else two runs on the
+same server could stop at different ends of one tie. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
@@ -41,13 +41,6 @@ from tuner.decide.paired import (
 TOLERANCE = 0.01  # of the answer's objective: a contender this close is not worth a change
 CONFIDENCE = 0.95  # one-sided, per bound
 MAX_TIE = 3
-# A smaller contender leaves the tie question once shown at least this share of the tolerance
-# behind. Either answer is then within the tolerance of the other, so the question needs no
-# more precision than half the tolerance (a bounded cost, where "more than the tolerance
-# behind" would measure without end for a truth just inside it), and runs agree wherever the
-# truth is not between this margin and the tolerance: a smaller value less than half the
-# tolerance behind is always tied in, one more than the tolerance behind never.
-TIE_MARGIN = 0.5
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 
@@ -118,6 +111,14 @@ class Standing:
     def unresolved(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict == UNRESOLVED]
 
+    @property
+    def may_tie(self) -> list[int]:
+        """The tie, with the smaller values whose tie question is still open where the standing
+        is unresolved: the values the data do not yet keep apart at the tolerance. Two runs
+        agree when each one's set holds the other's answer."""
+        open_ties = [c.contender for c in self.measuring if c.verdict != UNRESOLVED]
+        return sorted({self.answer, *self.tie, *open_ties})
+
 
 def level_pairs(levels: Mapping[int, LevelDiffs]) -> dict[int, int]:
     return {c: d.n for c, d in levels.items()}
@@ -161,15 +162,18 @@ def assess(
 
 def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
     """A smaller contender the tie question is still open for: within the tolerance or behind
-    the answer, but neither shown equivalent nor shown at least TIE_MARGIN of the tolerance
-    behind. Settled on "behind" alone (the upper bound below zero), two runs on one server
-    could stop at different ends of one tie: one that showed the smaller value equivalent first
-    would choose it, one that showed it slightly behind first would keep the larger."""
+    the answer, but neither shown equivalent nor shown more than the tolerance behind. Settled
+    on "behind" alone (the upper bound below zero), two runs on one server could stop at
+    different ends of one tie: one that showed the smaller value equivalent first would choose
+    it, one that showed it slightly behind first would keep the larger. At most one of
+    "equivalent" and "more than the tolerance behind" is true (each wrongly shown at most 5 %
+    of the time), so runs agree; a truth near the tolerance itself takes long to place, and
+    the budget then leaves the question open, named."""
     if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
         return False
     if equivalent(c.advantage, tol, confidence):
         return False
-    return c.advantage.bounds(confidence)[1] > -TIE_MARGIN * tol
+    return c.advantage.bounds(confidence)[1] > -tol
 
 
 def tie_set(
@@ -235,7 +239,6 @@ __all__ = [
     "MOVED",
     "OPEN",
     "SETTLED",
-    "TIE_MARGIN",
     "TOLERANCE",
     "UNRESOLVED",
     "WITHIN",

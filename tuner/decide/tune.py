@@ -241,6 +241,7 @@ class TuneReport:
             "changed": self.changed,
             "status": s.status if s else None,
             "tie": s.tie if s else [],
+            "may_tie": s.may_tie if s else [],
             "tolerance": s.tolerance if s else None,
             "comparisons": [c.as_dict() for c in s.comparisons] if s else [],
             "measure_next": s.measure_next if s else [],
