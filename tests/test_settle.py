@@ -6,6 +6,7 @@ contenders, the tie rule and what an unresolved standing asks for. Pure: the twi
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from tuner.decide.paired import (
     t_quantile,
     verdict,
 )
-from tuner.decide.tune import sweep_text
+from tuner.decide.tune import _head_reason, sweep_text
 
 NP = 8
 UNIFORM = [1 / NP] * NP
@@ -150,8 +151,12 @@ def test_a_smaller_contender_slightly_behind_stays_open_until_it_ties() -> None:
     assert four.verdict == BEHIND and high > -0.5 and low < -1.0
     assert standing.status == settle.OPEN and standing.answer == 5
     assert [c.contender for c in standing.measuring] == [4] and standing.measure_next == [5]
-    # open, the answer says which values the data do not keep apart yet
+    # open, the answer says which values the data do not keep apart yet, and why
     assert standing.may_tie == [4, 5]
+    report = SimpleNamespace(gains=few, sweeps=3, seconds=90.0, way="live")
+    text = _head_reason(standing, 5, report).text  # type: ignore[arg-type]
+    assert "N=4 may tie with it" in text and "not yet shown within +-1.00" in text
+    assert "measure next at 5 streams" in text and "neither" not in text
     assert sweep_text(5, standing) == "N=5 against N=4 (equivalent?)"
     many = {**gains_with(small_gain), 5: diffs(2.4, 4.0, 60, seed=5)}
     moved = settle.assess(many, UNIFORM, 5, NP, objective=100.0)

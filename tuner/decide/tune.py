@@ -630,13 +630,26 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
             f"tok/s (one-sided 95 %) live ({how})",
         )
     if standing.status == settle.OPEN:
+        open_ = standing.measuring or standing.unresolved
+        parts = []
+        unresolved = [c for c in open_ if c.verdict == settle.UNRESOLVED]
+        if unresolved:
+            parts.append(
+                "the data show neither a difference nor equivalence for "
+                + ", ".join(f"N={c.contender}" for c in unresolved)
+            )
+        for c in open_:
+            if c.verdict != settle.UNRESOLVED:
+                low, high = c.advantage.bounds(settle.CONFIDENCE)
+                parts.append(
+                    f"N={c.contender} may tie with it: {c.advantage.estimate:+.2f} tok/s "
+                    f"[{low:+.2f}, {high:+.2f}], not yet shown within +-{standing.tolerance:.2f} "
+                    "or beyond"
+                )
         return Reason(
             ReasonCode.UNRESOLVED,
-            f"N={answer} stands, but the data show neither a difference nor equivalence for "
-            + ", ".join(
-                f"N={c.contender}" + (" (equivalent?)" if c.verdict != settle.UNRESOLVED else "")
-                for c in standing.measuring or standing.unresolved
-            )
+            f"N={answer} stands, but "
+            + "; ".join(parts)
             + f" ({how}); measure next at "
             + ", ".join(f"{c} streams" for c in standing.measure_next),
         )
