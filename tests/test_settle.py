@@ -169,6 +169,16 @@ def test_a_smaller_contender_slightly_behind_stays_open_until_it_ties() -> None:
     low, high = next(c for c in still.comparisons if c.contender == 4).advantage.bounds(0.95)
     assert -1.0 < high < -0.5 and low < -1.0
     assert still.status == settle.OPEN and [c.contender for c in still.measuring] == [4]
+    # placed within a quarter of the tolerance of its estimate without a side, it is at the
+    # tolerance's edge: no longer measured, named, and the better N=5 stands
+    edge = {**gains_with(small_gain), 5: diffs(7.6, 4.0, 200, seed=5)}
+    placed = settle.assess(edge, UNIFORM, 5, NP, objective=100.0)
+    low, high = next(c for c in placed.comparisons if c.contender == 4).advantage.bounds(0.95)
+    assert low < -1.0 < high < 0 and (high - low) / 2 <= 0.25
+    assert placed.status == settle.SETTLED and placed.answer == 5 and placed.edge == [4]
+    assert placed.tie == [5] and placed.may_tie == [4, 5]
+    text = _head_reason(placed, 5, report).text  # type: ignore[arg-type]
+    assert "N=4 sits at the tolerance's edge" in text
     # shown more than the tolerance behind, the question is closed: no tie to ask about
     far = {**gains_with(small_gain), 5: diffs(12.0, 2.5, 30, seed=5)}
     held = settle.assess(far, UNIFORM, 5, NP, objective=100.0)

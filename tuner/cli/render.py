@@ -245,7 +245,13 @@ def tuning(report: TuneReport) -> None:
             f"tolerance +-{settled.tolerance:.2f} tok/s; pairs per level {{{pairs}}}"
             + (f"; tie {settled.tie}" if len(settled.tie) > 1 else "")
             + (
-                f"; may tie {settled.may_tie} (not yet shown equivalent or apart)"
+                f"; may tie {settled.may_tie} ("
+                + (
+                    "at the tolerance's edge"
+                    if settled.edge
+                    else "not yet shown equivalent or apart"
+                )
+                + ")"
                 if len(settled.may_tie) > max(1, len(settled.tie))
                 else ""
             )

@@ -15,7 +15,9 @@ best is shown within +-tolerance both ways are a tie: at most three, the smalles
 smaller contender that is only within the tolerance (at most that much ahead, but perhaps far
 behind), or behind by what may be less than the tolerance, stays open until it is shown
 equivalent (the tie rule then takes it) or more than the tolerance behind: else two runs on the
-same server could stop at different ends of one tie. When
+same server could stop at different ends of one tie. A difference at the tolerance itself would
+take pairs without end to place: once its bounds are within a quarter of the tolerance of it
+without a side, the smaller value is at the edge, named, and the better one stands. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
@@ -41,6 +43,11 @@ from tuner.decide.paired import (
 TOLERANCE = 0.01  # of the answer's objective: a contender this close is not worth a change
 CONFIDENCE = 0.95  # one-sided, per bound
 MAX_TIE = 3
+# A tie question placed this finely (its one-sided bounds within this share of the tolerance
+# of its estimate) without a side sits at the tolerance itself: more pairs would only place
+# it more finely, at a cost without end as the difference nears the tolerance. The better
+# (larger) value stands, and the smaller is named as at the edge.
+TIE_EDGE = 0.25
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 
@@ -106,6 +113,8 @@ class Standing:
     # when unresolved: the comparisons measured next (unresolved ones, and smaller contenders
     # within the tolerance but not yet shown equivalent, the tie question)
     measuring: list[Comparison] = field(default_factory=list)
+    # smaller contenders whose tie question was placed at the tolerance's edge (TIE_EDGE)
+    edge: list[int] = field(default_factory=list)
 
     @property
     def unresolved(self) -> list[Comparison]:
@@ -117,7 +126,7 @@ class Standing:
         is unresolved: the values the data do not yet keep apart at the tolerance. Two runs
         agree when each one's set holds the other's answer."""
         open_ties = [c.contender for c in self.measuring if c.verdict != UNRESOLVED]
-        return sorted({self.answer, *self.tie, *open_ties})
+        return sorted({self.answer, *self.tie, *open_ties, *self.edge})
 
 
 def level_pairs(levels: Mapping[int, LevelDiffs]) -> dict[int, int]:
@@ -144,20 +153,27 @@ def assess(
     if ahead:
         best = max(ahead, key=lambda c: (c.advantage.estimate, -c.contender))
         return Standing(best.contender, MOVED, comparisons, tolerance=tol)
+    edge = [c.contender for c in comparisons if at_edge(c, answer, tol, confidence)]
     open_ = [
         c for c in comparisons if c.verdict == UNRESOLVED or tie_open(c, answer, tol, confidence)
     ]
     if open_:
         wanted = next_levels(gains, weights, open_)
         return Standing(
-            answer, OPEN, comparisons, measure_next=wanted, tolerance=tol, measuring=open_
+            answer,
+            OPEN,
+            comparisons,
+            measure_next=wanted,
+            tolerance=tol,
+            measuring=open_,
+            edge=edge,
         )
     tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
     if min(tie) != answer:
         # A smaller N is shown equivalent: it becomes the answer, and its own contenders
         # (further down) are compared next.
         return Standing(min(tie), MOVED, comparisons, tie=tie, tolerance=tol)
-    return Standing(answer, SETTLED, comparisons, tie=tie, tolerance=tol)
+    return Standing(answer, SETTLED, comparisons, tie=tie, tolerance=tol, edge=edge)
 
 
 def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
@@ -167,8 +183,24 @@ def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDE
     different ends of one tie: one that showed the smaller value equivalent first would choose
     it, one that showed it slightly behind first would keep the larger. At most one of
     "equivalent" and "more than the tolerance behind" is true (each wrongly shown at most 5 %
-    of the time), so runs agree; a truth near the tolerance itself takes long to place, and
-    the budget then leaves the question open, named."""
+    of the time), so runs agree; a truth near the tolerance itself takes long to place: once
+    placed within TIE_EDGE of the tolerance without a side it is at the edge (at_edge), no
+    longer measured."""
+    return _tie_question(c, answer, tol, confidence) and not at_edge(c, answer, tol, confidence)
+
+
+def at_edge(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
+    """A smaller contender's tie question placed within TIE_EDGE of the tolerance without a
+    side: neither equivalent nor more than the tolerance behind, and no longer measured."""
+    if not _tie_question(c, answer, tol, confidence):
+        return False
+    low, high = c.advantage.bounds(confidence)
+    return (high - low) / 2 <= TIE_EDGE * tol
+
+
+def _tie_question(c: Comparison, answer: int, tol: float, confidence: float) -> bool:
+    """Smaller, within the tolerance or behind, neither shown equivalent nor shown more than
+    the tolerance behind."""
     if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
         return False
     if equivalent(c.advantage, tol, confidence):
@@ -239,6 +271,7 @@ __all__ = [
     "MOVED",
     "OPEN",
     "SETTLED",
+    "TIE_EDGE",
     "TOLERANCE",
     "UNRESOLVED",
     "WITHIN",
@@ -246,6 +279,7 @@ __all__ = [
     "Standing",
     "advantage",
     "assess",
+    "at_edge",
     "between",
     "contenders",
     "gains_from_rounds",

@@ -620,14 +620,25 @@ def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
     return Reason(ReasonCode.LIVE_TRIALS, f"drafting pays: {figures}")
 
 
+def _bounds_text(c: settle.Comparison) -> str:
+    low, high = c.advantage.bounds(settle.CONFIDENCE)
+    return f"{c.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}]"
+
+
 def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> Reason:
     pairs = sum(d.n for d in report.gains.values())
     how = f"{report.sweeps} sweep(s), {pairs} pairs, {report.seconds:.0f} s, {report.way}"
     if standing.status == settle.SETTLED:
+        edge = [c for c in standing.comparisons if c.contender in standing.edge]
         return Reason(
             ReasonCode.SETTLED,
             f"N={answer}: every contender shown behind or within +-{standing.tolerance:.2f} "
-            f"tok/s (one-sided 95 %) live ({how})",
+            f"tok/s (one-sided 95 %) live ({how})"
+            + "".join(
+                f"; N={c.contender} sits at the tolerance's edge ({_bounds_text(c)}): neither "
+                f"equivalent nor clearly beyond, so the better N={answer} stands"
+                for c in edge
+            ),
         )
     if standing.status == settle.OPEN:
         open_ = standing.measuring or standing.unresolved
@@ -640,11 +651,9 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
             )
         for c in open_:
             if c.verdict != settle.UNRESOLVED:
-                low, high = c.advantage.bounds(settle.CONFIDENCE)
                 parts.append(
-                    f"N={c.contender} may tie with it: {c.advantage.estimate:+.2f} tok/s "
-                    f"[{low:+.2f}, {high:+.2f}], not yet shown within +-{standing.tolerance:.2f} "
-                    "or beyond"
+                    f"N={c.contender} may tie with it: {_bounds_text(c)}, not yet shown within "
+                    f"+-{standing.tolerance:.2f} or beyond"
                 )
         return Reason(
             ReasonCode.UNRESOLVED,
