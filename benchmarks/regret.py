@@ -14,8 +14,11 @@ crossover above 4 streams), in one run on one machine:
    drafting server on and off in turn at each level between them (A B B A on one launch, the
    live switch), pairs accumulated sweep after sweep at the levels whose comparisons are still
    open, until each contender's one-sided 95 % bound shows the answer at most 1 % of the
-   objective behind it (or behind not at all), or the contender ahead, or the judge's time per
-   regime (--minutes, default 60) runs out. Plain against the answer the same way at every
+   objective behind it (or behind not at all), or the contender more than 1 % ahead, or the
+   judge's time per regime (--minutes, default 60) runs out. A contender surely ahead, but
+   perhaps by less than 1 %, is measured on: "ahead" alone does not say which side of 1 % it
+   is (the tie rule has the tuner choose the smaller of values within 1 %, so a contender a
+   little ahead is expected). Plain against the answer the same way at every
    level, on two launches held up side by side (plain has no draft model to switch; each on its
    own port, the idle one waiting): plain's round and the answer's alternate A B B A at a level,
    seconds apart, where alternating launches put minutes and a model load between them.
@@ -47,6 +50,22 @@ from common import tuner, tuner_env
 REPO = Path(__file__).resolve().parent.parent
 REGIMES = ("bench-smollm2-cpu", "bench-smollm2-cpu-nmax3", "bench-smollm2-cpu-late")
 JUDGE_SEED = 1000  # the judge's workload seed: not the tuner's (0)
+BEYOND = "more than 1 % ahead"
+
+
+def judged(advantage, tol: float) -> str:  # advantage: tuner.decide.paired.Contrast
+    """The judge's question of a contender (its advantage over the answer): is it more than
+    the tolerance ahead? One-sided 95 %: behind (upper bound at most 0), within the tolerance
+    (upper bound at most tol), more than the tolerance ahead (lower bound above tol), else
+    unresolved."""
+    low, high = advantage.bounds(0.95)
+    if high <= 0:
+        return "behind"
+    if high <= tol:
+        return "within tolerance"
+    if low > tol:
+        return BEYOND
+    return "unresolved"
 
 
 def tuner_way(spec: Path, model: str, workdir: Path) -> tuple[int, float, dict]:
@@ -60,11 +79,11 @@ def tuner_way(spec: Path, model: str, workdir: Path) -> tuple[int, float, dict]:
     return int(report["standing"]), time.perf_counter() - started, report
 
 
-def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
+def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_answer: bool) -> dict:
     """The judge's comparisons of the answer with its contenders and with plain."""
     from tuner.bench import load_bench
     from tuner.decide import settle
-    from tuner.decide.paired import Contrast, verdict
+    from tuner.decide.paired import Contrast
     from tuner.decide.tune import live_gains, plain_gains, sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
@@ -111,8 +130,8 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
         comparisons = {
             m: settle.advantage(gains, weights, answer, m) for m in settle.contenders(answer, np_)
         }
-        verdicts = {m: verdict(adv, tol) for m, adv in comparisons.items()}
-        open_ = [m for m, v in verdicts.items() if v == settle.UNRESOLVED]
+        verdicts = {m: judged(adv, tol) for m, adv in comparisons.items()}
+        open_ = [m for m, v in verdicts.items() if v == "unresolved"]
         if not open_ or time.perf_counter() >= deadline:
             break
         levels = sorted({c for m in open_ for c in settle.between(answer, m)})
@@ -126,7 +145,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
     answer_policy = Policy.of_max_slots(answer, n_max)
     cross = profiler("relaunch", side_by_side=True)
     cells = [(depth, c) for c in range(1, np_ + 1)]
-    plain_verdict, plain_adv, passes = settle.UNRESOLVED, Contrast(math.nan, math.inf, 0), 0
+    plain_verdict, plain_adv, passes = "unresolved", Contrast(math.nan, math.inf, 0), 0
     plain_levels: dict = {}
     while time.perf_counter() < deadline or passes < 2:
         cross.run_pass({cell: [Policy.plain(), answer_policy] for cell in cells}, pairs=2)
@@ -135,8 +154,14 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float) -> dict:
             continue
         plain_levels = plain_gains(cross.repeats_by_cell(), answer_policy.config_name)
         plain_adv = Contrast.of(plain_levels, {c: weights[c - 1] for c in range(1, np_ + 1)})
-        plain_verdict = verdict(plain_adv, tol)
-        if plain_verdict != settle.UNRESOLVED:
+        # where the tuner answered plain, the drafting server is the contender
+        plain_verdict = judged(
+            Contrast(-plain_adv.estimate, plain_adv.se, plain_adv.df)
+            if plain_answer
+            else plain_adv,
+            tol,
+        )
+        if plain_verdict != "unresolved":
             break
     cross.backend.close()
     store.dispose()
@@ -204,7 +229,7 @@ def main() -> None:
         )
         print(f"== {name}: the judge (seed {JUDGE_SEED}, its own launches) ==", flush=True)
         (work / "judge").mkdir(exist_ok=True)
-        result = judge(spec, answer, work / "judge", args.minutes)
+        result = judge(spec, answer, work / "judge", args.minutes, says_plain)
         tol = result["tolerance"]
         print(
             f"objective of N={answer}: {result['objective']:.1f} tok/s weighted; tolerance "
@@ -221,12 +246,17 @@ def main() -> None:
                 f"{adv.df:.1f} | {v} |"
             )
             resolved &= v != "unresolved"
-            if v == "ahead" and low > tol:
+            if v == BEYOND:
                 ahead.append(f"N={m}")
         adv, v, passes = result["plain"]
         low, high = adv.bounds(0.95)
+        # the row is the contender's advantage: drafting's over plain where plain was the answer
+        row = f"N={answer} (drafting) vs plain" if says_plain else "plain"
+        estimate = -adv.estimate if says_plain else adv.estimate
+        if says_plain:
+            low, high = -high, -low
         print(
-            f"| plain | every level (side by side) | {adv.estimate:+.2f} | "
+            f"| {row} | every level (side by side) | {estimate:+.2f} | "
             f"[{low:+.2f}, {high:+.2f}] | {adv.df:.1f} | {v} ({passes} passes) |"
         )
         resolved &= v != "unresolved"
@@ -236,11 +266,9 @@ def main() -> None:
         )
         print(f"plain - N={answer} per level, tok/s: {per_level}")
         # Plain ahead of a drafting answer is a contender ahead; where the tuner's answer was
-        # plain, N drafting shown ahead of plain is.
-        if not says_plain and low > tol:
-            ahead.append("plain")
-        if says_plain and high < -tol:
-            ahead.append(f"N={answer} (drafting)")
+        # plain, N drafting shown ahead of plain is (judged on drafting - plain).
+        if v == BEYOND:
+            ahead.append(f"N={answer} (drafting)" if says_plain else "plain")
         print(
             f"pairs per level {result['pairs']}; judge: {result['sweeps']} sweeps, "
             f"{result['contenders_s'] / 60:.1f} min on contenders, "
