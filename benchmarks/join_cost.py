@@ -69,7 +69,7 @@ def prompt_of(client: LlamaClient, tokens: int, salt: int) -> str:
 
 
 def stream_time(
-    client: LlamaClient,
+    url: str,
     prompt: str,
     tokens: int,
     joins: list[str] | None = None,
@@ -77,14 +77,15 @@ def stream_time(
     est: float = 0.0,
 ) -> float:
     """The stream's first-to-last-token seconds; each join request sent through its own
-    connection, shares[i] x est seconds after the stream's first token."""
+    connection, shares[i] x est seconds after the stream's first token. A fresh connection for
+    every request: llama-server closes a streamed response's connection."""
     joins, shares = joins or [], shares or []
     times: list[float] = []
     senders: list[threading.Thread] = []
 
     def send(text: str, delay: float) -> None:
         time.sleep(delay)
-        with LlamaClient(client.url) as own:
+        with LlamaClient(url) as own:
             own.complete({"prompt": text, "n_predict": 1, "cache_prompt": False, "seed": 7})
 
     def on_chunk(chunk: dict) -> None:
@@ -104,7 +105,8 @@ def stream_time(
         "cache_prompt": False,
         "seed": 1234,
     }
-    client.stream(body, on_chunk=on_chunk)
+    with LlamaClient(url) as client:
+        client.stream(body, on_chunk=on_chunk)
     for sender in senders:
         sender.join()
     return times[-1] - times[0]
@@ -118,8 +120,8 @@ def measure(config: LaunchConfig, name: str, args: argparse.Namespace) -> tuple[
         LlamaClient(srv.url) as client,
     ):
         prompt = prompt_of(client, args.prompt_tokens, 0)
-        stream_time(client, prompt, args.tokens)  # warm-up
-        est = statistics.median(stream_time(client, prompt, args.tokens) for _ in range(3))
+        stream_time(srv.url, prompt, args.tokens)  # warm-up
+        est = statistics.median(stream_time(srv.url, prompt, args.tokens) for _ in range(3))
         shares = [(i + 1) / (args.joins + 1) for i in range(args.joins)]
         diffs: list[float] = []
         salt = 1
@@ -127,11 +129,11 @@ def measure(config: LaunchConfig, name: str, args: argparse.Namespace) -> tuple[
             t: dict[str, float] = {}
             for arm in "AB" if block % 2 == 0 else "BA":
                 if arm == "A":
-                    t[arm] = stream_time(client, prompt, args.tokens)
+                    t[arm] = stream_time(srv.url, prompt, args.tokens)
                     continue
                 joins = [prompt_of(client, args.prompt_tokens, salt + i) for i in range(args.joins)]
                 salt += args.joins
-                t[arm] = stream_time(client, prompt, args.tokens, joins, shares, est)
+                t[arm] = stream_time(srv.url, prompt, args.tokens, joins, shares, est)
             diffs.append((t["B"] - t["A"]) / args.joins * 1000.0)
             print(
                 f"  {name} block {block + 1}: alone {t['A']:.3f} s, with {args.joins} joins "
