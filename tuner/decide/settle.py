@@ -111,7 +111,7 @@ class Standing:
     measure_next: list[int] = field(default_factory=list)  # levels, when unresolved
     tolerance: float = 0.0  # in objective units (tok/s)
     # when unresolved: the comparisons measured next (unresolved ones, and smaller contenders
-    # within the tolerance but not yet shown equivalent, the tie question)
+    # within the tolerance or behind, neither shown equivalent nor beyond it: tie_open)
     measuring: list[Comparison] = field(default_factory=list)
     # smaller contenders whose tie question was placed at the tolerance's edge (TIE_EDGE)
     edge: list[int] = field(default_factory=list)
