@@ -20,6 +20,7 @@ server and a drafting one (no threshold).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -50,15 +51,10 @@ WORDS = [
 
 
 def drafting(plain: LaunchConfig, draft: Path) -> LaunchConfig:
-    args = [*plain.args, "--model-draft", str(draft), "--spec-type", "draft-simple"]
-    return LaunchConfig(
-        binary=plain.binary,
-        model=plain.model,
-        n_parallel=plain.n_parallel,
-        ctx_size=plain.ctx_size,
-        threads=plain.threads,
-        args=[*args, "--spec-synth-len", "3.5", "--spec-draft-n-max", "6"],
-    )
+    """The plain launch with the bench's draft model (as its profile spec has it)."""
+    args = ["--model-draft", str(draft), "--spec-type", "draft-simple"]
+    args += ["--spec-synth-len", "3.5", "--spec-draft-n-max", "6"]
+    return dataclasses.replace(plain, args=[*plain.args, *args])
 
 
 def prompt_of(client: LlamaClient, tokens: int, salt: int) -> str:

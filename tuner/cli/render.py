@@ -221,12 +221,7 @@ def tuning(report: TuneReport) -> None:
             f"[{low:+.2f}, {high:+.2f}]",
             f"{comp.advantage.df:.1f}",
             # a smaller contender measured on for the tie question: not settled yet
-            comp.verdict
-            + (
-                " (equivalent?)"
-                if comp in settled.measuring and comp.verdict != "unresolved"
-                else ""
-            ),
+            comp.verdict + (" (equivalent?)" if comp in settled.tie_questions else ""),
         )
     if report.plain is not None:
         low, high = report.plain.advantage.bounds(0.95)

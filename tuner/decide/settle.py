@@ -121,11 +121,16 @@ class Standing:
         return [c for c in self.comparisons if c.verdict == UNRESOLVED]
 
     @property
+    def tie_questions(self) -> list[Comparison]:
+        """The comparisons measured on for the tie alone (tie_open), not unresolved ones."""
+        return [c for c in self.measuring if c.verdict != UNRESOLVED]
+
+    @property
     def may_tie(self) -> list[int]:
         """The tie, with the smaller values whose tie question is still open where the standing
         is unresolved: the values the data do not yet keep apart at the tolerance. Two runs
         agree when each one's set holds the other's answer."""
-        open_ties = [c.contender for c in self.measuring if c.verdict != UNRESOLVED]
+        open_ties = [c.contender for c in self.tie_questions]
         return sorted({self.answer, *self.tie, *open_ties, *self.edge})
 
 

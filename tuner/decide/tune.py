@@ -467,7 +467,7 @@ def sweep_text(answer: int, standing: settle.Standing) -> str:
     plain unresolved comparison (within the tolerance or slightly behind, measured on for the
     tie)."""
     names = [
-        f"N={c.contender}" + (" (equivalent?)" if c.verdict != settle.UNRESOLVED else "")
+        f"N={c.contender}" + (" (equivalent?)" if c in standing.tie_questions else "")
         for c in standing.measuring
     ]
     return f"N={answer} against " + ", ".join(names)
@@ -641,20 +641,17 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
             ),
         )
     if standing.status == settle.OPEN:
-        open_ = standing.measuring or standing.unresolved
         parts = []
-        unresolved = [c for c in open_ if c.verdict == settle.UNRESOLVED]
-        if unresolved:
+        if standing.unresolved:
             parts.append(
                 "the data show neither a difference nor equivalence for "
-                + ", ".join(f"N={c.contender}" for c in unresolved)
+                + ", ".join(f"N={c.contender}" for c in standing.unresolved)
             )
-        for c in open_:
-            if c.verdict != settle.UNRESOLVED:
-                parts.append(
-                    f"N={c.contender} may tie with it: {_bounds_text(c)}, not yet shown within "
-                    f"+-{standing.tolerance:.2f} or beyond"
-                )
+        parts += [
+            f"N={c.contender} may tie with it: {_bounds_text(c)}, not yet shown within "
+            f"+-{standing.tolerance:.2f} or beyond"
+            for c in standing.tie_questions
+        ]
         return Reason(
             ReasonCode.UNRESOLVED,
             f"N={answer} stands, but "
