@@ -16,8 +16,8 @@ smaller contender that is only within the tolerance (at most that much ahead, bu
 behind), or behind by what may be less than the tolerance, stays open until it is shown
 equivalent (the tie rule then takes it) or more than the tolerance behind: else two runs on the
 same server could stop at different ends of one tie. A difference at the tolerance itself would
-take pairs without end to place: once its bounds are within a quarter of the tolerance of it
-without a side, the smaller value is at the edge, named, and the better one stands. When
+take pairs without end to place: once its bounds are within half the tolerance of it without
+a side, the smaller value is at the edge, named, and the better one stands. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
@@ -47,7 +47,7 @@ MAX_TIE = 3
 # of its estimate) without a side sits at the tolerance itself: more pairs would only place
 # it more finely, at a cost without end as the difference nears the tolerance. The better
 # (larger) value stands, and the smaller is named as at the edge.
-TIE_EDGE = 0.25
+TIE_EDGE = 0.5
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.decide import recommend
+from tuner.decide import recommend, settle
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.tune import tune
 from tuner.measure.spec import ProfileSpec
@@ -99,8 +99,10 @@ def run_method(
     budget_s: float = 600.0,
     workdir: Path | None = None,
     max_tokens: int = 128,
+    tolerance: float = settle.TOLERANCE,
 ) -> MethodResult:
-    """Run one method on the world (see the module docstring)."""
+    """Run one method on the world (see the module docstring). budget_s and tolerance are
+    tune's (the full method's live step)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     if workdir is None:
@@ -113,12 +115,13 @@ def run_method(
                 budget_s=budget_s,
                 workdir=Path(tmp),
                 max_tokens=max_tokens,
+                tolerance=tolerance,
             )
     folder = Path(workdir)
     folder.mkdir(parents=True, exist_ok=True)
     store = Store(f"sqlite:///{folder / f'{method}-{seed}.db'}")
     try:
-        return _run(world, method, store, folder, weights, seed, budget_s, max_tokens)
+        return _run(world, method, store, folder, weights, seed, budget_s, max_tokens, tolerance)
     finally:
         store.dispose()
 
@@ -132,6 +135,7 @@ def _run(
     seed: int,
     budget_s: float,
     max_tokens: int,
+    tolerance: float,
 ) -> MethodResult:
     np_ = world.n_parallel
     levels = tuple(c for c in DEFAULT_LEVELS if c <= np_) if method == "naive" else None
@@ -158,7 +162,14 @@ def _run(
         result = MethodResult(method, rec.policy.effective(np_), backend.elapsed, measured=measured)
         if method == "full":
             report = tune(
-                store, world.model_name, HOST, folder, backend=backend, budget_s=budget_s, seed=seed
+                store,
+                world.model_name,
+                HOST,
+                folder,
+                backend=backend,
+                budget_s=budget_s,
+                tolerance=tolerance,
+                seed=seed,
             )
             assert report.standing is not None and report.settled is not None
             result.answer = report.standing.policy.effective(np_)

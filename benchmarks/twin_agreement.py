@@ -1,0 +1,141 @@
+"""Do two runs of the tuner on one server agree? Counted on a twin world, where the truth is
+known and only the noise seed differs from run to run (issue 24: the demo, three times, must
+give the same N or tie sets that hold each other's answers).
+
+The full method (tuner.twin.method: live profile, adaptive levels, recommend, tune) runs on one
+world once per noise seed, with tune's tolerance and budget as given (the defaults are tune's
+own; the demo runs `--tolerance 0.02 --budget 150s`). Two runs agree when their answers are
+equal or each answer is in the other's "may tie" set (the tie, with the smaller values whose
+tie question was still open or placed at the tolerance's edge). Printed: every run's answer,
+status, may-tie set and cost in simulated seconds; the pairs that agree; how often each answer
+came; the unresolved runs; each answer's regret against the world's noise-free truth; the
+median cost.
+
+    .venv/bin/python benchmarks/twin_agreement.py [WORLD] [--seeds 1-24] [--tolerance 0.01]
+        [--budget 600] [--jobs 2]
+
+WORLD defaults to profiles/twin/bench-smollm2-cpu.toml (the bench's twin), uniform weights
+over its concurrency levels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing
+import statistics
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tuner.policy import Policy
+from tuner.twin.method import run_method
+from tuner.twin.truth import closed_truth
+from tuner.twin.world import load_world
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
+
+
+def seeds_arg(text: str) -> list[int]:
+    """'1-24' or '1,5,9' (or both, comma-separated) as a list of seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def one_run(world_path: str, seed: int, tolerance: float, budget_s: float) -> dict[str, Any]:
+    """The full method on the world with one noise seed: its answer and what it cost."""
+    world = load_world(Path(world_path))
+    weights = {c: 1.0 / world.n_parallel for c in range(1, world.n_parallel + 1)}
+    began = time.perf_counter()
+    result = run_method(
+        world, "full", weights=weights, seed=seed, budget_s=budget_s, tolerance=tolerance
+    )
+    return {
+        "seed": seed,
+        "answer": result.answer,
+        "status": result.status,
+        "tie": result.tie,
+        "may_tie": result.details.get("may_tie") or [result.answer],
+        "seconds": result.seconds,
+        "wall_s": time.perf_counter() - began,
+    }
+
+
+def agree(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal answers, or each answer in the other's may-tie set."""
+    return a["answer"] == b["answer"] or (
+        a["answer"] in b["may_tie"] and b["answer"] in a["may_tie"]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("world", nargs="?", type=Path, default=DEFAULT_WORLD)
+    parser.add_argument("--seeds", type=seeds_arg, default=seeds_arg("1-24"))
+    parser.add_argument("--tolerance", type=float, default=0.01)
+    parser.add_argument("--budget", type=float, default=600.0, help="tune's, simulated seconds")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    if not args.world.exists():
+        sys.exit(f"no world file at {args.world}")
+    world = load_world(args.world)
+    np_ = world.n_parallel
+    started = time.perf_counter()
+    truth = closed_truth(world)
+    choice = truth.best({c: 1.0 / np_ for c in range(1, np_ + 1)})
+    print(
+        f"{world.name}: the truth's best {choice.best.label} ({choice.value:.2f} tok/s), "
+        f"{len(args.seeds)} runs, tolerance {args.tolerance:.1%}, budget {args.budget:.0f} s "
+        f"(truth in {time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
+    context = multiprocessing.get_context("spawn")
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        futures = [
+            pool.submit(one_run, str(args.world), s, args.tolerance, args.budget)
+            for s in args.seeds
+        ]
+        for future in futures:
+            run = future.result()
+            n = run["answer"]
+            policy = Policy.threshold(min(n, np_)) if n > 0 else Policy.plain()
+            run["regret_pct"] = 100.0 * choice.regret(policy) if policy in choice.values else None
+            runs.append(run)
+            regret = run["regret_pct"]
+            print(
+                f"seed {run['seed']:3d}: N={n} {run['status']}, may tie {run['may_tie']}, "
+                f"regret {regret:.2f} %, {run['seconds']:.0f} simulated s "
+                f"({run['wall_s']:.0f} s wall)"
+                if regret is not None
+                else f"seed {run['seed']:3d}: N={n} {run['status']}",
+                flush=True,
+            )
+    pairs = list(itertools.combinations(runs, 2))
+    agreeing = sum(agree(a, b) for a, b in pairs)
+    same = sum(a["answer"] == b["answer"] for a, b in pairs)
+    answers = Counter(r["answer"] for r in runs)
+    unresolved = sum(r["status"] == "unresolved" for r in runs)
+    regrets = [r["regret_pct"] for r in runs if r["regret_pct"] is not None]
+    print()
+    print(f"pairs of runs that agree: {agreeing}/{len(pairs)} (same N: {same})")
+    print("answers: " + ", ".join(f"N={n} x{k}" for n, k in sorted(answers.items())))
+    print(f"unresolved: {unresolved}/{len(runs)}")
+    print(
+        f"regret against the truth's best: median {statistics.median(regrets):.2f} %, "
+        f"max {max(regrets):.2f} %"
+    )
+    print(f"cost: median {statistics.median(r['seconds'] for r in runs):.0f} simulated s")
+    print(f"wall: {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
