@@ -12,7 +12,7 @@ came; the unresolved runs; each answer's regret against the world's noise-free t
 median cost.
 
     .venv/bin/python benchmarks/twin_agreement.py [WORLD] [--seeds 1-24] [--tolerance 0.01]
-        [--budget 600] [--jobs 2]
+        [--budget SECONDS (tune's default)] [--jobs 2]
 
 WORLD defaults to profiles/twin/bench-smollm2-cpu.toml (the bench's twin), uniform weights
 over its concurrency levels.
@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tuner.decide.tune import DEFAULT_BUDGET_S
 from tuner.policy import Policy
 from tuner.twin.method import run_method
 from tuner.twin.truth import closed_truth
@@ -80,7 +81,9 @@ def main() -> int:
     parser.add_argument("world", nargs="?", type=Path, default=DEFAULT_WORLD)
     parser.add_argument("--seeds", type=seeds_arg, default=seeds_arg("1-24"))
     parser.add_argument("--tolerance", type=float, default=0.01)
-    parser.add_argument("--budget", type=float, default=600.0, help="tune's, simulated seconds")
+    parser.add_argument(
+        "--budget", type=float, default=DEFAULT_BUDGET_S, help="tune's, simulated seconds"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     if not args.world.exists():

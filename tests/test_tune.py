@@ -141,3 +141,61 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
     )
     assert report.standing.max_slots == low and report.settled.status == OPEN
     assert report.settled.measure_next == list(range(low + 1, start + 1))
+
+
+def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tie question at the tolerance's edge can take every second of the budget. It only
+    chooses among values within the tolerance, so it comes last: with --plain-live, plain
+    against the answer is measured first, then the contender that could cost regret, and the
+    tie question gets what is left."""
+    from twinworlds import world
+
+    from tuner.decide import settle
+    from tuner.decide.adaptive import profile_adaptively
+    from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
+    from tuner.decide.tune import tune
+    from tuner.storage.engine import Store
+    from tuner.twin.backend import TwinBackend
+    from tuner.twin.method import HOST, twin_spec
+
+    w = world("bench")
+    store = Store(f"sqlite:///{tmp_path / 't.db'}")
+    backend = TwinBackend(w, switch="live", seed=2)
+    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=32)
+    profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    events: list[str] = []
+    sweeps = 0
+
+    def scripted(gains: object, weights: object, answer: int, *args: object, **kw: object):
+        # two sweeps with a contender unresolved, then a tie question that never closes
+        nonlocal sweeps
+        events.append("assess")
+        sweeps += 1
+        verdict = UNRESOLVED if sweeps <= 2 else WITHIN
+        comp = settle.Comparison(answer - 1, Contrast(-0.9, 0.5, 5.0), verdict, [answer])
+        return settle.Standing(
+            answer, settle.OPEN, [comp], measure_next=[answer], tolerance=1.0, measuring=[comp]
+        )
+
+    real_measure = backend.measure
+
+    def recording(policy: Policy, *args: object, **kwargs: object):
+        events.append("plain" if policy.is_plain else "threshold")
+        return real_measure(policy, *args, **kwargs)
+
+    monkeypatch.setattr(settle, "assess", scripted)
+    monkeypatch.setattr(backend, "measure", recording)
+    report = tune(
+        store, w.model_name, HOST, tmp_path, backend=backend, budget_s=400.0, plain_live=True
+    )
+    store.dispose()
+    assert report.plain is not None and report.plain.passes >= 2, report.plain
+    assert report.plain.verdict != UNRESOLVED  # plain is several % behind on this world
+    # plain's passes (plain and the answer in turn) all came before the first assessment of
+    # the contenders, and only rounds of the thresholds after it
+    first_assess = events.index("assess")
+    assert "plain" in events[:first_assess] and "plain" not in events[first_assess:]
+    # the budget ran out on the tie question, after the unresolved contender's two sweeps
+    assert sweeps > 3 and report.settled.status == settle.OPEN

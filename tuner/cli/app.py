@@ -734,9 +734,11 @@ def tune(
     budget: Annotated[
         str,
         typer.Option(
-            help="measuring time before it stops with what is unresolved named, e.g. 10m, 300s"
+            help="measuring time before it stops with what is unresolved named, e.g. 3m, 300s "
+            "(the larger questions first: plain with --plain-live, then contenders that could "
+            "cost more than the tolerance, then tie questions)"
         ),
-    ] = "10m",
+    ] = "3m",
     tolerance: Annotated[
         float,
         typer.Option(
@@ -761,9 +763,8 @@ def tune(
         bool,
         typer.Option(
             "--plain-live",
-            help="then settle whether to draft at all with the budget left: plain's launch held "
-            "up beside the drafting launch (the target model in memory twice), the two in turn "
-            "at every level",
+            help="first settle whether to draft at all: plain's launch held up beside the "
+            "drafting launch (the target model in memory twice), the two in turn at every level",
         ),
     ] = False,
     overrides: OverridesOption = None,

@@ -19,13 +19,18 @@ one-sided bound clears the tolerance.
    every pair the step away saw and more, so the move back is followed once; a second return
    stops with the latest answer, unresolved, and the levels between the two to measure next.
 4. It stops when every comparison is settled, or when the budget is spent: then the answer
-   stands with what is unresolved named, with its bounds, and the levels to measure next.
-5. With `plain_live` (`--plain-live`), whether to draft at all is settled the same way with
-   what budget is left: plain's launch held up beside the drafting launch (two models in
-   memory: it has to be asked for), plain and the answer in turn at every level the traffic
-   weighs (A B, then B A in the next pass), their weighted difference with its one-sided
-   bounds. Without it, or while it is unresolved, the cost model over plain's separate launches
-   says (choice.plain_verdict).
+   stands with what is unresolved named, with its bounds, and the levels to measure next. The
+   budget goes to the larger stakes first: contenders that could be more than the tolerance
+   ahead before the tie questions (which only choose among values within it), so a budget
+   that runs out leaves a tie question open, not a contender that could cost regret.
+5. With `plain_live` (`--plain-live`), whether to draft at all is settled first, the same way:
+   plain's launch held up beside the drafting launch (two models in memory: it has to be
+   asked for), plain and the answer in turn at every level the traffic weighs (A B, then B A
+   in the next pass), their weighted difference with its one-sided bounds. Where the answer
+   then moves, plain is measured against the new one with the budget left; until that
+   resolves, the verdict against the earlier answer stands and says which N it was. Without
+   it, or while it is unresolved, the cost model over plain's separate launches says
+   (choice.plain_verdict).
 
 Every evaluated N is a trial of an Optuna study in the tuner's database (`tuner:live:run<ID>`):
 its parameters are N (and n_max), its value the answer's model objective plus the measured
@@ -60,12 +65,16 @@ from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
 from tuner.storage.queries import paired_rounds
 
-DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tune stops
+# Seconds of measuring (the backend's clock) before tune stops. With a profile of about two
+# minutes this keeps the tuner's whole cost near six on a noisy 2-core VM, where a tie question
+# at the tolerance could take ten; the larger questions are measured first (step 4).
+DEFAULT_BUDGET_S = 180.0
 MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
 # Pairs per level a sweep measures: one, in the order that alternates from sweep to sweep (A B,
 # then B A: A B B A across two sweeps). On the twin's bench and zigzag worlds this settled the
 # same answers as two pairs a sweep in 36 % less measuring: every pair is a unit of its own.
 SWEEP_PAIRS = 1
+DONE, TIES_LEFT = "done", "ties left"  # how a run of threshold sweeps ends
 
 
 # --- what the stored rounds say ---------------------------------------------------------------
@@ -153,6 +162,7 @@ class PlainLive:
     advantage: Contrast
     verdict: str
     passes: int
+    against: int  # the N plain was measured against
 
     def as_dict(self) -> dict[str, Any]:
         low, high = self.advantage.bounds(settle.CONFIDENCE)
@@ -167,6 +177,7 @@ class PlainLive:
             "df": finite(self.advantage.df),
             "verdict": self.verdict,
             "passes": self.passes,
+            "against": self.against,
         }
 
 
@@ -347,6 +358,8 @@ def tune(
     started = profiler.backend.elapsed
 
     def settle_plain() -> None:
+        # a verdict against an earlier answer stands until one against this answer resolves
+        earlier = report.plain
         policy = Policy.of_max_slots(answer, n_max)
         coef = {c: w[c - 1] for c in range(1, n_parallel + 1) if w[c - 1] > 0}
         cells = [(depth, c) for c in coef]
@@ -354,8 +367,14 @@ def tune(
             levels = plain_gains(profiler.repeats_by_cell(), profiler.level_name(policy))
             advantage = Contrast.of(levels, coef)
             passes = min((levels[c].n if c in levels else 0 for c in coef), default=0)
-            report.plain = PlainLive(advantage, verdict(advantage, tolerance * objective), passes)
-            if report.plain.verdict != settle.UNRESOLVED:
+            said = PlainLive(advantage, verdict(advantage, tolerance * objective), passes, answer)
+            if (
+                said.verdict != settle.UNRESOLVED
+                or earlier is None
+                or earlier.verdict == settle.UNRESOLVED
+            ):
+                report.plain = said
+            if said.verdict != settle.UNRESOLVED:
                 return
             if profiler.backend.elapsed - started >= budget_s:
                 observer(
@@ -376,15 +395,25 @@ def tune(
             profiler.run_pass({cell: [Policy.plain(), policy] for cell in cells}, pairs=1)
 
     def body() -> None:
-        settle_thresholds()
+        # The larger stakes first: whether to draft at all (plain against the answer that
+        # stands: several % where plain wins), then the contenders that could cost more than
+        # the tolerance, then, with the budget left, the tie questions, which only choose among
+        # values within it: a budget spent on a lesser question never starves a greater one.
         if plain_live:
             settle_plain()
+        if settle_thresholds(ties=False) == TIES_LEFT:
+            settle_thresholds(ties=True)
+        if plain_live and report.plain is not None and report.plain.against != answer:
+            settle_plain()  # the answer moved: plain against it, if the budget allows
 
-    def settle_thresholds() -> None:
-        nonlocal answer, objective
-        moves = 0
-        visited = {answer}
-        returned = False
+    moves = 0
+    visited = {answer}
+    returned = False
+
+    def settle_thresholds(ties: bool) -> str:
+        """Sweep until the standing settles, stops, or (ties false) only tie questions are
+        left: DONE, or TIES_LEFT."""
+        nonlocal answer, objective, moves, returned
         while True:
             gains = live_gains(paired_rounds(store, model_name, host, depth, n_max, workload_now))
             standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
@@ -419,15 +448,17 @@ def tune(
                                 "stands, unresolved",
                             )
                         )
-                        return
+                        return DONE
                     returned = True
                 visited.add(answer)
                 if moves < MAX_MOVES:
                     continue
                 observer(ProgressEvent("message", text="the answer keeps moving: stopping"))
-                return
+                return DONE
             if standing.status == settle.SETTLED:
-                return
+                return DONE
+            if not ties and not standing.unresolved:
+                return TIES_LEFT
             if spent >= budget_s:
                 observer(
                     ProgressEvent(
@@ -436,7 +467,7 @@ def tune(
                         f"{len(standing.measuring)} comparison(s) unresolved",
                     )
                 )
-                return
+                return DONE
             live = profiler.way == "live" or profiler.way == "twin"
             arms = sweep_arms(standing.measure_next, depth, n_max, live)
             levels = ", ".join(str(c) for c in sorted(standing.measure_next))
@@ -606,11 +637,16 @@ def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
     """Whether to draft at all, as measured side by side."""
     low, high = live.advantage.bounds(settle.CONFIDENCE)
     figures = (
-        f"plain (no draft model) against N={answer}, measured side by side (plain's launch "
-        f"beside the drafting launch, in turn at every level, {live.passes} passes): "
+        f"plain (no draft model) against N={live.against}, measured side by side (plain's "
+        f"launch beside the drafting launch, in turn at every level, {live.passes} passes): "
         f"{live.advantage.estimate:+.2f} tok/s weighted, one-sided 95 % bounds "
         f"[{low:+.2f}, {high:+.2f}] (df {live.advantage.df:.1f}): {live.verdict}"
     )
+    if live.against != answer:
+        figures += (
+            f"; the tie questions asked after it moved the answer to N={answer}, not measured "
+            "against plain in the budget left"
+        )
     if live.verdict == AHEAD:
         return Reason(
             ReasonCode.PLAIN_AHEAD,

@@ -24,7 +24,7 @@ from typing import Any
 
 from tuner.decide import recommend, settle
 from tuner.decide.adaptive import profile_adaptively
-from tuner.decide.tune import tune
+from tuner.decide.tune import DEFAULT_BUDGET_S, tune
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 from tuner.storage.engine import Store
@@ -96,7 +96,7 @@ def run_method(
     *,
     weights: Mapping[int, float] | None = None,
     seed: int = 0,
-    budget_s: float = 600.0,
+    budget_s: float = DEFAULT_BUDGET_S,
     workdir: Path | None = None,
     max_tokens: int = 128,
     tolerance: float = settle.TOLERANCE,
