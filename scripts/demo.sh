@@ -18,9 +18,9 @@ model=smollm2-135m-f32
 $tuner profile "$spec" --resume
 echo "the cost model's answer after the profile: $($tuner recommend --model "$model" --quiet)"
 # The demo settles N to +-2 % of the objective and measures live for at most 150 s, so that it
-# ends within about six minutes on a 2-core VM; tune's defaults (+-1 %, 10 minutes) took up to
-# 231 s there when two values of N were nearly tied. Whatever is left unresolved is printed
-# with its bounds and the levels to measure next.
+# ends within about six minutes on a 2-core VM with the set-up and the report; tune's defaults
+# (+-1 %, 10 minutes, tie questions within the first 3) are for a user's own server. Whatever is left unresolved is printed with
+# its bounds and the levels to measure next.
 $tuner tune --model "$model" --tolerance 0.02 --budget 150s
 # tune stored the settled answer for the data now: recommend and report give the same N.
 $tuner recommend --model "$model" > "$OUT/server.env"

@@ -143,13 +143,13 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
     assert report.settled.measure_next == list(range(low + 1, start + 1))
 
 
-def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_questions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A tie question at the tolerance's edge can take every second of the budget. It only
-    chooses among values within the tolerance, so it comes last: with --plain-live, plain
-    against the answer is measured first, then the contender that could cost regret, and the
-    tie question gets what is left."""
+def _ordered_tune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie_budget_s: float
+) -> tuple[object, list[str]]:
+    """tune --plain-live on the in-process bench twin, settle.assess replaced by a script: two
+    assessments with a contender unresolved, then a tie question that never closes. Returns the
+    report and the events in order: "assess", and each round measured ("plain" or
+    "threshold")."""
     from twinworlds import world
 
     from tuner.decide import settle
@@ -166,14 +166,10 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=32)
     profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
     events: list[str] = []
-    sweeps = 0
 
     def scripted(gains: object, weights: object, answer: int, *args: object, **kw: object):
-        # two sweeps with a contender unresolved, then a tie question that never closes
-        nonlocal sweeps
         events.append("assess")
-        sweeps += 1
-        verdict = UNRESOLVED if sweeps <= 2 else WITHIN
+        verdict = UNRESOLVED if events.count("assess") <= 2 else WITHIN
         comp = settle.Comparison(answer - 1, Contrast(-0.9, 0.5, 5.0), verdict, [answer])
         return settle.Standing(
             answer, settle.OPEN, [comp], measure_next=[answer], tolerance=1.0, measuring=[comp]
@@ -188,14 +184,43 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     monkeypatch.setattr(settle, "assess", scripted)
     monkeypatch.setattr(backend, "measure", recording)
     report = tune(
-        store, w.model_name, HOST, tmp_path, backend=backend, budget_s=400.0, plain_live=True
+        store,
+        w.model_name,
+        HOST,
+        tmp_path,
+        backend=backend,
+        budget_s=600.0,
+        tie_budget_s=tie_budget_s,
+        plain_live=True,
     )
     store.dispose()
+    return report, events
+
+
+def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tie question at the tolerance's edge can take every second of the budget. It only
+    chooses among values within the tolerance, so it comes last, and only within the tie
+    budget: with --plain-live, plain against the answer is measured first, then the contender
+    that could cost regret, and the tie question gets what is left of the tie budget."""
+    from tuner.decide import settle
+    from tuner.decide.paired import UNRESOLVED
+
+    report, events = _ordered_tune(tmp_path / "a", monkeypatch, tie_budget_s=300.0)
     assert report.plain is not None and report.plain.passes >= 2, report.plain
     assert report.plain.verdict != UNRESOLVED  # plain is several % behind on this world
     # plain's passes (plain and the answer in turn) all came before the first assessment of
     # the contenders, and only rounds of the thresholds after it
     first_assess = events.index("assess")
     assert "plain" in events[:first_assess] and "plain" not in events[first_assess:]
-    # the budget ran out on the tie question, after the unresolved contender's two sweeps
-    assert sweeps > 3 and report.settled.status == settle.OPEN
+    # the tie question was measured on after the unresolved contender's two sweeps, until the
+    # tie budget was spent (well inside the whole budget), and is left open, named
+    assert events.count("assess") > 4 and report.settled.status == settle.OPEN
+    assert 300.0 <= report.seconds < 400.0, report.seconds
+    # a tie budget of 0 names the tie question at once: no sweep after the two
+    report, events = _ordered_tune(tmp_path / "b", monkeypatch, tie_budget_s=0.0)
+    assert events.count("assess") == 4  # two sweeps, then where only the tie is left, twice
+    third = [i for i, e in enumerate(events) if e == "assess"][2]
+    assert "threshold" not in events[third:]
+    assert report.settled.status == settle.OPEN

@@ -734,9 +734,16 @@ def tune(
     budget: Annotated[
         str,
         typer.Option(
-            help="measuring time before it stops with what is unresolved named, e.g. 3m, 300s "
+            help="measuring time before it stops with what is unresolved named, e.g. 10m, 300s "
             "(the larger questions first: plain with --plain-live, then contenders that could "
             "cost more than the tolerance, then tie questions)"
+        ),
+    ] = "10m",
+    tie_budget: Annotated[
+        str,
+        typer.Option(
+            help="measuring time after which tie questions (which only choose among values "
+            "within the tolerance) are named in 'may tie', not measured on; 0 names them at once"
         ),
     ] = "3m",
     tolerance: Annotated[
@@ -790,6 +797,7 @@ def tune(
             settings().log_dir,
             display,
             budget_s=duration_option(budget, "--budget"),
+            tie_budget_s=duration_option(tie_budget, "--tie-budget"),
             tolerance=tolerance,
             switch=switch.value,
             tune_n_max=tune_n_max,

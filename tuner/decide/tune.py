@@ -22,7 +22,9 @@ one-sided bound clears the tolerance.
    stands with what is unresolved named, with its bounds, and the levels to measure next. The
    budget goes to the larger stakes first: contenders that could be more than the tolerance
    ahead before the tie questions (which only choose among values within it), so a budget
-   that runs out leaves a tie question open, not a contender that could cost regret.
+   that runs out leaves a tie question open, not a contender that could cost regret. Tie
+   questions are measured only within the first `tie_budget_s` (3 minutes by default) of
+   tune's measuring; one still open then is named in "may tie".
 5. With `plain_live` (`--plain-live`), whether to draft at all is settled first, the same way:
    plain's launch held up beside the drafting launch (two models in memory: it has to be
    asked for), plain and the answer in turn at every level the traffic weighs (A B, then B A
@@ -65,10 +67,13 @@ from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
 from tuner.storage.queries import paired_rounds
 
-# Seconds of measuring (the backend's clock) before tune stops. With a profile of about two
-# minutes this keeps the tuner's whole cost near six on a noisy 2-core VM, where a tie question
-# at the tolerance could take ten; the larger questions are measured first (step 4).
-DEFAULT_BUDGET_S = 180.0
+DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tune stops
+# Seconds of measuring (the same clock, from tune's start) after which tie questions are no
+# longer measured: they only choose among values within the tolerance, and on a noisy 2-core VM
+# one near the tolerance's edge could take the whole budget. With a profile of about two
+# minutes this keeps the tuner's whole cost near six there; the questions that could cost more
+# than the tolerance keep the whole budget (step 4).
+DEFAULT_TIE_BUDGET_S = 180.0
 MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
 # Pairs per level a sweep measures: one, in the order that alternates from sweep to sweep (A B,
 # then B A: A B B A across two sweeps). On the twin's bench and zigzag worlds this settled the
@@ -297,6 +302,7 @@ def tune(
     observer: Observer = quiet,
     *,
     budget_s: float = DEFAULT_BUDGET_S,
+    tie_budget_s: float = DEFAULT_TIE_BUDGET_S,
     tolerance: float = settle.TOLERANCE,
     tune_n_max: bool = False,
     resume: bool = False,
@@ -309,13 +315,16 @@ def tune(
 ) -> TuneReport:
     """`tuner tune`: settle N live (see the module docstring); returns its report.
 
-    budget_s: seconds of measuring before it stops unresolved; tolerance: the share of the
+    budget_s: seconds of measuring before it stops unresolved; tie_budget_s: seconds of
+    measuring after which tie questions are named, not measured on; tolerance: the share of the
     objective a contender may be ahead by and the answer still hold; tune_n_max: the model's
     study over (N, n_max) picks the draft length the answer is settled at; backend: measure on
     this backend (the twin's) instead of launching the profile's llama-server; plain_live:
-    settle whether to draft at all side by side with the budget left (step 5 above)."""
+    settle whether to draft at all side by side, first (step 5 above)."""
     if budget_s <= 0:
         raise ConfigError("--budget must be above 0")
+    if tie_budget_s < 0:
+        raise ConfigError("--tie-budget must be 0 or more")
     if not 0 < tolerance < 1:
         raise ConfigError("--tolerance is a share of the objective between 0 and 1, e.g. 0.01")
     fit = current_fit(store, model_name, host, seed=seed)  # once: the data the answer starts from
@@ -465,6 +474,15 @@ def tune(
                         "message",
                         text=f"budget of {budget_s:.0f} s spent with "
                         f"{len(standing.measuring)} comparison(s) unresolved",
+                    )
+                )
+                return DONE
+            if ties and not standing.unresolved and spent >= min(tie_budget_s, budget_s):
+                observer(
+                    ProgressEvent(
+                        "message",
+                        text=f"{tie_budget_s:.0f} s of measuring spent: the tie question(s) "
+                        f"left open ({sweep_text(answer, standing)}) are named, not measured on",
                     )
                 )
                 return DONE
