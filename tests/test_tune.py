@@ -202,18 +202,19 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
 ) -> None:
     """A tie question at the tolerance's edge can take every second of the budget. It only
     chooses among values within the tolerance, so it comes last, and only within the tie
-    budget: with --plain-live, plain against the answer is measured first, then the contender
-    that could cost regret, and the tie question gets what is left of the tie budget."""
+    budget: the contender that could cost regret is measured first, then (--plain-live) plain
+    against the answer, and the tie question gets what is left of the tie budget."""
     from tuner.decide import settle
     from tuner.decide.paired import UNRESOLVED
 
     report, events = _ordered_tune(tmp_path / "a", monkeypatch, tie_budget_s=300.0)
     assert report.plain is not None and report.plain.passes >= 2, report.plain
     assert report.plain.verdict != UNRESOLVED  # plain is several % behind on this world
-    # plain's passes (plain and the answer in turn) all came before the first assessment of
-    # the contenders, and only rounds of the thresholds after it
-    first_assess = events.index("assess")
-    assert "plain" in events[:first_assess] and "plain" not in events[first_assess:]
+    # plain's passes (plain and the answer in turn) came after the third assessment (the
+    # first where only the tie question was left) and before the fourth: the tie sweeps after
+    assess = [i for i, e in enumerate(events) if e == "assess"]
+    assert "plain" not in events[: assess[2]]
+    assert "plain" in events[assess[2] : assess[3]] and "plain" not in events[assess[3] :]
     # the tie question was measured on after the unresolved contender's two sweeps, until the
     # tie budget was spent (well inside the whole budget), and is left open, named
     assert events.count("assess") > 4 and report.settled.status == settle.OPEN
@@ -221,6 +222,6 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     # a tie budget of 0 names the tie question at once: no sweep after the two
     report, events = _ordered_tune(tmp_path / "b", monkeypatch, tie_budget_s=0.0)
     assert events.count("assess") == 4  # two sweeps, then where only the tie is left, twice
-    third = [i for i, e in enumerate(events) if e == "assess"][2]
-    assert "threshold" not in events[third:]
+    fourth = [i for i, e in enumerate(events) if e == "assess"][3]
+    assert "threshold" not in events[fourth:]
     assert report.settled.status == settle.OPEN

@@ -735,8 +735,8 @@ def tune(
         str,
         typer.Option(
             help="measuring time before it stops with what is unresolved named, e.g. 10m, 300s "
-            "(the larger questions first: plain with --plain-live, then contenders that could "
-            "cost more than the tolerance, then tie questions)"
+            "(the larger questions first: contenders that could cost more than the tolerance, "
+            "then plain with --plain-live, then tie questions)"
         ),
     ] = "10m",
     tie_budget: Annotated[
@@ -770,8 +770,9 @@ def tune(
         bool,
         typer.Option(
             "--plain-live",
-            help="first settle whether to draft at all: plain's launch held up beside the "
-            "drafting launch (the target model in memory twice), the two in turn at every level",
+            help="then settle whether to draft at all, before the tie questions: plain's launch "
+            "held up beside the drafting launch (the target model in memory twice), the two in "
+            "turn at every level",
         ),
     ] = False,
     overrides: OverridesOption = None,

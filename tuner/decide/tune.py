@@ -25,11 +25,13 @@ one-sided bound clears the tolerance.
    that runs out leaves a tie question open, not a contender that could cost regret. Tie
    questions are measured only within the first `tie_budget_s` (3 minutes by default) of
    tune's measuring; one still open then is named in "may tie".
-5. With `plain_live` (`--plain-live`), whether to draft at all is settled first, the same way:
+5. With `plain_live` (`--plain-live`), whether to draft at all is settled the same way once
+   no contender is unresolved (against the best threshold found: against a worse one plain
+   can sit at the tolerance's edge and take the whole budget), before the tie questions:
    plain's launch held up beside the drafting launch (two models in memory: it has to be
    asked for), plain and the answer in turn at every level the traffic weighs (A B, then B A
-   in the next pass), their weighted difference with its one-sided bounds. Where the answer
-   then moves, plain is measured against the new one with the budget left; until that
+   in the next pass), their weighted difference with its one-sided bounds. Where a tie then
+   moves the answer, plain is measured against the new one with the budget left; until that
    resolves, the verdict against the earlier answer stands and says which N it was. Without
    it, or while it is unresolved, the cost model over plain's separate launches says
    (choice.plain_verdict).
@@ -320,7 +322,7 @@ def tune(
     objective a contender may be ahead by and the answer still hold; tune_n_max: the model's
     study over (N, n_max) picks the draft length the answer is settled at; backend: measure on
     this backend (the twin's) instead of launching the profile's llama-server; plain_live:
-    settle whether to draft at all side by side, first (step 5 above)."""
+    settle whether to draft at all side by side (step 5 above)."""
     if budget_s <= 0:
         raise ConfigError("--budget must be above 0")
     if tie_budget_s < 0:
@@ -404,16 +406,17 @@ def tune(
             profiler.run_pass({cell: [Policy.plain(), policy] for cell in cells}, pairs=1)
 
     def body() -> None:
-        # The larger stakes first: whether to draft at all (plain against the answer that
-        # stands: several % where plain wins), then the contenders that could cost more than
-        # the tolerance, then, with the budget left, the tie questions, which only choose among
-        # values within it: a budget spent on a lesser question never starves a greater one.
+        # The contenders that could cost more than the tolerance first, then whether to draft
+        # at all (plain against the best threshold found: against a worse one plain can sit
+        # at the tolerance's edge), then the tie questions, which only choose among values
+        # within the tolerance, with the tie budget: a lesser question never starves a greater.
+        left = settle_thresholds(ties=False)
         if plain_live:
             settle_plain()
-        if settle_thresholds(ties=False) == TIES_LEFT:
+        if left == TIES_LEFT:
             settle_thresholds(ties=True)
         if plain_live and report.plain is not None and report.plain.against != answer:
-            settle_plain()  # the answer moved: plain against it, if the budget allows
+            settle_plain()  # a tie moved the answer: plain against it, if the budget allows
 
     moves = 0
     visited = {answer}
