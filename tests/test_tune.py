@@ -144,7 +144,7 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
 
 
 def _ordered_tune(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie_budget_s: float
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie_budget_s: float, plain_budget_s: float
 ) -> tuple[object, list[str]]:
     """tune --plain-live on the in-process bench twin, settle.assess replaced by a script: two
     assessments with a contender unresolved, then a tie question that never closes. Returns the
@@ -191,6 +191,7 @@ def _ordered_tune(
         backend=backend,
         budget_s=600.0,
         tie_budget_s=tie_budget_s,
+        plain_budget_s=plain_budget_s,
         plain_live=True,
     )
     store.dispose()
@@ -207,7 +208,9 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     from tuner.decide import settle
     from tuner.decide.paired import UNRESOLVED
 
-    report, events = _ordered_tune(tmp_path / "a", monkeypatch, tie_budget_s=300.0)
+    report, events = _ordered_tune(
+        tmp_path / "a", monkeypatch, tie_budget_s=300.0, plain_budget_s=300.0
+    )
     assert report.plain is not None and report.plain.passes >= 2, report.plain
     assert report.plain.verdict != UNRESOLVED  # plain is several % behind on this world
     # plain's passes (plain and the answer in turn) came after the third assessment (the
@@ -219,8 +222,13 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     # tie budget was spent (well inside the whole budget), and is left open, named
     assert events.count("assess") > 4 and report.settled.status == settle.OPEN
     assert 300.0 <= report.seconds < 400.0, report.seconds
-    # a tie budget of 0 names the tie question at once: no sweep after the two
-    report, events = _ordered_tune(tmp_path / "b", monkeypatch, tie_budget_s=0.0)
+    # a tie budget of 0 names the tie question at once: no sweep after the two; a plain budget
+    # of 0 leaves plain unmeasured, unresolved (the model's verdict stands)
+    report, events = _ordered_tune(
+        tmp_path / "b", monkeypatch, tie_budget_s=0.0, plain_budget_s=0.0
+    )
+    assert "plain" not in events
+    assert report.plain.verdict == UNRESOLVED and report.plain.passes == 0
     assert events.count("assess") == 4  # two sweeps, then where only the tie is left, twice
     fourth = [i for i, e in enumerate(events) if e == "assess"][3]
     assert "threshold" not in events[fourth:]

@@ -746,6 +746,13 @@ def tune(
             "within the tolerance) are named in 'may tie', not measured on; 0 names them at once"
         ),
     ] = "3m",
+    plain_budget: Annotated[
+        str,
+        typer.Option(
+            help="with --plain-live: measuring time plain against the answer may take (two or "
+            "three passes on a 2-core VM); unresolved then, the model's verdict stands"
+        ),
+    ] = "90s",
     tolerance: Annotated[
         float,
         typer.Option(
@@ -799,6 +806,7 @@ def tune(
             display,
             budget_s=duration_option(budget, "--budget"),
             tie_budget_s=duration_option(tie_budget, "--tie-budget"),
+            plain_budget_s=duration_option(plain_budget, "--plain-budget"),
             tolerance=tolerance,
             switch=switch.value,
             tune_n_max=tune_n_max,

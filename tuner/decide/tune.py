@@ -30,7 +30,8 @@ one-sided bound clears the tolerance.
    can sit at the tolerance's edge and take the whole budget), before the tie questions:
    plain's launch held up beside the drafting launch (two models in memory: it has to be
    asked for), plain and the answer in turn at every level the traffic weighs (A B, then B A
-   in the next pass), their weighted difference with its one-sided bounds. Where a tie then
+   in the next pass), their weighted difference with its one-sided bounds, within
+   `plain_budget_s` (90 s by default: two or three passes here). Where a tie then
    moves the answer, plain is measured against the new one with the budget left; until that
    resolves, the verdict against the earlier answer stands and says which N it was. Without
    it, or while it is unresolved, the cost model over plain's separate launches says
@@ -76,6 +77,12 @@ DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tu
 # minutes this keeps the tuner's whole cost near six there; the questions that could cost more
 # than the tolerance keep the whole budget (step 4).
 DEFAULT_TIE_BUDGET_S = 180.0
+# Seconds of measuring plain against the answer may take (plain_live), from its first pass: two
+# or three passes side by side here. Plain's launch beside the drafting launch spreads about 4 %
+# of the objective a pass on a 2-core VM (bench-smollm2-cpu, AMD EPYC), so where plain and the
+# answer are within about 2 % of each other no budget of minutes resolves it, and the model's
+# verdict stands, as without the option.
+DEFAULT_PLAIN_BUDGET_S = 90.0
 MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
 # Pairs per level a sweep measures: one, in the order that alternates from sweep to sweep (A B,
 # then B A: A B B A across two sweeps). On the twin's bench and zigzag worlds this settled the
@@ -305,6 +312,7 @@ def tune(
     *,
     budget_s: float = DEFAULT_BUDGET_S,
     tie_budget_s: float = DEFAULT_TIE_BUDGET_S,
+    plain_budget_s: float = DEFAULT_PLAIN_BUDGET_S,
     tolerance: float = settle.TOLERANCE,
     tune_n_max: bool = False,
     resume: bool = False,
@@ -318,15 +326,16 @@ def tune(
     """`tuner tune`: settle N live (see the module docstring); returns its report.
 
     budget_s: seconds of measuring before it stops unresolved; tie_budget_s: seconds of
-    measuring after which tie questions are named, not measured on; tolerance: the share of the
+    measuring after which tie questions are named, not measured on; plain_budget_s: seconds of
+    measuring plain against the answer may take (plain_live); tolerance: the share of the
     objective a contender may be ahead by and the answer still hold; tune_n_max: the model's
     study over (N, n_max) picks the draft length the answer is settled at; backend: measure on
     this backend (the twin's) instead of launching the profile's llama-server; plain_live:
     settle whether to draft at all side by side (step 5 above)."""
     if budget_s <= 0:
         raise ConfigError("--budget must be above 0")
-    if tie_budget_s < 0:
-        raise ConfigError("--tie-budget must be 0 or more")
+    if tie_budget_s < 0 or plain_budget_s < 0:
+        raise ConfigError("--tie-budget and --plain-budget must be 0 or more")
     if not 0 < tolerance < 1:
         raise ConfigError("--tolerance is a share of the objective between 0 and 1, e.g. 0.01")
     fit = current_fit(store, model_name, host, seed=seed)  # once: the data the answer starts from
@@ -371,6 +380,7 @@ def tune(
     def settle_plain() -> None:
         # a verdict against an earlier answer stands until one against this answer resolves
         earlier = report.plain
+        began = profiler.backend.elapsed
         policy = Policy.of_max_slots(answer, n_max)
         coef = {c: w[c - 1] for c in range(1, n_parallel + 1) if w[c - 1] > 0}
         cells = [(depth, c) for c in coef]
@@ -387,12 +397,14 @@ def tune(
                 report.plain = said
             if said.verdict != settle.UNRESOLVED:
                 return
-            if profiler.backend.elapsed - started >= budget_s:
+            now = profiler.backend.elapsed
+            if now - started >= budget_s or now - began >= plain_budget_s:
+                spent_on = "budget" if now - started >= budget_s else "plain budget"
                 observer(
                     ProgressEvent(
                         "message",
-                        text=f"budget of {budget_s:.0f} s spent with plain against N={answer} "
-                        "unresolved",
+                        text=f"{spent_on} spent with plain against N={answer} unresolved after "
+                        f"{passes} pass(es): the model's verdict stands",
                     )
                 )
                 return
