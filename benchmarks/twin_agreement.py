@@ -31,8 +31,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from twin_regret import answer_label
+
 from tuner.decide.tune import DEFAULT_BUDGET_S
-from tuner.policy import Policy
 from tuner.twin.method import run_method
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import load_world
@@ -111,8 +112,7 @@ def main() -> int:
         for future in futures:
             run = future.result()
             n = run["answer"]
-            label = (Policy.threshold(min(n, np_)) if n > 0 else Policy.plain()).label
-            run["regret_pct"] = 100.0 * (choice.value - values[label]) / choice.value
+            run["regret_pct"] = 100.0 * (choice.value - values[answer_label(n, np_)]) / choice.value
             runs.append(run)
             regret = run["regret_pct"]
             print(

@@ -492,7 +492,7 @@ def tune(
                     )
                 )
                 return DONE
-            if ties and not standing.unresolved and spent >= min(tie_budget_s, budget_s):
+            if ties and not standing.unresolved and spent >= tie_budget_s:
                 observer(
                     ProgressEvent(
                         "message",
