@@ -8,7 +8,13 @@ import pytest
 
 from tuner.measure import kernel, metrics
 from tuner.measure.client import parse_metrics
-from tuner.measure.load import RequestSample, never_together, summarize
+from tuner.measure.load import (
+    STALL_MIN_S,
+    RequestSample,
+    never_together,
+    stall_pause,
+    summarize,
+)
 from tuner.measure.spec import SpeculativeSpec, default_levels
 from tuner.measure.stats import relative_mad
 
@@ -81,6 +87,34 @@ def test_a_round_whose_streams_never_generated_together_is_told_apart() -> None:
     assert not never_together([a], 1)
     assert not never_together([a, _sample(1, start=1.5, step=0.01, n=1)], 2)
     assert not never_together([a, RequestSample(stream=1, ok=False, error="x")], 2)
+
+
+def _paused(sample: RequestSample, at: float, pause: float) -> RequestSample:
+    """The sample with every token from time `at` on delayed by `pause` seconds."""
+    sample.token_times = [t + pause if t >= at else t for t in sample.token_times]
+    return sample
+
+
+def test_a_pause_in_which_no_stream_got_a_token_is_a_stall_and_a_slow_spell_is_not() -> None:
+    def two(step: float = 0.02, n: int = 200) -> list[RequestSample]:
+        return [_sample(0, 0.0, step, n), _sample(1, 0.005, step, n)]  # ~4 s window
+
+    assert stall_pause(two(), 2) is None
+    stalled = [_paused(s, 2.0, 3.0) for s in two()]  # the machine froze 3 s mid-round
+    assert stall_pause(stalled, 2) == pytest.approx(3.0 + 0.02 - 0.005, abs=1e-9)
+    # both streams slowed to a third for the middle half: every step longer, no pause
+    spell = two()
+    for s in spell:
+        s.token_times = [t if t < 1 else 1 + (t - 1) * 3 if t < 3 else t + 4 for t in s.token_times]
+    assert stall_pause(spell, 2) is None
+    # one stream paused while the other went on: the server was working
+    assert stall_pause([_paused(_sample(0, 0.0, 0.02, 200), 2.0, 3.0), two()[1]], 2) is None
+    # a pause under STALL_MIN_S, or under a quarter of a long window, is left to the statistics
+    assert stall_pause([_paused(s, 2.0, STALL_MIN_S * 0.8) for s in two()], 2) is None
+    long = [_paused(s, 2.0, 1.5) for s in two(step=0.1, n=200)]  # 20 s window
+    assert stall_pause(long, 2) is None
+    # no window: nothing to tell
+    assert stall_pause([_paused(_sample(0, 0.0, 0.02, 200), 2.0, 3.0)], 2) is None
 
 
 def test_summarize_steps_and_acceptance() -> None:

@@ -7,22 +7,59 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 from twinworlds import world
 
 from tuner.decide.adaptive import profile_adaptively
-from tuner.measure.plan import ProgressEvent
+from tuner.measure.backend import Measured
+from tuner.measure.load import Workload
+from tuner.measure.plan import ProgressEvent, Target
+from tuner.measure.schedule import Cell
+from tuner.policy import Policy
 from tuner.storage.engine import Store
-from tuner.storage.orm import Level, Run
+from tuner.storage.orm import Level, Run, Sample
 from tuner.twin.backend import TwinBackend
 from tuner.twin.method import HOST, twin_spec
 
 
-def _profile(tmp_path: Path, switch: str, levels: tuple[int, ...], events: list | None = None):
+class StallingTwin(TwinBackend):
+    """The twin, but the first `stalls` rounds of one policy at one level stall, as this
+    machine once stalled a bench server: "pause", every token after the middle of the round
+    30 s late; "slow", the whole round ten times slower."""
+
+    def __init__(
+        self, *args, stall_at: tuple[str, int], stalls: int, how: str = "pause", **kwargs
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall_at, self.stalls, self.how = stall_at, stalls, how
+
+    def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
+        measured = super().measure(policy, cell, round_key, workload)
+        assert isinstance(policy, Policy)
+        if (policy.config_name, cell[1]) == self.stall_at and self.stalls > 0:
+            self.stalls -= 1
+            times = sorted(t for s in measured.samples for t in s.token_times)
+            middle, first = times[len(times) // 2], times[0]
+            for s in measured.samples:
+                if self.how == "pause":
+                    s.token_times = [t + 30.0 if t > middle else t for t in s.token_times]
+                else:
+                    s.token_times = [first + (t - first) * 10 for t in s.token_times]
+        return measured
+
+
+def _profile(
+    tmp_path: Path,
+    switch: str,
+    levels: tuple[int, ...],
+    events: list | None = None,
+    backend: TwinBackend | None = None,
+):
     w = world("seed")
     store = Store(f"sqlite:///{tmp_path / f'{switch}.db'}")
     spec = twin_spec(w, levels=levels, max_tokens=48)
-    backend = TwinBackend(w, switch=switch, seed=1)
+    backend = backend or TwinBackend(w, switch=switch, seed=1)
     observer = events.append if events is not None else (lambda _: None)
     report = profile_adaptively(
         store, spec, tmp_path, observer, host_name=HOST, backend=backend, budget_s=0.0
@@ -70,6 +107,64 @@ def test_progress_counts_add_up_to_what_was_planned(tmp_path: Path) -> None:
     plans = [e.total for e in events if e.kind == "plan"]
     done = sum(e.advance for e in events if e.kind in ("repeat", "level"))
     assert len(plans) == 1 and done == plans[0], (plans, done)
+
+
+def _stalled_profile(tmp_path: Path, config: str, how: str):
+    events: list[ProgressEvent] = []
+    backend = StallingTwin(
+        world("seed"), switch="live", seed=1, stall_at=(config, 4), stalls=1, how=how
+    )
+    store, _ = _profile(tmp_path, "live", (1, 2, 4), events, backend)
+    with store.session() as session:
+        levels = {(lv.config, lv.concurrency): lv for lv in session.scalars(select(Level))}
+        metrics = {key: lv.metrics for key, lv in levels.items()}
+        samples = session.scalars(
+            select(Sample).where(Sample.level_id == levels[(config, 4)].id)
+        ).all()
+    store.dispose()
+    said = [e.text for e in events if e.kind == "message" and "stalled" in (e.text or "")]
+    plans = [e.total for e in events if e.kind == "plan"]
+    assert sum(e.advance for e in events if e.kind in ("repeat", "level")) == plans[0]
+    return metrics, samples, said
+
+
+def test_a_round_that_stalls_is_kept_apart_and_measured_again(tmp_path: Path) -> None:
+    metrics, samples, said = _stalled_profile(tmp_path, "spec", "pause")
+    spec4, off4 = metrics[("spec", 4)], metrics[("max-slots-3", 4)]
+    # the stalled round is kept (samples and figures), apart from the repeats
+    [stalled] = spec4["stalled"]
+    assert "no stream got a token for 30." in stalled["stall"]
+    assert stalled["tokens_per_second"] < min(r["tokens_per_second"] for r in spec4["repeats"])
+    assert {s.repeat for s in samples} == {r["repeat"] for r in spec4["repeats"]} | {
+        stalled["repeat"]
+    }
+    # measured again as the same round: every repeat still has its pair half in the off arm
+    assert stalled["round_key"] in {r["round_key"] for r in spec4["repeats"]}
+    assert {r["round_key"] for r in spec4["repeats"]} == {r["round_key"] for r in off4["repeats"]}
+    assert all("stall" not in r for r in spec4["repeats"])
+    [text] = said
+    assert "spec at 4 streams" in text and "measuring the round again" in text
+
+
+@pytest.mark.parametrize(("config", "what"), [("max-slots-3", "again"), ("plain", "aside")])
+def test_a_round_ten_times_slower_than_its_pair_is_not_counted(
+    tmp_path: Path, config: str, what: str
+) -> None:
+    """Whichever half of the pair ran slow: measured after its other half (the threshold, on
+    the drafting launch after plain's), it is measured again; measured first (plain, whose
+    launch comes first in the pass), it is set aside once the other half shows it."""
+    metrics, _, said = _stalled_profile(tmp_path, config, "slow")
+    level = metrics[(config, 4)]
+    [stalled] = level["stalled"]
+    assert "for the other half of its pair" in stalled["stall"]
+    assert all(r["tokens_per_second"] > 3 * stalled["tokens_per_second"] for r in level["repeats"])
+    assert all("stall" not in r for r in level["repeats"])
+    [text] = said
+    assert f"{config} at 4 streams" in text
+    assert ("measuring the round again" if what == "again" else "set aside") in text
+    # nothing else was taken for a stall
+    others = [m for key, m in metrics.items() if key != (config, 4)]
+    assert not any(m.get("stalled") for m in others)
 
 
 def test_a_one_level_profile_keeps_what_it_measured_and_says_why_nothing_was_added(

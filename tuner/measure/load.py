@@ -20,6 +20,7 @@ import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -160,6 +161,45 @@ def never_together(samples: list[RequestSample], concurrency: int) -> bool:
     if not all(len(s.token_times) >= 2 for s in good):
         return False  # not streamed, or a one-token output: no window to expect
     return min(s.token_times[-1] for s in good) <= max(s.token_times[0] for s in good)
+
+
+# A stall: a pause inside the measured window in which no stream got a token, at least this
+# long and this share of the window (a machine that stops; a round that only runs slow is
+# stats.slow_stall's). A slow spell stretches every step alike; a step of a 128-token round is
+# at most a few percent of the window even when five drafted tokens are accepted a step, so a
+# single pause of a quarter of it is the machine stopping, not the server working.
+STALL_MIN_S = 1.0
+STALL_SHARE = 0.25
+
+
+def _pause_and_window(samples: list[RequestSample], concurrency: int) -> tuple[float, float] | None:
+    good = [s for s in samples if s.ok and s.tokens > 0]
+    if len(good) != concurrency or not all(len(s.token_times) >= 2 for s in good):
+        return None
+    begin = max(s.token_times[0] for s in good)
+    end = min(s.token_times[-1] for s in good)
+    if end <= begin:
+        return None
+    times = sorted(t for s in good for t in s.token_times if begin <= t <= end)
+    return max(b - a for a, b in pairwise(times)), end - begin
+
+
+def longest_pause(samples: list[RequestSample], concurrency: int) -> float | None:
+    """The longest time (seconds) inside the round's window in which no stream got a token;
+    None for a round without a window (not streamed, or streams that never generated
+    together); pure."""
+    found = _pause_and_window(samples, concurrency)
+    return found[0] if found is not None else None
+
+
+def stall_pause(samples: list[RequestSample], concurrency: int) -> float | None:
+    """The round's longest pause where it is a stall (at least STALL_MIN_S and STALL_SHARE of
+    the window), else None; pure."""
+    found = _pause_and_window(samples, concurrency)
+    if found is None:
+        return None
+    pause, window = found
+    return pause if pause >= STALL_MIN_S and pause >= STALL_SHARE * window else None
 
 
 def drafts_in_flight(streams: int, n_max: int) -> int:

@@ -25,9 +25,17 @@ from typing import Any
 
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
-from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
+from tuner.measure.backend import AttachedBackend, Backend, Measured, ServerBackend
 from tuner.measure.fingerprint import probe_host
-from tuner.measure.load import Workload, drafts_in_flight, never_together, summarize
+from tuner.measure.load import (
+    LevelFigures,
+    Workload,
+    drafts_in_flight,
+    longest_pause,
+    never_together,
+    stall_pause,
+    summarize,
+)
 from tuner.measure.plan import (
     Observer,
     ProgressEvent,
@@ -46,7 +54,7 @@ from tuner.measure.recorder import (
 )
 from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
-from tuner.measure.stats import depth_slowdown, stable
+from tuner.measure.stats import depth_slowdown, slow_stall, stable
 from tuner.policy import Policy
 from tuner.storage.engine import Store
 
@@ -59,6 +67,9 @@ __all__ = [
     "gather_context",
     "profile",
 ]
+
+
+STALL_TRIES = 3  # a round that stalls (load.stall_pause) is measured again, at most twice
 
 
 @dataclass
@@ -202,16 +213,37 @@ class Profiler:
         assert self.backend is not None
         policy, (depth, concurrency) = step.policy, step.cell
         level = self.recorder.level_row(policy, step.cell)
-        repeats = list(level.metrics.get("repeats", []))
-        repeat = max((r["repeat"] for r in repeats), default=-1) + 1
+        repeat = self.recorder.next_repeat(level)
         workload = self.request_workload(depth, self.output_scale(policy, depth, concurrency))
-        try:
-            measured = self.backend.measure(policy, step.cell, step.round_key, workload)
-        except (ServerError, LoadError) as exc:
-            self.recorder.fail_level(level.id, str(exc))
-            raise
-        figures = summarize(measured.samples, concurrency)
+        for attempt in range(1, STALL_TRIES + 1):
+            try:
+                measured = self.backend.measure(policy, step.cell, step.round_key, workload)
+            except (ServerError, LoadError) as exc:
+                self.recorder.fail_level(level.id, str(exc))
+                raise
+            figures = summarize(measured.samples, concurrency)
+            stall = self._stall(step, measured, figures)
+            if stall is None or attempt == STALL_TRIES:
+                break
+            # Kept, not counted, and the same round (key, prompts, seeds) measured again: a
+            # minute the machine stood still is not a figure of the policy.
+            self.recorder.store_repeat(
+                level.id, repeat, measured.samples, figures, measured.drafting, step,
+                {"seconds": measured.seconds, "stall": stall}, stalled=True,
+            )  # fmt: skip
+            repeat += 1
+            self.observer(
+                ProgressEvent("message", text=self._stall_text(policy, concurrency, stall, True))
+            )
         extra: dict[str, Any] = {"seconds": measured.seconds}
+        longest = longest_pause(measured.samples, concurrency)
+        if longest is not None:  # kept for every round: what a stall stands out from
+            extra["longest_pause_s"] = longest
+        if stall is not None:  # stalled every time: kept as measured, and said so
+            extra["stall"] = stall
+            self.observer(
+                ProgressEvent("message", text=self._stall_text(policy, concurrency, stall, False))
+            )
         if measured.max_slots is not None:
             extra["max_slots_set"] = measured.max_slots
         warning = self._drafted_off(policy, concurrency, figures.window_drafted)
@@ -252,6 +284,53 @@ class Profiler:
             )
         )
         return level.id
+
+    def _stall(self, step: Step, measured: Measured, figures: LevelFigures) -> str | None:
+        """Why the round is a stall of the machine (load.stall_pause, stats.slow_stall), or
+        None. Another policy's half of its pair measured before it and far slower than it is
+        set aside here too (kept, no longer counted): the stall was there."""
+        concurrency = step.concurrency
+        pause = stall_pause(measured.samples, concurrency)
+        if pause is not None:
+            window = (figures.window_ms or 0.0) / 1000
+            return f"no stream got a token for {pause:.1f} s of the round's {window:.1f} s window"
+        rate = figures.tokens_per_second
+        name = self.level_name(step.policy)
+        own: list[float] = []
+        partners: dict[str, float] = {}
+        for (config, depth, c), reps in self.repeats_by_cell().items():
+            if (depth, c) != step.cell:
+                continue
+            for r in reps:
+                if not r.get("tokens_per_second"):
+                    continue
+                if config == name:
+                    own.append(r["tokens_per_second"])
+                elif r.get("round_key") == step.round_key:
+                    partners[config] = r["tokens_per_second"]
+        slow = slow_stall(rate, own, list(partners.values()))
+        if slow is not None:
+            return slow
+        for config, other in partners.items():
+            earlier = slow_stall(other, [], [rate] if rate else [])
+            if earlier is not None and self.recorder.set_aside(
+                config, step.cell, step.round_key, earlier
+            ):
+                text = self._stall_text(config, concurrency, earlier, False, kept=False)
+                self.observer(ProgressEvent("message", text=text))
+        return None
+
+    def _stall_text(
+        self, policy: Target | str, concurrency: int, stall: str, again: bool, kept: bool = True
+    ) -> str:
+        name = policy if isinstance(policy, str) else self.level_name(policy)
+        if not kept:
+            what = "set aside (kept, no longer counted)"
+        elif again:
+            what = "measuring the round again"
+        else:
+            what = f"it stalled {STALL_TRIES} times in a row, so this one is kept as measured"
+        return f"warning: {name} at {concurrency} streams: the machine stalled ({stall}); {what}"
 
     def _drafted_off(self, policy: Target, concurrency: int, drafted: int | None) -> str | None:
         """A warning where a threshold that must not draft at this level drafted inside the
@@ -326,9 +405,16 @@ class Profiler:
         def reps_of(policy: Policy, cell: Cell) -> list[dict]:
             return state.get((self.level_name(policy), *cell), [])
 
+        def set_aside(policy: Policy, cell: Cell) -> int:
+            """Rounds measured here, then set aside as stalled: done, for the plan's count."""
+            stalled = self.recorder.repeats_by_cell([policy], which="stalled")
+            return sum(
+                1 for r in stalled.get((self.level_name(policy), *cell), []) if r.get("set_aside")
+            )
+
         def stored(step: Step) -> bool:
             reps = reps_of(step.policy, step.cell)
-            return len(reps) >= w.max_repeats or any(
+            return len(reps) + set_aside(step.policy, step.cell) >= w.max_repeats or any(
                 r.get("pass") == step.pass_index and r.get("pair", 0) == step.pair for r in reps
             )
 
@@ -339,13 +425,13 @@ class Profiler:
             for cell in list(open_arms):
                 runs = [reps_of(policy, cell) for policy in open_arms[cell]]
                 if all(self._level_done(reps) for reps in runs):
-                    left = max(0, w.max_repeats - min(map(len, runs)))
                     self.recorder.close_levels(open_arms[cell], cell)
-                    for policy in open_arms[cell]:
+                    for policy, reps in zip(open_arms[cell], runs, strict=True):
+                        done = len(reps) + set_aside(policy, cell)
                         self.observer(
                             ProgressEvent(
                                 "level",
-                                advance=left,
+                                advance=max(0, w.max_repeats - done),
                                 config=self.level_name(policy),
                                 concurrency=cell[1],
                             )

@@ -55,6 +55,11 @@ from tuner.storage.orm import (
 N_MAX_SUFFIX = "@n"
 
 
+def rounds_stored(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """A level's stored rounds: the repeats its figures count, and the stalled ones kept apart."""
+    return [*metrics.get("repeats", []), *metrics.get("stalled", [])]
+
+
 @dataclass
 class Context:
     """Who and what a run measures: fingerprints gathered before the first launch."""
@@ -213,16 +218,21 @@ class RunRecorder:
             name += f"{N_MAX_SUFFIX}{config.n_max}"
         return name
 
+    def _level(self, session: Any, config: str, cell: Cell) -> Level | None:
+        """The run's row of this config at this cell, if any."""
+        depth, concurrency = cell
+        return session.scalars(
+            select(Level).filter_by(
+                run_id=self.run_id, config=config, concurrency=concurrency, context_tokens=depth
+            )
+        ).first()
+
     def level_row(self, config: Target, cell: Cell) -> Level:
         """The cell's row, created if new; a half-done level keeps its finished repeats."""
         name = self.level_name(config)
         depth, concurrency = cell
         with self.store.session() as session:
-            level = session.scalars(
-                select(Level).filter_by(
-                    run_id=self.run_id, config=name, concurrency=concurrency, context_tokens=depth
-                )
-            ).first()
+            level = self._level(session, name, cell)
             if level is None:
                 own_n_max = config.n_max if isinstance(config, Policy) else None
                 level = Level(
@@ -237,7 +247,7 @@ class RunRecorder:
                 )
                 session.add(level)
             elif level.status != COMPLETED:
-                kept = [r["repeat"] for r in level.metrics.get("repeats", [])]
+                kept = [r["repeat"] for r in rounds_stored(level.metrics)]
                 # Samples of a repeat that never finished are not part of the level.
                 session.execute(
                     delete(Sample).where(Sample.level_id == level.id, Sample.repeat.not_in(kept))
@@ -270,9 +280,13 @@ class RunRecorder:
         drafting: dict[str, Any],
         step: Step | None = None,
         extra: dict[str, Any] | None = None,
+        stalled: bool = False,
     ) -> None:
         """One round's samples and figures, in one transaction. A round of a schedule carries
-        its pass, pair and round key (the bootstrap's and the paired statistics' keys)."""
+        its pass, pair and round key (the bootstrap's and the paired statistics' keys). A
+        stalled round (the machine stood still or crawled: Profiler._stall) is kept apart,
+        under the level's "stalled": its samples are stored, but no figure of the level counts
+        it."""
         with self.store.session() as session:
             for s in samples:
                 session.add(
@@ -301,11 +315,46 @@ class RunRecorder:
                     {"pass": step.pass_index, "pair": step.pair, "round_key": step.round_key}
                 )
             entry.update(extra or {})
+            if stalled:
+                kept = [*level.metrics.get("stalled", []), entry]
+                level.metrics = {**level.metrics, "stalled": kept}
+                return
             repeats = [*level.metrics.get("repeats", []), entry]
             level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
             level.repeats = len(repeats)
             for key, value in level_medians(repeats).items():
                 setattr(level, key, value)
+
+    def set_aside(self, config: str, cell: Cell, round_key: int, why: str) -> bool:
+        """Move a stored round (by config, cell and round key) from the level's repeats to its
+        stalled rounds, with why; False where there is no such round."""
+        with self.store.session() as session:
+            level = self._level(session, config, cell)
+            if level is None:
+                return False
+            repeats = list(level.metrics.get("repeats", []))
+            moved = [r for r in repeats if r.get("round_key") == round_key]
+            if not moved:
+                return False
+            repeats = [r for r in repeats if r.get("round_key") != round_key]
+            # set_aside: measured and counted as done in a plan, unlike a round measured again
+            aside = ({**r, "stall": why, "set_aside": True} for r in moved)
+            stalled = [*level.metrics.get("stalled", []), *aside]
+            level.metrics = {
+                **level.metrics,
+                "repeats": repeats,
+                "stalled": stalled,
+                **pool_drafting(repeats),
+            }
+            level.repeats = len(repeats)
+            for key, value in level_medians(repeats).items():
+                setattr(level, key, value)
+        return True
+
+    def next_repeat(self, level: Level) -> int:
+        """The repeat number of the level's next round: after every stored one, stalled or
+        not (their samples share the level's rows)."""
+        return max((r["repeat"] for r in rounds_stored(level.metrics)), default=-1) + 1
 
     def record_level(
         self,
@@ -336,15 +385,15 @@ class RunRecorder:
             session.get(Level, level_id).status = COMPLETED
 
     def repeats_by_cell(
-        self, configs: list[Target] | None = None
+        self, configs: list[Target] | None = None, which: str = "repeats"
     ) -> dict[tuple[str, int, int], list[dict]]:
         """The stored repeats of the run's levels (of these configurations), by (config, depth,
-        concurrency)."""
+        concurrency); which="stalled": the stalled rounds kept apart instead."""
         names = {self.level_name(p) for p in configs} if configs is not None else None
         with self.store.session() as session:
             return {
                 (row.config, row.context_tokens, row.concurrency): list(
-                    (row.metrics or {}).get("repeats", [])
+                    (row.metrics or {}).get(which, [])
                 )
                 for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
                 if names is None or row.config in names

@@ -19,6 +19,28 @@ def relative_mad(values: list[float]) -> float | None:
     return statistics.median(abs(v - med) for v in values) / med
 
 
+# A round this many times slower than the level's own figures is the machine stalling, not a
+# slow spell: here round-to-round spread is 5-13 % (spells of -30 %), and a launch once ran a
+# round at 8 streams at 6.7 tok/s between rounds of 125-175. Against another policy's half of
+# the same pair the margin is wider, for policies differ in their own right (drafting at one
+# stream runs at two or three times plain where acceptance is high).
+STALL_RATIO = 3.0  # against the median of the same policy's other rounds at the level
+STALL_PAIR_RATIO = 5.0  # against another policy's round of the same pair at the level
+
+
+def slow_stall(rate: float | None, own: list[float], partners: list[float]) -> str | None:
+    """Why a round's tok/s is a stall: far below the median of the same policy's other rounds
+    at the level (own), or below another policy's round of its pair there (partners); None
+    where it is not."""
+    if not rate:
+        return None
+    if own and rate * STALL_RATIO < (typical := statistics.median(own)):
+        return f"{rate:.1f} tok/s against {typical:.1f}, the median of its other rounds here"
+    if partners and rate * STALL_PAIR_RATIO < (best := max(partners)):
+        return f"{rate:.1f} tok/s against {best:.1f} for the other half of its pair"
+    return None
+
+
 def stable(repeats: list[dict[str, Any]], workload: WorkloadSpec) -> bool:
     """Step time within target_spread and tok/s within target_tps_spread (MAD/median).
 
