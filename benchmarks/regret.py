@@ -84,7 +84,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
     from tuner.bench import load_bench
     from tuner.decide import settle
     from tuner.decide.paired import Contrast
-    from tuner.decide.tune import live_gains, plain_gains, sweep_arms
+    from tuner.decide.tune import live_gains, plain_gains, stored_policy, sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
     from tuner.measure.spec import load_spec
@@ -139,6 +139,14 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
         sweeps += 1
     live.backend.close()
     contenders_s = time.perf_counter() - started
+    # the live sweeps' drafting rounds: more request seeds for the mean acceptance the answer's
+    # drafting halves are scaled to (tune.plain_gains; the same workload seed, so the same seeds)
+    pool = [
+        r
+        for (cfg, _, c), reps in rounds.items()
+        if (p := stored_policy(cfg)) is not None and p.drafting and p.drafts_at(c)
+        for r in reps
+    ]
 
     # Plain against the answer: both launches up side by side, every level, A B B A at each
     # (plain's rounds and the answer's seconds apart, as the live switch pairs drafting ones).
@@ -152,7 +160,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
         passes += 1
         if passes < 2:
             continue
-        plain_levels = plain_gains(cross.repeats_by_cell(), answer_policy.config_name)
+        plain_levels = plain_gains(cross.repeats_by_cell(), answer_policy.config_name, pool)
         plain_adv = Contrast.of(plain_levels, {c: weights[c - 1] for c in range(1, np_ + 1)})
         # where the tuner answered plain, the drafting server is the contender
         plain_verdict = judged(

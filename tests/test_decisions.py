@@ -8,14 +8,15 @@ The fast tier runs a handful; the ones marked slow run in the full suite."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 from twinworlds import regret, truth, world
 
 from tuner.decide.paired import Contrast
-from tuner.decide.tune import live_gains, tune
-from tuner.measure.load import Workload, summarize
+from tuner.decide.tune import MIN_BLOCKS, live_gains, tune
+from tuner.measure.load import Workload, accept_by_stream, summarize
 from tuner.measure.schedule import PAIRS_PER_PASS
 from tuner.policy import Policy
 from tuner.recommendation import ReasonCode
@@ -66,13 +67,17 @@ def test_the_full_method_on_the_noisy_bench_world(tmp_path: Path, seed: int) -> 
 
 @pytest.mark.slow
 def test_equivalent_values_of_n_tie_and_the_smallest_is_the_answer(tmp_path: Path) -> None:
-    """On the bench world N=5 and N=6 are within 1.2 % of each other (the truth: 68.66 and
-    67.82 tok/s); the run that shows them equivalent answers the smaller."""
-    result = run_method(world("bench"), "full", seed=3, workdir=tmp_path)
+    """On the seed's gfx1151 world (quiet) N=2, 3 and 4 are within 0.25 % of each other in the
+    truth, N=1 1.2 % behind: the run shows them equivalent and answers the smallest. (The noisy
+    bench world's closest pair, N=4 and N=5 0.55 % apart, settles as a tie within tune's
+    3-minute tie budget only in some seeds: of seeds 1-8 one did before the drafting halves
+    were scaled to the mean acceptance, none after.)"""
+    assert max(regret("seed", n) for n in (2, 3, 4)) < TOLERANCE / 2
+    result = run_method(world("seed"), "full", seed=1, workdir=tmp_path)
     assert len(result.tie) >= 2, result.details
     assert result.answer == min(result.tie)
     for n in result.tie:
-        assert regret("bench", n) <= 2 * TOLERANCE, (n, result.tie)
+        assert regret("seed", n) <= TOLERANCE, (n, result.tie)
 
 
 @pytest.mark.slow
@@ -107,35 +112,70 @@ def test_a_run_that_cannot_decide_says_so_and_names_what_to_measure(tmp_path: Pa
     store.dispose()
 
 
-def test_one_sided_bounds_from_paired_twin_rounds_miss_the_truth_no_more_than_they_say() -> None:
-    """Three A B B A blocks of always-draft and threshold 3 at 4 streams, on one simulated
-    launch of the noisy bench world, 120 times with different seeds, paired and counted as tune
-    counts them (tune.live_gains: a block is one unit): each of the two one-sided 95 % bounds
-    may miss the truth's gain in about 5 % of runs (t-quantiles for 2 degrees of freedom).
-    Bounds of one standard error would miss in about 40 %."""
+def _paired_bounds(blocks: int, scaled: bool, runs: int = 120) -> tuple[int, float]:
+    """`blocks` A B B A blocks of always-draft and threshold 3 at 4 streams on one simulated
+    launch of the noisy bench world, `runs` times with different seeds, paired and counted as
+    tune counts them (tune.live_gains: a block is one unit). scaled: each drafting round's
+    per-request acceptance stored, as the profiler stores it, and 30 rounds of always-draft at
+    8 streams beside them (the other levels' rounds a tune pools its acceptance from). How
+    often either one-sided 95 % bound missed the truth's gain, and the mean half-width."""
     w, c = world("bench"), 4
     t = truth("bench")
     gain = t.tps(Policy.always(), c) - t.tps(Policy.threshold(c - 1), c)
     workload = Workload(prompt_tokens=32, max_tokens=128)
     on, off = Policy.always(), Policy.threshold(c - 1)
-    misses, runs = 0, 120
+    misses, widths = 0, []
     for seed in range(runs):
         backend = TwinBackend(w, switch="live", seed=seed)
         rounds: dict[tuple[int, str, int], list[dict]] = {}
-        for block in range(3):
+        for block in range(blocks):
             for pair in range(2):
-                key = block * PAIRS_PER_PASS + pair
+                key = 10_000 * seed + block * PAIRS_PER_PASS + pair
                 order = (on, off) if pair == 0 else (off, on)
                 for policy in order:
-                    measured = backend.measure(policy, (0, c), 10_000 * seed + key, workload)
+                    measured = backend.measure(policy, (0, c), key, workload)
                     tps = summarize(measured.samples, c).tokens_per_second
-                    entry = {"tokens_per_second": tps, "round_key": key}
+                    entry: dict = {"tokens_per_second": tps, "round_key": key}
+                    if scaled and policy is on:
+                        entry["accept_by_stream"] = accept_by_stream(measured.samples, c)
                     rounds.setdefault((seed, policy.config_name, c), []).append(entry)
+        for k in range(30 if scaled else 0):
+            key = 10_000 * seed + 5_000 + k
+            drew = accept_by_stream(backend.measure(on, (0, 8), key, workload).samples, 8)
+            entry = {"tokens_per_second": 1.0, "round_key": key, "accept_by_stream": drew}
+            rounds.setdefault((seed, on.config_name, 8), []).append(entry)
         diffs = live_gains(rounds)[c]
-        assert diffs.n == 3
-        low, high = Contrast.of({c: diffs}, {c: 1.0}).bounds(0.95)
+        assert diffs.n == blocks
+        assert (diffs.anchor is not None) == (scaled and blocks >= MIN_BLOCKS)
+        advantage = Contrast.of({c: diffs}, {c: 1.0})
+        low, high = advantage.bounds(0.95)
         misses += not low <= gain <= high
+        widths.append(advantage.half_width())
+    return misses, statistics.fmean(widths)
+
+
+def test_one_sided_bounds_from_paired_twin_rounds_miss_the_truth_no_more_than_they_say() -> None:
+    """Three blocks: each of the two one-sided 95 % bounds may miss the truth's gain in about
+    5 % of runs (t-quantiles for 2 degrees of freedom). Bounds of one standard error would
+    miss in about 40 %. Three blocks are too few to scale the drafting half to the mean
+    acceptance (tune.MIN_BLOCKS): stored acceptance changes nothing there."""
+    runs = 120
+    misses, width = _paired_bounds(3, scaled=False, runs=runs)
     assert misses <= 0.15 * runs, misses
+    assert _paired_bounds(3, scaled=True, runs=runs) == (misses, width)
+
+
+@pytest.mark.slow
+def test_scaled_to_the_mean_acceptance_the_bounds_are_narrower_and_still_hold() -> None:
+    """Six blocks, the drafting half scaled to the mean acceptance of every drafting round
+    (tune.live_gains): the seeds' luck in acceptance no longer spreads the differences, so the
+    bounds are narrower, and they still miss the truth no more often than they say."""
+    runs = 120
+    misses, width = _paired_bounds(6, scaled=False, runs=runs)
+    misses_scaled, width_scaled = _paired_bounds(6, scaled=True, runs=runs)
+    assert misses <= 0.15 * runs, misses
+    assert misses_scaled <= 0.15 * runs, misses_scaled
+    assert width_scaled < 0.9 * width, (width_scaled, width)
 
 
 # The zigzag world with a heavy draft model beside the target: re-evaluating every batch costs

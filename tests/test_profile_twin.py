@@ -90,6 +90,11 @@ def test_a_live_profile_measures_the_threshold_server_beside_always_draft(tmp_pa
         assert spec_keys == {r["round_key"] for r in rounds[(off, c)]}
         # and the off arm drafted nothing inside its rounds
         assert all(r["metrics"]["drafts"] == 0 for r in rounds[(off, c)])
+        # the drafting half keeps each request's tokens a step (tune scales it to the mean);
+        # the off arm and plain have nothing to keep
+        assert all(len(r["accept_by_stream"]) == c for r in rounds[("spec", c)])
+        assert all(a > 1.0 for r in rounds[("spec", c)] for a in r["accept_by_stream"])
+        assert not any("accept_by_stream" in r for r in rounds[(off, c)] + rounds[("plain", c)])
     store.dispose()
 
 

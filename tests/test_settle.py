@@ -17,6 +17,7 @@ from tuner.decide.paired import (
     BEHIND,
     UNRESOLVED,
     WITHIN,
+    Acceptance,
     Contrast,
     LevelDiffs,
     equivalent,
@@ -59,6 +60,29 @@ def test_a_contrast_sums_levels_with_welch_degrees_of_freedom() -> None:
     assert math.isnan(Contrast.of({2: a}, {2: 1.0, 4: 1.0}).estimate)
     # no level at all: zero by construction, exactly
     assert Contrast.of({}, {}).bounds() == (0.0, 0.0)
+
+
+def test_levels_scaled_by_one_acceptance_anchor_share_its_uncertainty() -> None:
+    """Two levels whose drafting halves were scaled to one mean acceptance move together when
+    that mean is off: its variance enters once, times the square of the summed slopes, not
+    once a level (which would understate it where the slopes share a sign)."""
+    anchor = Acceptance(mean=3.3, var=0.0004, seeds=300)
+    a, b = diffs(4.0, 1.0, 8), diffs(-2.0, 3.0, 10, seed=1)
+    a_scaled = LevelDiffs(a.diffs, slope=30.0, anchor=anchor)
+    b_scaled = LevelDiffs(b.diffs, slope=35.0, anchor=anchor)
+    coef = {2: 0.5, 3: 0.25}
+    c = Contrast.of({2: a_scaled, 3: b_scaled}, coef)
+    var_a, var_b = (0.5 * a.se) ** 2, (0.25 * b.se) ** 2
+    shared = (0.5 * 30.0 + 0.25 * 35.0) ** 2 * anchor.var
+    assert c.se == pytest.approx(math.sqrt(var_a + var_b + shared))
+    assert c.df == pytest.approx(
+        (var_a + var_b + shared) ** 2 / (var_a**2 / 7 + var_b**2 / 9 + shared**2 / 299)
+    )
+    # opposite sides of a difference (the contender drafts at one, the answer at the other)
+    # cancel in part: the same anchor's error moves both the same way
+    c2 = Contrast.of({2: a_scaled, 3: b_scaled}, {2: 0.5, 3: -0.25})
+    shared2 = (0.5 * 30.0 - 0.25 * 35.0) ** 2 * anchor.var
+    assert c2.se == pytest.approx(math.sqrt(var_a + var_b + shared2))
 
 
 def test_verdicts_need_a_side_not_a_decimal() -> None:

@@ -233,3 +233,39 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     fourth = [i for i, e in enumerate(events) if e == "assess"][3]
     assert "threshold" not in events[fourth:]
     assert report.settled.status == settle.OPEN
+
+
+def test_drafting_halves_are_scaled_to_the_mean_acceptance_from_six_blocks_on() -> None:
+    """tok/s of always-draft proportional to the acceptance its requests drew, threshold 3
+    steady: scaled to the mean acceptance of every drafting round given (one value a request
+    seed), the differences no longer carry the draws; with fewer than six blocks, or rounds
+    without stored acceptance, nothing is scaled."""
+    import random
+
+    rng = random.Random(7)
+
+    def rounds(blocks: int, stored: bool = True) -> dict:
+        out: dict = {(1, "spec", 4): [], (1, "max-slots-3", 4): [], (1, "spec", 8): []}
+        for b in range(blocks):
+            for pair in range(2):
+                key = b * 1000 + pair
+                drew = [rng.uniform(2.5, 4.0) for _ in range(4)]
+                on = {**rep(30.0 * sum(drew) / 4, key)}
+                if stored:
+                    on["accept_by_stream"] = drew
+                out[(1, "spec", 4)].append(on)
+                out[(1, "max-slots-3", 4)].append(rep(95.0, key))
+        for k in range(10):  # another level's drafting rounds: more seeds for the mean
+            drew = [rng.uniform(2.5, 4.0) for _ in range(8)]
+            out[(1, "spec", 8)].append({**rep(1.0, 50_000 + k), "accept_by_stream": drew})
+        return out
+
+    scaled = live_gains(rounds(6))[4]
+    assert scaled.anchor is not None and scaled.anchor.seeds == 6 * 2 * 4 + 10 * 8
+    expected = 30.0 * scaled.anchor.mean - 95.0  # every pair at the mean acceptance
+    assert all(d == pytest.approx(expected) for d in scaled.diffs)
+    assert scaled.slope == pytest.approx(30.0)
+    raw = live_gains(rounds(6, stored=False))[4]
+    assert raw.anchor is None and raw.sd > 1.0
+    few = live_gains(rounds(5))[4]
+    assert few.anchor is None and few.sd > 1.0

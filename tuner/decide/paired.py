@@ -29,10 +29,35 @@ AHEAD, BEHIND, WITHIN, UNRESOLVED = "ahead", "behind", "within tolerance", "unre
 
 
 @dataclass(frozen=True)
+class Acceptance:
+    """The workload's mean acceptance on a drafting server (tokens a request gets per server
+    step), from the distinct request seeds measured: a request's acceptance is a function of
+    its seed alone (llama-server seeds the draws from it; the bench gave identical values for
+    the same seed at every level and policy), so a seed measured twice counts once."""
+
+    mean: float
+    var: float  # of the mean: the seeds' variance over their number
+    seeds: int
+
+    @property
+    def df(self) -> int:
+        return self.seeds - 1
+
+
+@dataclass(frozen=True)
 class LevelDiffs:
-    """Paired differences at one level (on - off, say), in tok/s."""
+    """Paired differences at one level (on - off, say), in tok/s.
+
+    Where the drafting half of each pair is scaled to the workload's mean acceptance (its tok/s
+    times anchor.mean over the acceptance its own requests drew: tune.live_gains), the
+    acceptance those seeds happened to draw no longer spreads the differences; what the
+    anchor's own uncertainty adds is `slope` (d mean / d anchor.mean) times its variance, a
+    term every level scaled by the same anchor shares (Contrast.of adds it once, not per
+    level)."""
 
     diffs: tuple[float, ...]
+    slope: float = 0.0
+    anchor: Acceptance | None = None
 
     @property
     def n(self) -> int:
@@ -87,11 +112,19 @@ class Contrast:
             return cls(known, 0.0, math.inf)
         if any(levels[c].n < 2 for c in used):
             return cls(estimate, math.inf, 0.0)
-        parts = {c: (a * levels[c].se) ** 2 for c, a in used.items()}
-        var = sum(parts.values())
+        parts = [((a * levels[c].se) ** 2, levels[c].df) for c, a in used.items()]
+        # One term per acceptance anchor, its levels' slopes summed: the same anchor moves
+        # them all together.
+        shared: dict[Acceptance, float] = {}
+        for c, a in used.items():
+            anchor = levels[c].anchor
+            if anchor is not None:
+                shared[anchor] = shared.get(anchor, 0.0) + a * levels[c].slope
+        parts += [(slope**2 * anchor.var, anchor.df) for anchor, slope in shared.items()]
+        var = sum(v for v, _ in parts)
         if var == 0.0:
             return cls(estimate, 0.0, math.inf)
-        df = var**2 / sum(v**2 / levels[c].df for c, v in parts.items())
+        df = var**2 / sum(v**2 / df for v, df in parts if v > 0.0)
         return cls(estimate, math.sqrt(var), df)
 
     def bounds(self, confidence: float = 0.95) -> tuple[float, float]:

@@ -202,6 +202,16 @@ def stall_pause(samples: list[RequestSample], concurrency: int) -> float | None:
     return pause if pause >= STALL_MIN_S and pause >= STALL_SHARE * window else None
 
 
+def accept_by_stream(samples: list[RequestSample], concurrency: int) -> list[float | None]:
+    """Each stream's tokens a server step (tokens over steps: one token a step plus its
+    accepted drafts), None where its request failed or drafted nothing; pure."""
+    out: list[float | None] = [None] * concurrency
+    for s in samples:
+        if 0 <= s.stream < concurrency and s.ok and s.draft_n > 0 and s.steps:
+            out[s.stream] = s.tokens / s.steps
+    return out
+
+
 def drafts_in_flight(streams: int, n_max: int) -> int:
     """The most draft tokens a round's window may hold from drafts begun before it, one draft of
     n_max a stream: what a threshold that starts no draft there may still show in

@@ -30,6 +30,7 @@ from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import (
     LevelFigures,
     Workload,
+    accept_by_stream,
     drafts_in_flight,
     longest_pause,
     never_together,
@@ -244,6 +245,10 @@ class Profiler:
             self.observer(
                 ProgressEvent("message", text=self._stall_text(policy, concurrency, stall, False))
             )
+        if isinstance(policy, Policy) and policy.drafting and policy.drafts_at(concurrency):
+            # each request's tokens a step: a function of its seed alone, so tune can scale
+            # the round to the workload's mean acceptance (tune.live_gains)
+            extra["accept_by_stream"] = accept_by_stream(measured.samples, concurrency)
         if measured.max_slots is not None:
             extra["max_slots_set"] = measured.max_slots
         warning = self._drafted_off(policy, concurrency, figures.window_drafted)
