@@ -26,7 +26,8 @@ from tuner.twin.method import HOST, twin_spec
 class StallingTwin(TwinBackend):
     """The twin, but the first `stalls` rounds of one policy at one level stall, as this
     machine once stalled a bench server: "pause", every token after the middle of the round
-    30 s late; "slow", the whole round ten times slower."""
+    30 s late; "slow", the whole round ten times slower; or ("fast") run six times faster, as
+    a strong draft can outrun plain at few streams."""
 
     def __init__(
         self, *args, stall_at: tuple[str, int], stalls: int, how: str = "pause", **kwargs
@@ -45,7 +46,8 @@ class StallingTwin(TwinBackend):
                 if self.how == "pause":
                     s.token_times = [t + 30.0 if t > middle else t for t in s.token_times]
                 else:
-                    s.token_times = [first + (t - first) * 10 for t in s.token_times]
+                    factor = 10 if self.how == "slow" else 1 / 6
+                    s.token_times = [first + (t - first) * factor for t in s.token_times]
         return measured
 
 
@@ -170,6 +172,26 @@ def test_a_round_ten_times_slower_than_its_pair_is_not_counted(
     # nothing else was taken for a stall
     others = [m for key, m in metrics.items() if key != (config, 4)]
     assert not any(m.get("stalled") for m in others)
+
+
+def test_a_drafting_round_far_faster_than_plain_is_no_stall_of_plain(tmp_path: Path) -> None:
+    """Always draft six times faster than plain and the off arm at 4 streams, every round: a
+    pair's halves are compared for a stall only where both draft or neither does, so plain
+    (and the threshold that does not draft there) are not set aside for it."""
+    backend = StallingTwin(
+        world("seed"), switch="live", seed=1, stall_at=("spec", 4), stalls=100, how="fast"
+    )
+    events: list[ProgressEvent] = []
+    store, _ = _profile(tmp_path, "live", (1, 2, 4), events, backend)
+    with store.session() as session:
+        metrics = {(lv.config, lv.concurrency): lv.metrics for lv in session.scalars(select(Level))}
+    store.dispose()
+    spec4, plain4 = metrics[("spec", 4)], metrics[("plain", 4)]
+    assert min(r["tokens_per_second"] for r in spec4["repeats"]) > 5 * max(
+        r["tokens_per_second"] for r in plain4["repeats"]
+    )
+    assert not any(m.get("stalled") for m in metrics.values())
+    assert not [e for e in events if e.kind == "message" and "stalled" in (e.text or "")]
 
 
 def test_a_one_level_profile_keeps_what_it_measured_and_says_why_nothing_was_added(

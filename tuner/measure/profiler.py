@@ -301,6 +301,17 @@ class Profiler:
             return f"no stream got a token for {pause:.1f} s of the round's {window:.1f} s window"
         rate = figures.tokens_per_second
         name = self.level_name(step.policy)
+
+        def drafts(config: str | Target) -> bool | None:
+            """Whether the level's config drafts here; None for an attached label."""
+            policy: Target | None = config if not isinstance(config, str) else None
+            if isinstance(config, str):
+                try:
+                    policy = Policy.parse(config.split(N_MAX_SUFFIX, 1)[0])
+                except ValueError:
+                    return None
+            return policy.drafts_at(concurrency) if isinstance(policy, Policy) else None
+
         own: list[float] = []
         partners: dict[str, float] = {}
         for (config, depth, c), reps in self.repeats_by_cell().items():
@@ -311,7 +322,10 @@ class Profiler:
                     continue
                 if config == name:
                     own.append(r["tokens_per_second"])
-                elif r.get("round_key") == step.round_key:
+                elif r.get("round_key") == step.round_key and drafts(config) == drafts(step.policy):
+                    # only a half that drafts as this one does (or not) here: drafting can
+                    # outrun plain several times over at one stream, a stall cannot be told
+                    # from that
                     partners[config] = r["tokens_per_second"]
         slow = slow_stall(rate, own, list(partners.values()))
         if slow is not None:

@@ -22,8 +22,9 @@ def relative_mad(values: list[float]) -> float | None:
 # A round this many times slower than the level's own figures is the machine stalling, not a
 # slow spell: here round-to-round spread is 5-13 % (spells of -30 %), and a launch once ran a
 # round at 8 streams at 6.7 tok/s between rounds of 125-175. Against another policy's half of
-# the same pair the margin is wider, for policies differ in their own right (drafting at one
-# stream runs at two or three times plain where acceptance is high).
+# the same pair the margin is wider, for policies differ in their own right, and the profiler
+# compares halves only where both draft or neither does (drafting at one stream can run at
+# several times plain where acceptance is high).
 STALL_RATIO = 3.0  # against the median of the same policy's other rounds at the level
 STALL_PAIR_RATIO = 5.0  # against another policy's round of the same pair at the level
 
