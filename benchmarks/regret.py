@@ -84,11 +84,11 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
     from tuner.bench import load_bench
     from tuner.decide import settle
     from tuner.decide.paired import Contrast
-    from tuner.decide.tune import live_gains, plain_gains, stored_policy, sweep_arms
+    from tuner.decide.tune import live_gains, plain_gains, sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
     from tuner.measure.spec import load_spec
-    from tuner.policy import Policy
+    from tuner.policy import Policy, drafts_at
     from tuner.settings import Settings
     from tuner.storage.engine import Store
 
@@ -141,12 +141,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
     contenders_s = time.perf_counter() - started
     # the live sweeps' drafting rounds: more request seeds for the mean acceptance the answer's
     # drafting halves are scaled to (tune.plain_gains; the same workload seed, so the same seeds)
-    pool = [
-        r
-        for (cfg, _, c), reps in rounds.items()
-        if (p := stored_policy(cfg)) is not None and p.drafting and p.drafts_at(c)
-        for r in reps
-    ]
+    pool = [r for (cfg, _, c), reps in rounds.items() if drafts_at(cfg, c) for r in reps]
 
     # Plain against the answer: both launches up side by side, every level, A B B A at each
     # (plain's rounds and the answer's seconds apart, as the live switch pairs drafting ones).
@@ -189,7 +184,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
 def _medians(rounds: dict, which) -> dict[int, float]:
     import statistics
 
-    from tuner.decide.tune import stored_policy
+    from tuner.policy import stored_policy
 
     values: dict[int, list[float]] = {}
     for (cfg, _, c), reps in rounds.items():

@@ -144,3 +144,20 @@ class Policy:
         except ValueError:
             return None
         return policy if policy.max_slots == max_slots else None
+
+
+def stored_policy(config: str) -> Policy | None:
+    """The policy of a stored level's config name (plain, spec, max-slots-k[@nK]); None for an
+    attached server's label."""
+    base = config.split("@", 1)[0]
+    try:
+        return Policy.parse(base)
+    except ValueError:
+        return None
+
+
+def drafts_at(config: str, concurrency: int) -> bool | None:
+    """Whether a stored level's config drafts at this concurrency (plain never does); None for
+    an attached server's label."""
+    policy = stored_policy(config)
+    return policy.drafts_at(concurrency) if policy is not None else None

@@ -64,7 +64,7 @@ from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.schedule import PAIRS_PER_PASS, Cell, off_arm
 from tuner.model.costmodel import CostModel
-from tuner.policy import Policy
+from tuner.policy import Policy, drafts_at, stored_policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage import recommendations
 from tuner.storage.engine import Store, optuna_storage
@@ -93,15 +93,6 @@ DONE, TIES_LEFT = "done", "ties left"  # how a run of threshold sweeps ends
 
 
 # --- what the stored rounds say ---------------------------------------------------------------
-
-
-def stored_policy(config: str) -> Policy | None:
-    """The policy of a stored level's config name (plain, spec, max-slots-k[@nK])."""
-    base = config.split("@", 1)[0]
-    try:
-        return Policy.parse(base)
-    except ValueError:
-        return None
 
 
 # level -> arm ("on" | "off") -> (run id, round key) -> tok/s
@@ -181,27 +172,22 @@ def _block_diffs(
     for the anchor's own uncertainty (Contrast.of)."""
     out = {}
     for c, pairs in settle.gains_from_rounds(by_level, keyed=True).items():
+        here = (drew or {}).get(c, {})
+        n_blocks = len({(run_id, key // PAIRS_PER_PASS) for run_id, key in pairs})
+        scale = anchor is not None and n_blocks >= MIN_BLOCKS and bool(here)
         blocks: dict[tuple[int, int], list[tuple[float, float]]] = {}
         for (run_id, round_key), diff in pairs.items():
-            blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append((diff, 0.0))
-        here = (drew or {}).get(c, {})
-        if anchor is None or len(blocks) < MIN_BLOCKS or not here:
-            out[c] = LevelDiffs(
-                tuple(statistics.fmean(d for d, _ in v) for _, v in sorted(blocks.items()))
-            )
-            continue
-        blocks = {}
-        for key, diff in pairs.items():
-            side, tps, got = here.get(key, (0.0, 0.0, 1.0))
-            scaled = diff + side * tps * (anchor.mean / got - 1.0)
-            block = (key[0], key[1] // PAIRS_PER_PASS)
-            blocks.setdefault(block, []).append((scaled, side * tps / got))
+            side, tps, got = here.get((run_id, round_key), (0.0, 0.0, 1.0))
+            if scale and anchor is not None and side:
+                diff += side * tps * (anchor.mean / got - 1.0)
+            slope = side * tps / got if scale else 0.0
+            blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append((diff, slope))
         means = [
             (statistics.fmean(d for d, _ in v), statistics.fmean(s for _, s in v))
             for _, v in sorted(blocks.items())
         ]
-        slope = statistics.fmean(s for _, s in means)
-        out[c] = LevelDiffs(tuple(d for d, _ in means), slope, anchor)
+        slope = statistics.fmean(s for _, s in means) if scale else 0.0
+        out[c] = LevelDiffs(tuple(d for d, _ in means), slope, anchor if scale else None)
     return out
 
 
@@ -250,11 +236,10 @@ def plain_gains(
     averaged (as in live_gains). Where the answer drafts, its half is scaled to the workload's
     mean acceptance (as in live_gains) over its own drafting rounds and any in `pool` (rounds
     of the same workload elsewhere: more seeds, a surer mean)."""
-    policy = stored_policy(answer)
     drafting = [
         r
         for (config, _, c), reps in rounds.items()
-        if config == answer and policy is not None and policy.drafts_at(c)
+        if config == answer and drafts_at(config, c)
         for r in reps
     ]
     anchor = acceptance_pool([*drafting, *pool])
@@ -264,7 +249,7 @@ def plain_gains(
         arm = "on" if config == Policy.plain().config_name else "off" if config == answer else None
         if arm is None:
             continue
-        scaled = arm == "off" and policy is not None and policy.drafts_at(c)
+        scaled = arm == "off" and bool(drafts_at(config, c))
         for r in reps:
             _add_round(by_level, c, arm, 0, r, drew if scaled else None, side=-1.0)
     return _block_diffs(by_level, anchor, drew)
@@ -492,7 +477,7 @@ def tune(
             for (_, config, c), reps in paired_rounds(
                 store, model_name, host, depth, n_max, workload_now
             ).items()
-            if (p := stored_policy(config)) is not None and p.drafting and p.drafts_at(c)
+            if drafts_at(config, c)
             for r in reps
         ]
         while True:

@@ -172,7 +172,10 @@ STALL_MIN_S = 1.0
 STALL_SHARE = 0.25
 
 
-def _pause_and_window(samples: list[RequestSample], concurrency: int) -> tuple[float, float] | None:
+def pause_in_window(samples: list[RequestSample], concurrency: int) -> tuple[float, float] | None:
+    """The longest time (seconds) inside the round's window in which no stream got a token,
+    and the window's length; None for a round without a window (not streamed, or streams
+    that never generated together); pure."""
     good = [s for s in samples if s.ok and s.tokens > 0]
     if len(good) != concurrency or not all(len(s.token_times) >= 2 for s in good):
         return None
@@ -184,22 +187,16 @@ def _pause_and_window(samples: list[RequestSample], concurrency: int) -> tuple[f
     return max(b - a for a, b in pairwise(times)), end - begin
 
 
-def longest_pause(samples: list[RequestSample], concurrency: int) -> float | None:
-    """The longest time (seconds) inside the round's window in which no stream got a token;
-    None for a round without a window (not streamed, or streams that never generated
-    together); pure."""
-    found = _pause_and_window(samples, concurrency)
-    return found[0] if found is not None else None
+def is_stall(pause: float, window: float) -> bool:
+    """Whether a pause in a window of this length is the machine standing still (at least
+    STALL_MIN_S and STALL_SHARE of the window)."""
+    return pause >= STALL_MIN_S and pause >= STALL_SHARE * window
 
 
 def stall_pause(samples: list[RequestSample], concurrency: int) -> float | None:
-    """The round's longest pause where it is a stall (at least STALL_MIN_S and STALL_SHARE of
-    the window), else None; pure."""
-    found = _pause_and_window(samples, concurrency)
-    if found is None:
-        return None
-    pause, window = found
-    return pause if pause >= STALL_MIN_S and pause >= STALL_SHARE * window else None
+    """The round's longest pause where it is a stall (is_stall), else None; pure."""
+    found = pause_in_window(samples, concurrency)
+    return found[0] if found is not None and is_stall(*found) else None
 
 
 def accept_by_stream(samples: list[RequestSample], concurrency: int) -> list[float | None]:

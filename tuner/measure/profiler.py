@@ -25,16 +25,15 @@ from typing import Any
 
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
-from tuner.measure.backend import AttachedBackend, Backend, Measured, ServerBackend
+from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import (
-    LevelFigures,
     Workload,
     accept_by_stream,
     drafts_in_flight,
-    longest_pause,
+    is_stall,
     never_together,
-    stall_pause,
+    pause_in_window,
     summarize,
 )
 from tuner.measure.plan import (
@@ -56,7 +55,7 @@ from tuner.measure.recorder import (
 from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, slow_stall, stable
-from tuner.policy import Policy
+from tuner.policy import Policy, drafts_at
 from tuner.storage.engine import Store
 
 __all__ = [
@@ -70,7 +69,7 @@ __all__ = [
 ]
 
 
-STALL_TRIES = 3  # a round that stalls (load.stall_pause) is measured again, at most twice
+STALL_TRIES = 3  # a round that stalls (Profiler._stall) is measured again, at most twice
 
 
 @dataclass
@@ -143,8 +142,10 @@ class Profiler:
     def level_name(self, config: Target) -> str:
         return self.recorder.level_name(config)
 
-    def repeats_by_cell(self, policies: list[Policy] | None = None) -> dict:
-        return self.recorder.repeats_by_cell(policies)  # type: ignore[arg-type]
+    def repeats_by_cell(
+        self, policies: list[Policy] | None = None, cell: Cell | None = None
+    ) -> dict:
+        return self.recorder.repeats_by_cell(policies, cell=cell)  # type: ignore[arg-type]
 
     def repeats_by_level(
         self, policies: list[Policy] | None = None
@@ -223,7 +224,8 @@ class Profiler:
                 self.recorder.fail_level(level.id, str(exc))
                 raise
             figures = summarize(measured.samples, concurrency)
-            stall = self._stall(step, measured, figures)
+            paused = pause_in_window(measured.samples, concurrency)
+            stall = self._stall(step, paused, figures.tokens_per_second)
             if stall is None or attempt == STALL_TRIES:
                 break
             # Kept, not counted, and the same round (key, prompts, seeds) measured again: a
@@ -233,18 +235,16 @@ class Profiler:
                 {"seconds": measured.seconds, "stall": stall}, stalled=True,
             )  # fmt: skip
             repeat += 1
-            self.observer(
-                ProgressEvent("message", text=self._stall_text(policy, concurrency, stall, True))
-            )
+            self._warn_stall(policy, concurrency, stall, "measuring the round again")
         extra: dict[str, Any] = {"seconds": measured.seconds}
-        longest = longest_pause(measured.samples, concurrency)
-        if longest is not None:  # kept for every round: what a stall stands out from
-            extra["longest_pause_s"] = longest
+        if paused is not None:  # kept for every round: what a stall stands out from
+            extra["longest_pause_s"] = paused[0]
         if stall is not None:  # stalled every time: kept as measured, and said so
             extra["stall"] = stall
-            self.observer(
-                ProgressEvent("message", text=self._stall_text(policy, concurrency, stall, False))
-            )
+            self._warn_stall(
+                policy, concurrency, stall,
+                f"it stalled {STALL_TRIES} times in a row, so this one is kept as measured",
+            )  # fmt: skip
         if isinstance(policy, Policy) and policy.drafting and policy.drafts_at(concurrency):
             # each request's tokens a step: a function of its seed alone, so tune can scale
             # the round to the workload's mean acceptance (tune.live_gains)
@@ -290,42 +290,31 @@ class Profiler:
         )
         return level.id
 
-    def _stall(self, step: Step, measured: Measured, figures: LevelFigures) -> str | None:
-        """Why the round is a stall of the machine (load.stall_pause, stats.slow_stall), or
-        None. Another policy's half of its pair measured before it and far slower than it is
-        set aside here too (kept, no longer counted): the stall was there."""
-        concurrency = step.concurrency
-        pause = stall_pause(measured.samples, concurrency)
-        if pause is not None:
-            window = (figures.window_ms or 0.0) / 1000
+    def _stall(
+        self, step: Step, paused: tuple[float, float] | None, rate: float | None
+    ) -> str | None:
+        """Why the round is a stall of the machine, or None: a pause in its window
+        (load.is_stall), or its tok/s far below its level's or its pair's (stats.slow_stall;
+        the pair's halves compared only where both draft or neither does: drafting can outrun
+        plain several times over at one stream). Another policy's half of its pair measured
+        before it and far slower than it is set aside here too (kept, no longer counted)."""
+        if paused is not None and is_stall(*paused):
+            pause, window = paused
             return f"no stream got a token for {pause:.1f} s of the round's {window:.1f} s window"
-        rate = figures.tokens_per_second
-        name = self.level_name(step.policy)
-
-        def drafts(config: str | Target) -> bool | None:
-            """Whether the level's config drafts here; None for an attached label."""
-            policy: Target | None = config if not isinstance(config, str) else None
-            if isinstance(config, str):
-                try:
-                    policy = Policy.parse(config.split(N_MAX_SUFFIX, 1)[0])
-                except ValueError:
-                    return None
-            return policy.drafts_at(concurrency) if isinstance(policy, Policy) else None
-
+        name, concurrency = self.level_name(step.policy), step.concurrency
+        drafting = drafts_at(name, concurrency)
         own: list[float] = []
         partners: dict[str, float] = {}
-        for (config, depth, c), reps in self.repeats_by_cell().items():
-            if (depth, c) != step.cell:
-                continue
+        for (config, _, _), reps in self.repeats_by_cell(cell=step.cell).items():
             for r in reps:
                 if not r.get("tokens_per_second"):
                     continue
                 if config == name:
                     own.append(r["tokens_per_second"])
-                elif r.get("round_key") == step.round_key and drafts(config) == drafts(step.policy):
-                    # only a half that drafts as this one does (or not) here: drafting can
-                    # outrun plain several times over at one stream, a stall cannot be told
-                    # from that
+                elif (
+                    r.get("round_key") == step.round_key
+                    and drafts_at(config, concurrency) == drafting
+                ):
                     partners[config] = r["tokens_per_second"]
         slow = slow_stall(rate, own, list(partners.values()))
         if slow is not None:
@@ -335,21 +324,15 @@ class Profiler:
             if earlier is not None and self.recorder.set_aside(
                 config, step.cell, step.round_key, earlier
             ):
-                text = self._stall_text(config, concurrency, earlier, False, kept=False)
-                self.observer(ProgressEvent("message", text=text))
+                self._warn_stall(
+                    config, concurrency, earlier, "set aside (kept, no longer counted)"
+                )
         return None
 
-    def _stall_text(
-        self, policy: Target | str, concurrency: int, stall: str, again: bool, kept: bool = True
-    ) -> str:
+    def _warn_stall(self, policy: Target | str, concurrency: int, stall: str, what: str) -> None:
         name = policy if isinstance(policy, str) else self.level_name(policy)
-        if not kept:
-            what = "set aside (kept, no longer counted)"
-        elif again:
-            what = "measuring the round again"
-        else:
-            what = f"it stalled {STALL_TRIES} times in a row, so this one is kept as measured"
-        return f"warning: {name} at {concurrency} streams: the machine stalled ({stall}); {what}"
+        text = f"warning: {name} at {concurrency} streams: the machine stalled ({stall}); {what}"
+        self.observer(ProgressEvent("message", text=text))
 
     def _drafted_off(self, policy: Target, concurrency: int, drafted: int | None) -> str | None:
         """A warning where a threshold that must not draft at this level drafted inside the
@@ -424,33 +407,36 @@ class Profiler:
         def reps_of(policy: Policy, cell: Cell) -> list[dict]:
             return state.get((self.level_name(policy), *cell), [])
 
-        def set_aside(policy: Policy, cell: Cell) -> int:
-            """Rounds measured here, then set aside as stalled: done, for the plan's count."""
-            stalled = self.recorder.repeats_by_cell([policy], which="stalled")
-            return sum(
-                1 for r in stalled.get((self.level_name(policy), *cell), []) if r.get("set_aside")
-            )
+        def set_aside() -> dict[tuple[str, int, int], int]:
+            """Rounds measured, then set aside as stalled, by cell: done, for the plan's count."""
+            stalled = self.recorder.repeats_by_cell(policies, which="stalled")
+            return {k: sum(1 for r in v if r.get("set_aside")) for k, v in stalled.items()}
+
+        aside = set_aside()
+
+        def done(policy: Policy, cell: Cell) -> int:
+            key = (self.level_name(policy), *cell)
+            return len(state.get(key, [])) + aside.get(key, 0)
 
         def stored(step: Step) -> bool:
             reps = reps_of(step.policy, step.cell)
-            return len(reps) + set_aside(step.policy, step.cell) >= w.max_repeats or any(
+            return done(step.policy, step.cell) >= w.max_repeats or any(
                 r.get("pass") == step.pass_index and r.get("pair", 0) == step.pair for r in reps
             )
 
         flip = self.start_on_the_launch_up(open_arms, first)
         for p in range(first, first + passes + 1):
             self.run_steps(plan_pass(open_arms, self.backend.launch_key, p, done=stored, flip=flip))
-            state = self.repeats_by_cell(policies)
+            state, aside = self.repeats_by_cell(policies), set_aside()
             for cell in list(open_arms):
                 runs = [reps_of(policy, cell) for policy in open_arms[cell]]
                 if all(self._level_done(reps) for reps in runs):
                     self.recorder.close_levels(open_arms[cell], cell)
-                    for policy, reps in zip(open_arms[cell], runs, strict=True):
-                        done = len(reps) + set_aside(policy, cell)
+                    for policy in open_arms[cell]:
                         self.observer(
                             ProgressEvent(
                                 "level",
-                                advance=max(0, w.max_repeats - done),
+                                advance=max(0, w.max_repeats - done(policy, cell)),
                                 config=self.level_name(policy),
                                 concurrency=cell[1],
                             )

@@ -60,6 +60,14 @@ def rounds_stored(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     return [*metrics.get("repeats", []), *metrics.get("stalled", [])]
 
 
+def _set_repeats(level: Level, repeats: list[dict[str, Any]]) -> None:
+    """The level's counted rounds, and what they make of it: pooled drafting, medians."""
+    level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
+    level.repeats = len(repeats)
+    for key, value in level_medians(repeats).items():
+        setattr(level, key, value)
+
+
 @dataclass
 class Context:
     """Who and what a run measures: fingerprints gathered before the first launch."""
@@ -319,11 +327,7 @@ class RunRecorder:
                 kept = [*level.metrics.get("stalled", []), entry]
                 level.metrics = {**level.metrics, "stalled": kept}
                 return
-            repeats = [*level.metrics.get("repeats", []), entry]
-            level.metrics = {**level.metrics, "repeats": repeats, **pool_drafting(repeats)}
-            level.repeats = len(repeats)
-            for key, value in level_medians(repeats).items():
-                setattr(level, key, value)
+            _set_repeats(level, [*level.metrics.get("repeats", []), entry])
 
     def set_aside(self, config: str, cell: Cell, round_key: int, why: str) -> bool:
         """Move a stored round (by config, cell and round key) from the level's repeats to its
@@ -336,19 +340,11 @@ class RunRecorder:
             moved = [r for r in repeats if r.get("round_key") == round_key]
             if not moved:
                 return False
-            repeats = [r for r in repeats if r.get("round_key") != round_key]
             # set_aside: measured and counted as done in a plan, unlike a round measured again
-            aside = ({**r, "stall": why, "set_aside": True} for r in moved)
+            aside = [{**r, "stall": why, "set_aside": True} for r in moved]
             stalled = [*level.metrics.get("stalled", []), *aside]
-            level.metrics = {
-                **level.metrics,
-                "repeats": repeats,
-                "stalled": stalled,
-                **pool_drafting(repeats),
-            }
-            level.repeats = len(repeats)
-            for key, value in level_medians(repeats).items():
-                setattr(level, key, value)
+            level.metrics = {**level.metrics, "stalled": stalled}
+            _set_repeats(level, [r for r in repeats if r.get("round_key") != round_key])
         return True
 
     def next_repeat(self, level: Level) -> int:
@@ -385,17 +381,20 @@ class RunRecorder:
             session.get(Level, level_id).status = COMPLETED
 
     def repeats_by_cell(
-        self, configs: list[Target] | None = None, which: str = "repeats"
+        self, configs: list[Target] | None = None, which: str = "repeats", cell: Cell | None = None
     ) -> dict[tuple[str, int, int], list[dict]]:
-        """The stored repeats of the run's levels (of these configurations), by (config, depth,
-        concurrency); which="stalled": the stalled rounds kept apart instead."""
+        """The stored repeats of the run's levels (of these configurations; at this cell), by
+        (config, depth, concurrency); which="stalled": the stalled rounds kept apart instead."""
         names = {self.level_name(p) for p in configs} if configs is not None else None
+        query = select(Level).filter_by(run_id=self.run_id)
+        if cell is not None:
+            query = query.filter_by(context_tokens=cell[0], concurrency=cell[1])
         with self.store.session() as session:
             return {
                 (row.config, row.context_tokens, row.concurrency): list(
                     (row.metrics or {}).get(which, [])
                 )
-                for row in session.scalars(select(Level).filter_by(run_id=self.run_id))
+                for row in session.scalars(query)
                 if names is None or row.config in names
             }
 
