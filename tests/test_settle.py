@@ -210,6 +210,64 @@ def test_a_smaller_contender_slightly_behind_stays_open_until_it_ties() -> None:
     assert held.status == settle.SETTLED and held.answer == 5 and held.tie == [5]
 
 
+def test_a_tie_question_is_asked_against_the_best_estimate() -> None:
+    """Answer N=4; N=6 estimates best (within the tolerance); N=3 is shown equivalent to N=4
+    but not yet to N=6, the value the tie is measured from. Asked against the answer, the
+    question closed and N=3 fell out of the tie [4, 5, 6] unasked, while a run that reached
+    N=3 first (N=6 no contender there) kept [3, 4, 5]. It stays open against N=6, at the
+    levels where the two differ, until placed: here at the tolerance's edge."""
+    base = {2: 20.0, 3: 10.0, 4: 4.0, 7: -20.0, 8: -25.0}
+
+    def gains(pairs: int) -> dict[int, LevelDiffs]:
+        noisy = {5: diffs(1.0, 5.0, pairs, seed=5), 6: diffs(1.6, 5.0, pairs, seed=6)}
+        return {**gains_with(base), 4: diffs(4.0, 1.0, 30, seed=4), **noisy}
+
+    six = gains(6)
+    few = settle.assess(six, UNIFORM, 4, NP, objective=100.0)
+    three = next(c for c in few.comparisons if c.contender == 3)
+    assert equivalent(three.advantage, 1.0)  # against the answer: equivalent
+    assert settle.best_estimate(4, few.comparisons) == 6
+    question = few.question(3)
+    assert question is not None and question.against == 6 and question.levels == [4, 5, 6]
+    low, high = question.advantage.bounds(0.95)
+    assert low < -1.0 < high < 0 and (high - low) / 2 > 0.5  # neither side, not yet placed
+    assert few.status == settle.OPEN and few.answer == 4 and few.measuring == [question]
+    assert few.measure_next[0] in (5, 6) and set(few.measure_next) == {4, 5, 6}
+    assert few.may_tie == [3, 4, 5, 6]  # the tie shown so far, [4, 5, 6], and the open N=3
+    assert sweep_text(4, few) == "N=4 against N=3 (equivalent to N=6, the best estimate?)"
+    report = SimpleNamespace(gains=six, sweeps=3, seconds=90.0, way="live")
+    text = _head_reason(few, 4, report).text  # type: ignore[arg-type]
+    assert "N=3 may tie with it: -0.83 tok/s [-1.48, -0.17] against N=6, the best" in text
+    # placed within half the tolerance without a side: at the edge, named, N=4 stands
+    many = settle.assess(gains(40), UNIFORM, 4, NP, objective=100.0)
+    assert many.status == settle.SETTLED and many.answer == 4 and many.tie == [4, 5, 6]
+    assert many.edge == [3] and many.may_tie == [3, 4, 5, 6]
+    text = _head_reason(many, 4, report).text  # type: ignore[arg-type]
+    assert "N=3 sits at the tolerance's edge (-0.82 tok/s [-1.06, -0.59] against N=6" in text
+
+
+def test_a_flat_stretch_of_four_ties_on_its_smallest_value_from_either_side() -> None:
+    """N=3, 4, 5 and 6 within a quarter of the tolerance of each other, N=2 beyond it. From
+    N=4, N=6 estimates best and all four are shown equivalent to it; the tie keeps the best
+    and the smallest equivalent values, so the answer moves to N=3, where a run that started
+    from N=3 (N=6 no contender there) settles too. Kept nearest the best, the tie from N=4 was
+    [4, 5, 6] and N=4 stood."""
+    flat = {2: 20.0, 3: 10.0, 7: -20.0, 8: -25.0}
+    gains = {
+        **gains_with(flat),
+        4: diffs(1.0, 1.0, 40, seed=4),
+        5: diffs(1.0, 1.0, 40, seed=5),
+        6: diffs(1.6, 1.0, 40, seed=6),
+    }
+    from_four = settle.assess(gains, UNIFORM, 4, NP, objective=100.0)
+    assert settle.best_estimate(4, from_four.comparisons) == 6
+    assert from_four.status == settle.MOVED and from_four.answer == 3
+    assert from_four.tie == [3, 4, 6]
+    from_three = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)
+    assert from_three.status == settle.SETTLED and from_three.answer == 3
+    assert from_three.tie == [3, 4, 5]
+
+
 def test_an_unresolved_standing_names_what_to_measure_next() -> None:
     gains = gains_with({**CROSSING_AT_3, 4: 2.0}, sd=30.0, n=3)
     standing = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)

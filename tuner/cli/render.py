@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # types only: every `tuner` command imports this module befor
     from tuner.decide.openloop import OpenLoopReport
     from tuner.decide.recommend import PredictReport
     from tuner.decide.regret import ValidationReport
+    from tuner.decide.settle import Standing
     from tuner.decide.tune import TuneReport
     from tuner.decide.watch import WatchSummary
     from tuner.model.costmodel import Crossover
@@ -221,7 +222,7 @@ def tuning(report: TuneReport) -> None:
             f"[{low:+.2f}, {high:+.2f}]",
             f"{comp.advantage.df:.1f}",
             # a smaller contender measured on for the tie question: not settled yet
-            comp.verdict + (" (equivalent?)" if comp in settled.tie_questions else ""),
+            comp.verdict + _open_question(settled, comp.contender, answer),
         )
     if report.plain is not None:
         low, high = report.plain.advantage.bounds(0.95)
@@ -260,6 +261,18 @@ def tuning(report: TuneReport) -> None:
         )
     if report.standing is not None:
         out.print(report.standing_text(), highlight=False, markup=False)
+
+
+def _open_question(settled: Standing, contender: int, answer: int | None) -> str:
+    """The "(equivalent?)" of a contender whose tie question is still measured on, naming the
+    best estimate where the question is asked against it."""
+    q = next((q for q in settled.tie_questions if q.contender == contender), None)
+    if q is None:
+        return ""
+    if q.against == answer:
+        return " (equivalent?)"
+    low, high = q.advantage.bounds(0.95)
+    return f" (equivalent to N={q.against}? {q.advantage.estimate:+.2f} [{low:+.2f}, {high:+.2f}])"
 
 
 def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:

@@ -11,19 +11,28 @@ The answer's contenders are N-2, N-1, N+1, N+2 and always draft. Each contender'
 the answer is a `Contrast` of the levels between them; its one-sided bound at 95 % settles it:
 ahead (the answer moves to it), behind or within the tolerance (the answer holds), or
 unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
-best is shown within +-tolerance both ways are a tie: at most three, the smallest chosen. So a
+best is shown within +-tolerance both ways are a tie: at most three (the best and the smallest
+values equivalent to it), the smallest chosen. So a
 smaller contender that is only within the tolerance (at most that much ahead, but perhaps far
 behind), or behind by what may be less than the tolerance, stays open until it is shown
 equivalent (the tie rule then takes it) or more than the tolerance behind: else two runs on the
-same server could stop at different ends of one tie. A difference at the tolerance itself would
-take pairs without end to place: once its bounds are within half the tolerance of it without
-a side, the smaller value is at the edge, named, and the better one stands. When
+same server could stop at different ends of one tie. Where a larger contender is the best
+estimate, that question is asked against it, the value the tie is measured from: asked against
+the answer, a smaller value shown equivalent to the answer but not yet to the best fell out of
+the tie unasked, and which values were contenders (N-2..N+2 of the answer of the moment)
+decided the tie (the demo's third run on the AMD VM, session 14: from N=4, N=3 was equivalent
+to N=4, -0.74 [-1.43, -0.05], not yet to the best estimate N=6, -1.07 [-2.56, +0.42], and the
+tie was [4, 5, 6]; runs that reached N=3 first, where N=6 is no contender, kept [3, 4, 5]). A
+difference at the tolerance itself would take pairs without end to place: once its bounds are
+within half the tolerance of it without a side, the smaller value is at the edge, named, and
+the better one stands. When
 the budget runs out first, the standing says which contenders are unresolved, with their bounds,
 and names the levels to measure next.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,10 +94,13 @@ class Comparison:
     advantage: Contrast
     verdict: str
     levels: list[int]
+    # a tie question: the N it is held against (the answer, or the best estimate where a larger
+    # contender is); None for a comparison with the answer
+    against: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         low, high = self.advantage.bounds(CONFIDENCE)
-        return {
+        out = {
             "contender": self.contender,
             "advantage": self.advantage.estimate,
             "se": self.advantage.se,
@@ -98,6 +110,9 @@ class Comparison:
             "verdict": self.verdict,
             "levels": self.levels,
         }
+        if self.against is not None:
+            out["against"] = self.against
+        return out
 
 
 @dataclass
@@ -110,11 +125,15 @@ class Standing:
     tie: list[int] = field(default_factory=list)
     measure_next: list[int] = field(default_factory=list)  # levels, when unresolved
     tolerance: float = 0.0  # in objective units (tok/s)
-    # when unresolved: the comparisons measured next (unresolved ones, and smaller contenders
-    # within the tolerance or behind, neither shown equivalent nor beyond it: tie_open)
+    # when unresolved: the comparisons measured next (unresolved ones, and tie questions, each
+    # against the N it is asked against, neither shown equivalent nor beyond it: tie_open)
     measuring: list[Comparison] = field(default_factory=list)
     # smaller contenders whose tie question was placed at the tolerance's edge (TIE_EDGE)
     edge: list[int] = field(default_factory=list)
+    # every tie question of the standing, open or not, against the N it is asked against
+    questions: list[Comparison] = field(default_factory=list)
+    # when unresolved: the tie the data show so far (tie_set), the answer's until it settles
+    provisional: list[int] = field(default_factory=list)
 
     @property
     def unresolved(self) -> list[Comparison]:
@@ -122,16 +141,21 @@ class Standing:
 
     @property
     def tie_questions(self) -> list[Comparison]:
-        """The comparisons measured on for the tie alone (tie_open), not unresolved ones."""
-        return [c for c in self.measuring if c.verdict != UNRESOLVED]
+        """The tie questions measured on (tie_open), not unresolved comparisons."""
+        return [c for c in self.measuring if c.against is not None]
+
+    def question(self, contender: int) -> Comparison | None:
+        """The tie question asked for this contender, if one was."""
+        return next((q for q in self.questions if q.contender == contender), None)
 
     @property
     def may_tie(self) -> list[int]:
-        """The tie, with the smaller values whose tie question is still open where the standing
-        is unresolved: the values the data do not yet keep apart at the tolerance. Two runs
-        agree when each one's set holds the other's answer."""
+        """The tie (where unresolved, the values shown equivalent to the best so far), with the
+        smaller values whose tie question is still open or at the edge: the values the data
+        do not yet keep apart at the tolerance. Two runs agree when each one's set holds the
+        other's answer."""
         open_ties = [c.contender for c in self.tie_questions]
-        return sorted({self.answer, *self.tie, *open_ties, *self.edge})
+        return sorted({self.answer, *self.tie, *self.provisional, *open_ties, *self.edge})
 
 
 def level_pairs(levels: Mapping[int, LevelDiffs]) -> dict[int, int]:
@@ -158,10 +182,10 @@ def assess(
     if ahead:
         best = max(ahead, key=lambda c: (c.advantage.estimate, -c.contender))
         return Standing(best.contender, MOVED, comparisons, tolerance=tol)
-    edge = [c.contender for c in comparisons if at_edge(c, answer, tol, confidence)]
-    open_ = [
-        c for c in comparisons if c.verdict == UNRESOLVED or tie_open(c, answer, tol, confidence)
-    ]
+    questions = tie_questions(gains, weights, answer, comparisons, tol, confidence)
+    edge = [q.contender for q in questions if at_edge(q, tol, confidence)]
+    open_ = [c for c in comparisons if c.verdict == UNRESOLVED]
+    open_ += [q for q in questions if tie_open(q, tol, confidence)]
     if open_:
         wanted = next_levels(gains, weights, open_)
         return Standing(
@@ -172,18 +196,61 @@ def assess(
             tolerance=tol,
             measuring=open_,
             edge=edge,
+            questions=questions,
+            provisional=tie_set(gains, weights, answer, comparisons, tol, confidence),
         )
     tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
     if min(tie) != answer:
         # A smaller N is shown equivalent: it becomes the answer, and its own contenders
         # (further down) are compared next.
-        return Standing(min(tie), MOVED, comparisons, tie=tie, tolerance=tol)
-    return Standing(answer, SETTLED, comparisons, tie=tie, tolerance=tol, edge=edge)
+        return Standing(min(tie), MOVED, comparisons, tie=tie, tolerance=tol, questions=questions)
+    return Standing(
+        answer, SETTLED, comparisons, tie=tie, tolerance=tol, edge=edge, questions=questions
+    )
 
 
-def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
-    """A smaller contender the tie question is still open for: within the tolerance or behind
-    the answer, but neither shown equivalent nor shown more than the tolerance behind. Settled
+def best_estimate(answer: int, comparisons: Sequence[Comparison]) -> int:
+    """The value the estimates put first (the answer at 0), the smaller on a tie of estimates."""
+    estimate = {answer: 0.0, **{c.contender: c.advantage.estimate for c in comparisons}}
+    return max(estimate, key=lambda n: (estimate[n], -n))
+
+
+def tie_questions(
+    gains: Mapping[int, LevelDiffs],
+    weights: Sequence[float],
+    answer: int,
+    comparisons: Sequence[Comparison],
+    tol: float,
+    confidence: float = CONFIDENCE,
+) -> list[Comparison]:
+    """A tie question for every smaller contender within the tolerance of the answer or behind
+    it: its advantage over the best estimate where a larger contender is the best (the value
+    the tie is measured from), else over the answer."""
+    best = best_estimate(answer, comparisons)
+    against = max(best, answer)
+    out = []
+    for c in comparisons:
+        if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
+            continue
+        if against == answer:
+            out.append(dataclasses.replace(c, against=answer))
+            continue
+        adv = advantage(gains, weights, against, c.contender)
+        out.append(
+            Comparison(
+                c.contender,
+                adv,
+                verdict(adv, tol, confidence),
+                between(against, c.contender),
+                against=against,
+            )
+        )
+    return out
+
+
+def tie_open(q: Comparison, tol: float, confidence: float = CONFIDENCE) -> bool:
+    """A tie question (tie_questions) still open: neither shown equivalent nor shown more than
+    the tolerance behind the value it is asked against. Settled
     on "behind" alone (the upper bound below zero), two runs on one server could stop at
     different ends of one tie: one that showed the smaller value equivalent first would choose
     it, one that showed it slightly behind first would keep the larger. At most one of
@@ -191,26 +258,23 @@ def tie_open(c: Comparison, answer: int, tol: float, confidence: float = CONFIDE
     of the time), so runs agree; a truth near the tolerance itself takes long to place: once
     placed within TIE_EDGE of the tolerance without a side it is at the edge (at_edge), no
     longer measured."""
-    return _tie_question(c, answer, tol, confidence) and not at_edge(c, answer, tol, confidence)
+    return _unplaced(q, tol, confidence) and not at_edge(q, tol, confidence)
 
 
-def at_edge(c: Comparison, answer: int, tol: float, confidence: float = CONFIDENCE) -> bool:
-    """A smaller contender's tie question placed within TIE_EDGE of the tolerance without a
-    side: neither equivalent nor more than the tolerance behind, and no longer measured."""
-    if not _tie_question(c, answer, tol, confidence):
+def at_edge(q: Comparison, tol: float, confidence: float = CONFIDENCE) -> bool:
+    """A tie question placed within TIE_EDGE of the tolerance without a side: neither
+    equivalent nor more than the tolerance behind, and no longer measured."""
+    if not _unplaced(q, tol, confidence):
         return False
-    low, high = c.advantage.bounds(confidence)
+    low, high = q.advantage.bounds(confidence)
     return (high - low) / 2 <= TIE_EDGE * tol
 
 
-def _tie_question(c: Comparison, answer: int, tol: float, confidence: float) -> bool:
-    """Smaller, within the tolerance or behind, neither shown equivalent nor shown more than
-    the tolerance behind."""
-    if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
+def _unplaced(q: Comparison, tol: float, confidence: float) -> bool:
+    """Neither shown equivalent nor shown more than the tolerance behind."""
+    if equivalent(q.advantage, tol, confidence):
         return False
-    if equivalent(c.advantage, tol, confidence):
-        return False
-    return c.advantage.bounds(confidence)[1] > -tol
+    return q.advantage.bounds(confidence)[1] > -tol
 
 
 def tie_set(
@@ -222,11 +286,14 @@ def tie_set(
     confidence: float = CONFIDENCE,
 ) -> list[int]:
     """The answer and the contenders shown equivalent to the best of them (both one-sided
-    bounds of the difference within +-tol), at most MAX_TIE, nearest the best first kept."""
+    bounds of the difference within +-tol), at most MAX_TIE: the best and the smallest values
+    equivalent to it, so that the answer (the tie's smallest) is the smallest value shown
+    equivalent to the best whichever neighbours were contenders. Kept nearest the best
+    instead, a flat stretch of four values gave [3, 4, 5] from N=3 and [4, 5, 6] from N=4."""
     estimate = {answer: 0.0, **{c.contender: c.advantage.estimate for c in comparisons}}
-    best = max(estimate, key=lambda n: (estimate[n], -n))
+    best = best_estimate(answer, comparisons)
     members = [best]
-    for n in sorted(estimate, key=lambda n: (abs(n - best), n)):
+    for n in sorted(estimate):
         if n == best or len(members) >= MAX_TIE:
             continue
         if equivalent(advantage(gains, weights, best, n), tol, confidence):
@@ -285,10 +352,12 @@ __all__ = [
     "advantage",
     "assess",
     "at_edge",
+    "best_estimate",
     "between",
     "contenders",
     "gains_from_rounds",
     "next_levels",
     "tie_open",
+    "tie_questions",
     "tie_set",
 ]

@@ -626,11 +626,16 @@ def sweep_text(answer: int, standing: settle.Standing) -> str:
     """What a sweep compares: each contender still measured, and why where it is not a
     plain unresolved comparison (within the tolerance or slightly behind, measured on for the
     tie)."""
-    names = [
-        f"N={c.contender}" + (" (equivalent?)" if c in standing.tie_questions else "")
-        for c in standing.measuring
-    ]
+    names = [f"N={c.contender}" + _question_text(answer, c) for c in standing.measuring]
     return f"N={answer} against " + ", ".join(names)
+
+
+def _question_text(answer: int, c: settle.Comparison) -> str:
+    if c.against is None:
+        return ""
+    if c.against == answer:
+        return " (equivalent?)"
+    return f" (equivalent to N={c.against}, the best estimate?)"
 
 
 def _moved_text(answer: int, standing: settle.Standing, sweeps: int) -> str:
@@ -785,24 +790,28 @@ def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
     return Reason(ReasonCode.LIVE_TRIALS, f"drafting pays: {figures}")
 
 
-def _bounds_text(c: settle.Comparison) -> str:
+def _bounds_text(c: settle.Comparison, answer: int | None = None) -> str:
     low, high = c.advantage.bounds(settle.CONFIDENCE)
-    return f"{c.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}]"
+    text = f"{c.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}]"
+    if c.against is not None and c.against != answer:
+        text += f" against N={c.against}, the best estimate"
+    return text
 
 
 def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> Reason:
     pairs = sum(d.n for d in report.gains.values())
     how = f"{report.sweeps} sweep(s), {pairs} pairs, {report.seconds:.0f} s, {report.way}"
     if standing.status == settle.SETTLED:
-        edge = [c for c in standing.comparisons if c.contender in standing.edge]
+        edge = [q for q in standing.questions if q.contender in standing.edge]
         return Reason(
             ReasonCode.SETTLED,
             f"N={answer}: every contender shown behind or within +-{standing.tolerance:.2f} "
             f"tok/s (one-sided 95 %) live ({how})"
             + "".join(
-                f"; N={c.contender} sits at the tolerance's edge ({_bounds_text(c)}): neither "
+                f"; N={q.contender} sits at the tolerance's edge ({bounds}): neither "
                 f"equivalent nor clearly beyond, so the better N={answer} stands"
-                for c in edge
+                for q in edge
+                for bounds in [_bounds_text(q, answer)]
             ),
         )
     if standing.status == settle.OPEN:
@@ -813,7 +822,7 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
                 + ", ".join(f"N={c.contender}" for c in standing.unresolved)
             )
         parts += [
-            f"N={c.contender} may tie with it: {_bounds_text(c)}, not yet shown within "
+            f"N={c.contender} may tie with it: {_bounds_text(c, answer)}, not yet shown within "
             f"+-{standing.tolerance:.2f} or beyond"
             for c in standing.tie_questions
         ]
