@@ -222,7 +222,7 @@ def tuning(report: TuneReport) -> None:
             f"[{low:+.2f}, {high:+.2f}]",
             f"{comp.advantage.df:.1f}",
             # a smaller contender measured on for the tie question: not settled yet
-            comp.verdict + _open_question(settled, comp.contender, answer),
+            comp.verdict + _open_question(settled, comp.contender),
         )
     if report.plain is not None:
         low, high = report.plain.advantage.bounds(0.95)
@@ -263,16 +263,19 @@ def tuning(report: TuneReport) -> None:
         out.print(report.standing_text(), highlight=False, markup=False)
 
 
-def _open_question(settled: Standing, contender: int, answer: int | None) -> str:
-    """The "(equivalent?)" of a contender whose tie question is still measured on, naming the
-    best estimate where the question is asked against it."""
+def _open_question(settled: Standing, contender: int) -> str:
+    """The "(equivalent?)" of a contender whose tie question is still measured on, with its
+    bounds where the question is asked against the best estimate rather than the answer."""
+    from tuner.decide.tune import question_text  # lazily: see TYPE_CHECKING above
+
     q = next((q for q in settled.tie_questions if q.contender == contender), None)
     if q is None:
         return ""
-    if q.against == answer:
-        return " (equivalent?)"
+    text = question_text(settled.answer, q)
+    if q.against == settled.answer:
+        return text
     low, high = q.advantage.bounds(0.95)
-    return f" (equivalent to N={q.against}? {q.advantage.estimate:+.2f} [{low:+.2f}, {high:+.2f}])"
+    return text + f" {q.advantage.estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
 def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:

@@ -32,7 +32,6 @@ and names the levels to measure next.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,6 +185,7 @@ def assess(
     edge = [q.contender for q in questions if at_edge(q, tol, confidence)]
     open_ = [c for c in comparisons if c.verdict == UNRESOLVED]
     open_ += [q for q in questions if tie_open(q, tol, confidence)]
+    tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
     if open_:
         wanted = next_levels(gains, weights, open_)
         return Standing(
@@ -197,9 +197,8 @@ def assess(
             measuring=open_,
             edge=edge,
             questions=questions,
-            provisional=tie_set(gains, weights, answer, comparisons, tol, confidence),
+            provisional=tie,
         )
-    tie = tie_set(gains, weights, answer, comparisons, tol, confidence)
     if min(tie) != answer:
         # A smaller N is shown equivalent: it becomes the answer, and its own contenders
         # (further down) are compared next.
@@ -226,25 +225,14 @@ def tie_questions(
     """A tie question for every smaller contender within the tolerance of the answer or behind
     it: its advantage over the best estimate where a larger contender is the best (the value
     the tie is measured from), else over the answer."""
-    best = best_estimate(answer, comparisons)
-    against = max(best, answer)
+    against = max(best_estimate(answer, comparisons), answer)
     out = []
     for c in comparisons:
         if c.contender > answer or c.verdict not in (WITHIN, BEHIND):
             continue
-        if against == answer:
-            out.append(dataclasses.replace(c, against=answer))
-            continue
         adv = advantage(gains, weights, against, c.contender)
-        out.append(
-            Comparison(
-                c.contender,
-                adv,
-                verdict(adv, tol, confidence),
-                between(against, c.contender),
-                against=against,
-            )
-        )
+        levels = between(against, c.contender)
+        out.append(Comparison(c.contender, adv, verdict(adv, tol, confidence), levels, against))
     return out
 
 
@@ -290,10 +278,9 @@ def tie_set(
     equivalent to it, so that the answer (the tie's smallest) is the smallest value shown
     equivalent to the best whichever neighbours were contenders. Kept nearest the best
     instead, a flat stretch of four values gave [3, 4, 5] from N=3 and [4, 5, 6] from N=4."""
-    estimate = {answer: 0.0, **{c.contender: c.advantage.estimate for c in comparisons}}
     best = best_estimate(answer, comparisons)
     members = [best]
-    for n in sorted(estimate):
+    for n in sorted({answer, *(c.contender for c in comparisons)}):
         if n == best or len(members) >= MAX_TIE:
             continue
         if equivalent(advantage(gains, weights, best, n), tol, confidence):

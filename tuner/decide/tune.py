@@ -626,11 +626,12 @@ def sweep_text(answer: int, standing: settle.Standing) -> str:
     """What a sweep compares: each contender still measured, and why where it is not a
     plain unresolved comparison (within the tolerance or slightly behind, measured on for the
     tie)."""
-    names = [f"N={c.contender}" + _question_text(answer, c) for c in standing.measuring]
+    names = [f"N={c.contender}" + question_text(answer, c) for c in standing.measuring]
     return f"N={answer} against " + ", ".join(names)
 
 
-def _question_text(answer: int, c: settle.Comparison) -> str:
+def question_text(answer: int, c: settle.Comparison) -> str:
+    """What a comparison measured on is asking, where it is a tie question."""
     if c.against is None:
         return ""
     if c.against == answer:
@@ -802,16 +803,16 @@ def _head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> 
     pairs = sum(d.n for d in report.gains.values())
     how = f"{report.sweeps} sweep(s), {pairs} pairs, {report.seconds:.0f} s, {report.way}"
     if standing.status == settle.SETTLED:
-        edge = [q for q in standing.questions if q.contender in standing.edge]
+        edge = [standing.question(n) for n in standing.edge]
         return Reason(
             ReasonCode.SETTLED,
             f"N={answer}: every contender shown behind or within +-{standing.tolerance:.2f} "
             f"tok/s (one-sided 95 %) live ({how})"
             + "".join(
-                f"; N={q.contender} sits at the tolerance's edge ({bounds}): neither "
-                f"equivalent nor clearly beyond, so the better N={answer} stands"
+                f"; N={q.contender} sits at the tolerance's edge ({_bounds_text(q, answer)}): "
+                f"neither equivalent nor clearly beyond, so the better N={answer} stands"
                 for q in edge
-                for bounds in [_bounds_text(q, answer)]
+                if q is not None
             ),
         )
     if standing.status == settle.OPEN:
