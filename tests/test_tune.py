@@ -3,6 +3,7 @@ and the whole loop on the twin (decide/settle.py's rule is tested in test_settle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,12 +145,16 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
 
 
 def _ordered_tune(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie_budget_s: float, plain_budget_s: float
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tie_budget_s: float,
+    plain_budget_s: float,
+    script: Callable[[int, int], object] | None = None,
 ) -> tuple[object, list[str]]:
-    """tune --plain-live on the in-process bench twin, settle.assess replaced by a script: two
-    assessments with a contender unresolved, then a tie question that never closes. Returns the
-    report and the events in order: "assess", and each round measured ("plain" or
-    "threshold")."""
+    """tune --plain-live on the in-process bench twin, settle.assess replaced by a script: by
+    default two assessments with a contender unresolved, then a tie question that never closes;
+    `script(k, answer)` gives the k-th assessment's standing instead. Returns the report and
+    the events in order: "assess", and each round measured ("plain" or "threshold")."""
     from twinworlds import world
 
     from tuner.decide import settle
@@ -169,6 +174,8 @@ def _ordered_tune(
 
     def scripted(gains: object, weights: object, answer: int, *args: object, **kw: object):
         events.append("assess")
+        if script is not None:
+            return script(events.count("assess"), answer)
         verdict = UNRESOLVED if events.count("assess") <= 2 else WITHIN
         comp = settle.Comparison(answer - 1, Contrast(-0.9, 0.5, 5.0), verdict, [answer])
         return settle.Standing(
@@ -233,6 +240,64 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     fourth = [i for i, e in enumerate(events) if e == "assess"][3]
     assert "threshold" not in events[fourth:]
     assert report.settled.status == settle.OPEN
+
+
+def test_one_plain_budget_for_every_answer_plain_is_measured_against(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain against the answer left unresolved when the plain budget ends; a tie then moves
+    the answer. Plain is not measured again against the new answer with a budget of its own
+    (on the bench that took tune from about 230 to 357 s, the tuner's whole cost to 469 s): the
+    verdict against the first answer stands, with its passes, and the reason says so."""
+    from tuner.decide import settle
+    from tuner.decide import tune as tune_module
+    from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
+
+    start: list[int] = []
+
+    def script(k: int, answer: int) -> object:
+        if not start:
+            start.append(answer)
+        if k == 1:  # a contender that could cost regret: one sweep
+            comp = settle.Comparison(answer + 1, Contrast(0.5, 0.5, 5.0), UNRESOLVED, [answer + 1])
+            return settle.Standing(
+                answer,
+                settle.OPEN,
+                [comp],
+                measure_next=[answer + 1],
+                tolerance=1.0,
+                measuring=[comp],
+            )
+        if k == 2:  # only a tie question left: plain is settled first
+            comp = settle.Comparison(answer - 1, Contrast(-0.3, 0.2, 5.0), WITHIN, [answer])
+            return settle.Standing(
+                answer,
+                settle.OPEN,
+                [comp],
+                measure_next=[answer],
+                tolerance=1.0,
+                measuring=[comp],
+            )
+        if k == 3:  # the tie moves the answer down
+            comp = settle.Comparison(answer - 1, Contrast(-0.1, 0.1, 5.0), WITHIN, [answer])
+            return settle.Standing(
+                answer - 1, settle.MOVED, [comp], tie=[answer - 1, answer], tolerance=1.0
+            )
+        return settle.Standing(answer, settle.SETTLED, [], tie=[answer, answer + 1], tolerance=1.0)
+
+    monkeypatch.setattr(tune_module, "verdict", lambda *a, **kw: UNRESOLVED)
+    report, events = _ordered_tune(
+        tmp_path, monkeypatch, tie_budget_s=300.0, plain_budget_s=60.0, script=script
+    )
+    assess = [i for i, e in enumerate(events) if e == "assess"]
+    assert len(assess) == 4, events
+    # plain measured against the first answer (before the tie sweeps) until its budget ended,
+    # and not again against the moved one
+    assert "plain" in events[assess[1] : assess[2]], events
+    assert "plain" not in events[assess[2] :], events
+    assert report.standing.max_slots == start[0] - 1
+    assert report.plain.against == start[0] and report.plain.passes >= 1, report.plain
+    assert report.plain.verdict == UNRESOLVED
 
 
 def test_drafting_halves_are_scaled_to_the_mean_acceptance_from_six_blocks_on() -> None:

@@ -749,8 +749,9 @@ def tune(
     plain_budget: Annotated[
         str,
         typer.Option(
-            help="with --plain-live: measuring time plain against the answer may take (two or "
-            "three passes on a 2-core VM); unresolved then, the model's verdict stands"
+            help="with --plain-live: measuring time plain against the answer may take, all its "
+            "passes together (two or three passes on a 2-core VM), also where a tie moves the "
+            "answer; unresolved then, the model's verdict stands"
         ),
     ] = "90s",
     tolerance: Annotated[

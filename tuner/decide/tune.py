@@ -32,7 +32,8 @@ one-sided bound clears the tolerance.
    asked for), plain and the answer in turn at every level the traffic weighs (A B, then B A
    in the next pass), their weighted difference with its one-sided bounds, within
    `plain_budget_s` (90 s by default: two or three passes here). Where a tie then
-   moves the answer, plain is measured against the new one with the budget left; until that
+   moves the answer, plain is measured against the new one with what is left of that budget
+   (one plain budget a tune, whatever answers it is spent on); until that
    resolves, the verdict against the earlier answer stands and says which N it was. Without
    it, or while it is unresolved, the cost model over plain's separate launches says
    (choice.plain_verdict).
@@ -78,9 +79,10 @@ DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tu
 # minutes this keeps the tuner's whole cost near six there; the questions that could cost more
 # than the tolerance keep the whole budget (step 4).
 DEFAULT_TIE_BUDGET_S = 180.0
-# Seconds of measuring plain against the answer may take (plain_live), from its first pass: two
-# or three passes side by side here. Plain's launch beside the drafting launch spreads about 4 %
-# of the objective a pass on a 2-core VM (bench-smollm2-cpu, AMD EPYC), so where plain and the
+# Seconds of measuring plain against the answer may take (plain_live), all its passes together,
+# against every answer: two or three passes side by side here. Plain's launch beside the
+# drafting launch spreads about 4 % of the objective a pass on a 2-core VM
+# (bench-smollm2-cpu, AMD EPYC), so where plain and the
 # answer are within about 2 % of each other no budget of minutes resolves it, and the model's
 # verdict stands, as without the option.
 DEFAULT_PLAIN_BUDGET_S = 90.0
@@ -464,10 +466,29 @@ def tune(
     w = [float(x) for x in weights]
     started = profiler.backend.elapsed
 
+    plain_spent = 0.0  # seconds of measuring plain took, every settle_plain together
+
     def settle_plain() -> None:
+        nonlocal plain_spent
+        began = profiler.backend.elapsed
+        try:
+            measure_plain(began)
+        finally:
+            plain_spent += profiler.backend.elapsed - began
+
+    def measure_plain(began: float) -> None:
         # a verdict against an earlier answer stands until one against this answer resolves
         earlier = report.plain
-        began = profiler.backend.elapsed
+        if earlier is not None and plain_spent >= plain_budget_s:
+            observer(
+                ProgressEvent(
+                    "message",
+                    text=f"plain budget spent against N={earlier.against}: plain is not "
+                    f"measured against N={answer}, the verdict against N={earlier.against} "
+                    f"({earlier.verdict}) stands",
+                )
+            )
+            return
         policy = Policy.of_max_slots(answer, n_max)
         coef = {c: w[c - 1] for c in range(1, n_parallel + 1) if w[c - 1] > 0}
         cells = [(depth, c) for c in coef]
@@ -494,13 +515,20 @@ def tune(
             if said.verdict != settle.UNRESOLVED:
                 return
             now = profiler.backend.elapsed
-            if now - started >= budget_s or now - began >= plain_budget_s:
+            # one plain budget for every answer plain is measured against: a tie that moves
+            # the answer gets what the first answer left of it, not a budget of its own
+            if now - started >= budget_s or plain_spent + now - began >= plain_budget_s:
                 spent_on = "budget" if now - started >= budget_s else "plain budget"
+                stands = (
+                    "the model's verdict stands"
+                    if report.plain is said
+                    else f"the verdict against N={(report.plain or said).against} stands"
+                )
                 observer(
                     ProgressEvent(
                         "message",
                         text=f"{spent_on} spent with plain against N={answer} unresolved after "
-                        f"{passes} pass(es): the model's verdict stands",
+                        f"{passes} pass(es): {stands}",
                     )
                 )
                 return
