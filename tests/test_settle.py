@@ -268,6 +268,21 @@ def test_a_flat_stretch_of_four_ties_on_its_smallest_value_from_either_side() ->
     assert from_three.tie == [3, 4, 5]
 
 
+def test_a_larger_answer_held_before_keeps_a_chain_of_ties_from_walking_down_a_slope() -> None:
+    """Each step a half tolerance: N=2 and N=3 0.5 above N=1, N=4 1.25 above it. From N=1 the
+    contenders N=2, N=3 and always draft see no value more than the tolerance above, and N=1
+    settles in a tie; with N=4 kept (an answer held before ties moved it down), N=4 is shown
+    ahead and the answer goes back to it."""
+    gains = gains_with({2: 4.0, 3: 0.0, 4: 6.0, 5: -20.0, 6: -20.0, 7: -20.0, 8: -20.0}, sd=1.0)
+    alone = settle.assess(gains, UNIFORM, 1, NP, objective=100.0)
+    assert alone.status == settle.SETTLED and alone.answer == 1 and alone.tie == [1, 2, 3]
+    kept = settle.assess(gains, UNIFORM, 1, NP, objective=100.0, kept=[2, 4])
+    assert [c.contender for c in kept.comparisons] == [2, 3, 8, 4]
+    assert kept.status == settle.MOVED and kept.answer == 4
+    assert settle.contenders(1, NP, kept=[2, 4]) == [2, 3, 8, 4]
+    assert settle.contenders(4, NP, kept=[6]) == [2, 3, 5, 6, 8]  # already a contender
+
+
 def test_an_unresolved_standing_names_what_to_measure_next() -> None:
     gains = gains_with({**CROSSING_AT_3, 4: 2.0}, sd=30.0, n=3)
     standing = settle.assess(gains, UNIFORM, 3, NP, objective=100.0)

@@ -149,11 +149,11 @@ def _ordered_tune(
     monkeypatch: pytest.MonkeyPatch,
     tie_budget_s: float,
     plain_budget_s: float,
-    script: Callable[[int, int], object] | None = None,
+    script: Callable[[int, int, list[int]], object] | None = None,
 ) -> tuple[object, list[str]]:
     """tune --plain-live on the in-process bench twin, settle.assess replaced by a script: by
     default two assessments with a contender unresolved, then a tie question that never closes;
-    `script(k, answer)` gives the k-th assessment's standing instead. Returns the report and
+    `script(k, answer, kept)` gives the k-th assessment's standing instead. Returns the report and
     the events in order: "assess", and each round measured ("plain" or "threshold")."""
     from twinworlds import world
 
@@ -175,7 +175,7 @@ def _ordered_tune(
     def scripted(gains: object, weights: object, answer: int, *args: object, **kw: object):
         events.append("assess")
         if script is not None:
-            return script(events.count("assess"), answer)
+            return script(events.count("assess"), answer, sorted(kw.get("kept", ())))
         verdict = UNRESOLVED if events.count("assess") <= 2 else WITHIN
         comp = settle.Comparison(answer - 1, Contrast(-0.9, 0.5, 5.0), verdict, [answer])
         return settle.Standing(
@@ -255,7 +255,7 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
 
     start: list[int] = []
 
-    def script(k: int, answer: int) -> object:
+    def script(k: int, answer: int, kept: list[int]) -> object:
         if not start:
             start.append(answer)
         if k == 1:  # a contender that could cost regret: one sweep
@@ -298,6 +298,30 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
     assert report.standing.max_slots == start[0] - 1
     assert report.plain.against == start[0] and report.plain.passes >= 1, report.plain
     assert report.plain.verdict == UNRESOLVED
+
+
+def test_larger_answers_held_before_stay_contenders_after_ties_move_the_answer_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ties move the answer down twice (N to N-2, then to N-3): every assessment after a move
+    is given the larger answers held before, so the N the first tie was measured from stays
+    in view from N-3, where it is no N+-2 (settle.assess keeps them as contenders)."""
+    from tuner.decide import settle
+    from tuner.decide.paired import WITHIN, Contrast
+
+    seen: list[tuple[int, list[int]]] = []
+
+    def script(k: int, answer: int, kept: list[int]) -> object:
+        seen.append((answer, kept))
+        if k in (1, 2):
+            down = answer - 2 if k == 1 else answer - 1
+            comp = settle.Comparison(down, Contrast(-0.1, 0.1, 5.0), WITHIN, [answer])
+            return settle.Standing(down, settle.MOVED, [comp], tie=[down, answer], tolerance=1.0)
+        return settle.Standing(answer, settle.SETTLED, [], tie=[answer], tolerance=1.0)
+
+    _ordered_tune(tmp_path, monkeypatch, tie_budget_s=0.0, plain_budget_s=0.0, script=script)
+    start = seen[0][0]
+    assert seen == [(start, []), (start - 2, [start]), (start - 3, [start - 2, start])]
 
 
 def test_drafting_halves_are_scaled_to_the_mean_acceptance_from_six_blocks_on() -> None:

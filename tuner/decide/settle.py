@@ -7,7 +7,8 @@ V(M) - V(N) = sum_{c = N+1..M} w_c g(c), with g(c) = on(c) - off(c) the gain of 
 the same server (measured as paired rounds on one launch). Always draft is N = n_parallel.
 Elsewhere two policies are the same server, and their difference is zero by construction.
 
-The answer's contenders are N-2, N-1, N+1, N+2 and always draft. Each contender's advantage over
+The answer's contenders are N-2, N-1, N+1, N+2, always draft and any larger value the answer held
+before (a tie that moved it down keeps in view the values it left). Each contender's advantage over
 the answer is a `Contrast` of the levels between them; its one-sided bound at 95 % settles it:
 ahead (the answer moves to it), behind or within the tolerance (the answer holds), or
 unresolved (measure more where the contrast's variance is). Values of N whose advantage over the
@@ -59,9 +60,10 @@ TIE_EDGE = 0.5
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 
-def contenders(answer: int, n_parallel: int) -> list[int]:
-    """N-2, N-1, N+1, N+2 and always draft (n_parallel), within 1..n_parallel."""
-    near = [answer - 2, answer - 1, answer + 1, answer + 2, n_parallel]
+def contenders(answer: int, n_parallel: int, kept: Sequence[int] = ()) -> list[int]:
+    """N-2, N-1, N+1, N+2 and always draft (n_parallel), within 1..n_parallel, then the
+    values in `kept` (larger answers a tie moved down from: see assess)."""
+    near = [answer - 2, answer - 1, answer + 1, answer + 2, n_parallel, *sorted(kept)]
     out: list[int] = []
     for m in near:
         if 1 <= m <= n_parallel and m != answer and m not in out:
@@ -169,12 +171,18 @@ def assess(
     objective: float,
     tolerance: float = TOLERANCE,
     confidence: float = CONFIDENCE,
+    kept: Sequence[int] = (),
 ) -> Standing:
     """The answer against its contenders on the gains measured so far (see the module
-    docstring). objective: the answer's objective value, which the tolerance is a share of."""
+    docstring). objective: the answer's objective value, which the tolerance is a share of.
+    kept: larger values the answer held before a tie moved it down, kept as contenders: a tie
+    is measured from the best estimate among the contenders, and from N=2 moved to N=1 the
+    N=4 it left is no N+-2, so each move could take the answer another tolerance down the
+    slope with none of the values it left in view (the demo's second run of session 15: N=4,
+    N=2, N=1, where N=1 against N=4 was -1.34 [-2.75, +0.06] against a tolerance of 2.39)."""
     tol = tolerance * abs(objective)
     comparisons = []
-    for m in contenders(answer, n_parallel):
+    for m in contenders(answer, n_parallel, kept):
         adv = advantage(gains, weights, answer, m)
         comparisons.append(Comparison(m, adv, verdict(adv, tol, confidence), between(answer, m)))
     ahead = [c for c in comparisons if c.verdict == AHEAD]

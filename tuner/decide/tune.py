@@ -2,7 +2,7 @@
 one-sided bound clears the tolerance.
 
 1. The cost model's recommendation that stands is the answer to beat; its contenders are
-   N-2, N-1, N+1, N+2 and always draft (decide/settle.py).
+   N-2, N-1, N+1, N+2, always draft and any larger answer it held before (decide/settle.py).
 2. A contender differs from the answer only at the levels between them, and there the
    difference is the drafting server's gain g(c) = on(c) - off(c). A sweep measures those
    levels on the drafting server, on and off side by side (A B in one sweep, B A in the next:
@@ -564,7 +564,8 @@ def tune(
         nonlocal answer, objective, moves, returned
         while True:
             gains = live_gains(paired_rounds(store, model_name, host, depth, n_max, workload_now))
-            standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance)
+            above = [v for v in visited if v > answer]  # larger answers it held before
+            standing = settle.assess(gains, w, answer, n_parallel, objective, tolerance, kept=above)
             report.settled, report.gains = standing, gains
             report.history.append(standing.answer)
             spent = profiler.backend.elapsed - started
