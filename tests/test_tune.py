@@ -324,6 +324,46 @@ def test_larger_answers_held_before_stay_contenders_after_ties_move_the_answer_d
     assert seen == [(start, []), (start - 2, [start]), (start - 3, [start - 2, start])]
 
 
+def test_an_unresolved_answer_shows_the_tie_its_data_show_so_far(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left unresolved with N-1 shown equivalent to the best and a smaller value's question
+    open, the answer stays (it moves to the tie's smallest once the questions close): the
+    table and --format json say the tie shown so far, beside the may-tie set."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.cli import render
+    from tuner.decide import settle
+    from tuner.decide.paired import WITHIN, Contrast
+
+    def script(k: int, answer: int, kept: list[int]) -> object:
+        comp = settle.Comparison(
+            answer - 2, Contrast(-0.8, 0.4, 5.0), WITHIN, [answer - 1, answer], answer
+        )
+        return settle.Standing(
+            answer,
+            settle.OPEN,
+            [comp],
+            measure_next=[answer - 1, answer],
+            tolerance=1.0,
+            measuring=[comp],
+            provisional=[answer - 1, answer],
+        )
+
+    report, _ = _ordered_tune(
+        tmp_path, monkeypatch, tie_budget_s=0.0, plain_budget_s=0.0, script=script
+    )
+    n = report.settled.answer
+    assert report.as_dict()["tie_so_far"] == [n - 1, n]
+    assert report.as_dict()["may_tie"] == [n - 2, n - 1, n]
+    text = io.StringIO()
+    monkeypatch.setattr(render, "out", Console(file=text, width=200))
+    render.tuning(report)
+    assert f"tie so far [{n - 1}, {n}]; may tie [{n - 2}, {n - 1}, {n}]" in text.getvalue()
+
+
 def test_drafting_halves_are_scaled_to_the_mean_acceptance_from_six_blocks_on() -> None:
     """tok/s of always-draft proportional to the acceptance its requests drew, threshold 3
     steady: scaled to the mean acceptance of every drafting round given (one value a request

@@ -240,6 +240,9 @@ def tuning(report: TuneReport) -> None:
         out.print(
             f"tolerance +-{settled.tolerance:.2f} tok/s; pairs per level {{{pairs}}}"
             + (f"; tie {settled.tie}" if len(settled.tie) > 1 else "")
+            # unresolved: the tie its data already show (the answer moves to its smallest
+            # only once the open questions close)
+            + (f"; tie so far {settled.provisional}" if len(settled.provisional) > 1 else "")
             + (
                 f"; may tie {settled.may_tie} ("
                 + (

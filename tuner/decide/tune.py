@@ -355,6 +355,7 @@ class TuneReport:
             "changed": self.changed,
             "status": s.status if s else None,
             "tie": s.tie if s else [],
+            "tie_so_far": s.provisional if s else [],  # unresolved: the tie the data show
             "may_tie": s.may_tie if s else [],
             "tolerance": s.tolerance if s else None,
             "comparisons": [c.as_dict() for c in s.comparisons] if s else [],
