@@ -480,16 +480,6 @@ def tune(
     def measure_plain(began: float) -> None:
         # a verdict against an earlier answer stands until one against this answer resolves
         earlier = report.plain
-        if earlier is not None and plain_spent >= plain_budget_s:
-            observer(
-                ProgressEvent(
-                    "message",
-                    text=f"plain budget spent against N={earlier.against}: plain is not "
-                    f"measured against N={answer}, the verdict against N={earlier.against} "
-                    f"({earlier.verdict}) stands",
-                )
-            )
-            return
         policy = Policy.of_max_slots(answer, n_max)
         coef = {c: w[c - 1] for c in range(1, n_parallel + 1) if w[c - 1] > 0}
         cells = [(depth, c) for c in coef]
@@ -507,10 +497,12 @@ def tune(
             advantage = Contrast.of(levels, coef)
             passes = min((levels[c].n if c in levels else 0 for c in coef), default=0)
             said = PlainLive(advantage, verdict(advantage, tolerance * objective), passes, answer)
+            # an unresolved verdict against an earlier answer gives way only to one with
+            # passes of its own against this answer
             if (
                 said.verdict != settle.UNRESOLVED
                 or earlier is None
-                or earlier.verdict == settle.UNRESOLVED
+                or (earlier.verdict == settle.UNRESOLVED and said.passes > 0)
             ):
                 report.plain = said
             if said.verdict != settle.UNRESOLVED:
@@ -520,10 +512,11 @@ def tune(
             # the answer gets what the first answer left of it, not a budget of its own
             if now - started >= budget_s or plain_spent + now - began >= plain_budget_s:
                 spent_on = "budget" if now - started >= budget_s else "plain budget"
+                kept = report.plain
                 stands = (
-                    "the model's verdict stands"
-                    if report.plain is said
-                    else f"the verdict against N={(report.plain or said).against} stands"
+                    f"the verdict against N={kept.against} stands"
+                    if kept is not None and kept.verdict != settle.UNRESOLVED
+                    else "the model's verdict stands"
                 )
                 observer(
                     ProgressEvent(
