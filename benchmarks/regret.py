@@ -224,9 +224,16 @@ def main() -> None:
             if advantage
             else "not judged"
         )
+        live = report.get("plain_live")  # the side by side's verdict, resolved or not
+        side = (
+            f"; side by side {live['estimate']:+.2f} [{live['low']:+.2f}, {live['high']:+.2f}] "
+            f"against N={live['against']}, {live['verdict']} ({live['passes']} passes)"
+            if live and live.get("estimate") is not None
+            else ""
+        )
         print(
             f"answer {said} ({report['status']}, tie {report['tie']}; plain against N={answer} "
-            f"in the tuner's model: {plain}) in {cost:.0f} s "
+            f"as the tuner's answer weighs it: {plain}{side}) in {cost:.0f} s "
             f"(tune: {report['sweeps']} sweeps, {report['seconds']:.0f} s)",
             flush=True,
         )

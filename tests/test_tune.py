@@ -252,6 +252,7 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
     from tuner.decide import settle
     from tuner.decide import tune as tune_module
     from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
+    from tuner.recommendation import ReasonCode
 
     start: list[int] = []
 
@@ -298,6 +299,13 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
     assert report.standing.max_slots == start[0] - 1
     assert report.plain.against == start[0] and report.plain.passes >= 1, report.plain
     assert report.plain.verdict == UNRESOLVED
+    # and the answer says so, with the model's verdict beside it: on this world the model's
+    # estimate leans to drafting, where an unresolved side by side once left no reason at all
+    said = report.standing.reasons[0]
+    assert said.code is ReasonCode.PLAIN_UNRESOLVED, report.standing.reasons
+    assert f"against N={start[0]}" in said.text and f"{report.plain.passes} passes" in said.text
+    assert "the model, from the profile's separate launches" in said.text, said.text
+    assert report.standing.drafting_pays
 
 
 def test_larger_answers_held_before_stay_contenders_after_ties_move_the_answer_down(

@@ -742,6 +742,14 @@ def _store_live(
         low, high = live.advantage.bounds(settle.CONFIDENCE)
         plain_advantage = (live.advantage.estimate, low, high)
         drafting_pays = live.verdict != AHEAD
+    elif live is not None:
+        # measured and unresolved: said, whichever side the model's estimate leans to, so that
+        # an answer that keeps drafting does not read as one that showed drafting pays
+        unresolved = _plain_live_reason(live, answer, model=plain.advantage)
+        if drafting_pays:
+            said = unresolved
+        else:  # the model showed plain ahead; the side by side, unresolved, does not overturn it
+            reasons.append(unresolved)
     if said is not None:
         reasons.insert(0, said)
     for comp in standing.comparisons:
@@ -791,8 +799,11 @@ def _store_live(
     return rec
 
 
-def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
-    """Whether to draft at all, as measured side by side."""
+def _plain_live_reason(
+    live: PlainLive, answer: int, model: tuple[float, float, float] | None = None
+) -> Reason:
+    """Whether to draft at all, as measured side by side; where that is unresolved, with the
+    model's verdict (model: plain - answer, point and one-sided bounds) beside it."""
     low, high = live.advantage.bounds(settle.CONFIDENCE)
     figures = (
         f"plain (no draft model) against N={live.against}, measured side by side (plain's "
@@ -810,6 +821,18 @@ def _plain_live_reason(live: PlainLive, answer: int) -> Reason:
             ReasonCode.PLAIN_AHEAD,
             f"drafting does not pay for this traffic: {figures}; serve without the draft model "
             f"(N={answer} is the least costly threshold for a server that keeps it)",
+        )
+    if live.verdict == settle.UNRESOLVED:
+        if model is not None:
+            point, m_low, m_high = model
+            figures += (
+                f"; the model, from the profile's separate launches: {point:+.2f} tok/s "
+                f"[{m_low:+.2f}, {m_high:+.2f}]"
+            )
+        return Reason(
+            ReasonCode.PLAIN_UNRESOLVED,
+            f"whether to draft at all is unresolved side by side: {figures}; the answer "
+            "before it stands; more plain passes (`--plain-budget`) would settle it",
         )
     return Reason(ReasonCode.LIVE_TRIALS, f"drafting pays: {figures}")
 
