@@ -34,6 +34,7 @@ judge's own cost; then whether every contender was resolved and none was shown m
 ahead.
 
     .venv/bin/python benchmarks/regret.py [--regime NAME] [--minutes 60] [--keep DIR]
+        [--plain-budget 240s]
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ def judged(advantage, tol: float) -> str:  # advantage: tuner.decide.paired.Cont
     return "unresolved"
 
 
-def tuner_way(spec: Path, model: str, workdir: Path) -> tuple[int, float, dict]:
+def tuner_way(
+    spec: Path, model: str, workdir: Path, plain_budget: str | None = None
+) -> tuple[int, float, dict]:
     """profile + tune as a user runs them: (answer N, seconds, tune's report). The report's
     drafting_pays says whether the answer is N or plain (no draft model) with N kept for a
-    server that drafts anyway."""
+    server that drafts anyway. plain_budget: tune's --plain-budget, where not its default."""
     env = tuner_env(workdir / "tuner.db", workdir / "cache")
     started = time.perf_counter()
     tuner(env, "profile", str(spec))
-    report = json.loads(tuner(env, "tune", "--model", model, "--plain-live", "--format", "json"))
+    extra = ["--plain-budget", plain_budget] if plain_budget else []
+    report = json.loads(
+        tuner(env, "tune", "--model", model, "--plain-live", *extra, "--format", "json")
+    )
     return int(report["standing"]), time.perf_counter() - started, report
 
 
@@ -202,6 +208,11 @@ def main() -> None:
     parser.add_argument("--regime", action="append", choices=REGIMES)
     parser.add_argument("--minutes", type=float, default=60.0, help="judge's time per regime")
     parser.add_argument("--keep", type=Path, help="keep databases and logs here")
+    parser.add_argument(
+        "--plain-budget",
+        help="tune's --plain-budget (e.g. 240s) where not its default: what more plain passes "
+        "buy, and cost",
+    )
     args = parser.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="tuner-regret-"))
     summary = []
@@ -215,7 +226,7 @@ def main() -> None:
         work = base / name
         work.mkdir(parents=True, exist_ok=True)
         print(f"== {name}: the tuner (profile + tune) ==", flush=True)
-        answer, cost, report = tuner_way(spec, model, work / "tuner")
+        answer, cost, report = tuner_way(spec, model, work / "tuner", args.plain_budget)
         says_plain = report.get("drafting_pays") is False
         said = f"plain (N={answer} if drafting)" if says_plain else f"N={answer}"
         advantage = report.get("plain_advantage")  # [point, low, high] tok/s, or None
