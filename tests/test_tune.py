@@ -214,6 +214,7 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     against the answer, and the tie question gets what is left of the tie budget."""
     from tuner.decide import settle
     from tuner.decide.paired import UNRESOLVED
+    from tuner.recommendation import ReasonCode
 
     report, events = _ordered_tune(
         tmp_path / "a", monkeypatch, tie_budget_s=300.0, plain_budget_s=300.0
@@ -236,6 +237,8 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     )
     assert "plain" not in events
     assert report.plain.verdict == UNRESOLVED and report.plain.passes == 0
+    # no side-by-side figures to state: no pass, no reason made of empty figures
+    assert ReasonCode.PLAIN_UNRESOLVED not in {r.code for r in report.standing.reasons}
     assert events.count("assess") == 4  # two sweeps, then where only the tie is left, twice
     fourth = [i for i, e in enumerate(events) if e == "assess"][3]
     assert "threshold" not in events[fourth:]

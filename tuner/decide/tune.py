@@ -742,7 +742,7 @@ def _store_live(
         low, high = live.advantage.bounds(settle.CONFIDENCE)
         plain_advantage = (live.advantage.estimate, low, high)
         drafting_pays = live.verdict != AHEAD
-    elif live is not None:
+    elif live is not None and live.passes > 0:
         # measured and unresolved: said, whichever side the model's estimate leans to, so that
         # an answer that keeps drafting does not read as one that showed drafting pays
         unresolved = _plain_live_reason(live, answer, model=plain.advantage)
