@@ -144,6 +144,21 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
     assert report.settled.measure_next == list(range(low + 1, start + 1))
 
 
+def _open(answer: int, comp: object, measure_next: list[int], **kw: object) -> object:
+    """An unresolved standing measuring one comparison, as the scripted assessments give it."""
+    from tuner.decide import settle
+
+    return settle.Standing(
+        answer,
+        settle.OPEN,
+        [comp],
+        measure_next=measure_next,
+        tolerance=1.0,
+        measuring=[comp],
+        **kw,
+    )
+
+
 def _ordered_tune(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -178,9 +193,7 @@ def _ordered_tune(
             return script(events.count("assess"), answer, sorted(kw.get("kept", ())))
         verdict = UNRESOLVED if events.count("assess") <= 2 else WITHIN
         comp = settle.Comparison(answer - 1, Contrast(-0.9, 0.5, 5.0), verdict, [answer])
-        return settle.Standing(
-            answer, settle.OPEN, [comp], measure_next=[answer], tolerance=1.0, measuring=[comp]
-        )
+        return _open(answer, comp, [answer])
 
     real_measure = backend.measure
 
@@ -264,24 +277,10 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
             start.append(answer)
         if k == 1:  # a contender that could cost regret: one sweep
             comp = settle.Comparison(answer + 1, Contrast(0.5, 0.5, 5.0), UNRESOLVED, [answer + 1])
-            return settle.Standing(
-                answer,
-                settle.OPEN,
-                [comp],
-                measure_next=[answer + 1],
-                tolerance=1.0,
-                measuring=[comp],
-            )
+            return _open(answer, comp, [answer + 1])
         if k == 2:  # only a tie question left: plain is settled first
             comp = settle.Comparison(answer - 1, Contrast(-0.3, 0.2, 5.0), WITHIN, [answer])
-            return settle.Standing(
-                answer,
-                settle.OPEN,
-                [comp],
-                measure_next=[answer],
-                tolerance=1.0,
-                measuring=[comp],
-            )
+            return _open(answer, comp, [answer])
         if k == 3:  # the tie moves the answer down
             comp = settle.Comparison(answer - 1, Contrast(-0.1, 0.1, 5.0), WITHIN, [answer])
             return settle.Standing(
@@ -353,15 +352,7 @@ def test_an_unresolved_answer_shows_the_tie_its_data_show_so_far(
         comp = settle.Comparison(
             answer - 2, Contrast(-0.8, 0.4, 5.0), WITHIN, [answer - 1, answer], answer
         )
-        return settle.Standing(
-            answer,
-            settle.OPEN,
-            [comp],
-            measure_next=[answer - 1, answer],
-            tolerance=1.0,
-            measuring=[comp],
-            provisional=[answer - 1, answer],
-        )
+        return _open(answer, comp, [answer - 1, answer], provisional=[answer - 1, answer])
 
     report, _ = _ordered_tune(
         tmp_path, monkeypatch, tie_budget_s=0.0, plain_budget_s=0.0, script=script
