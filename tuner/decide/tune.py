@@ -832,7 +832,8 @@ def _plain_live_reason(
         return Reason(
             ReasonCode.PLAIN_UNRESOLVED,
             f"whether to draft at all is unresolved side by side: {figures}; the answer "
-            "before it stands; more plain passes (`--plain-budget`) would settle it",
+            "before it stands; more plain passes (`--plain-budget`) narrow it, though a difference "
+            "near the tolerance may need more than minutes",
         )
     return Reason(ReasonCode.LIVE_TRIALS, f"drafting pays: {figures}")
 
