@@ -29,10 +29,10 @@ def main() -> int:
     args = parser.parse_args()
 
     from tuner.bench import load_bench, proven_build
+    from tuner.measure.launcher import ManagedServer
     from tuner.measure.load import LoadGenerator, Workload, summarize
     from tuner.measure.plan import launch_config
     from tuner.measure.schedule import plan_pass
-    from tuner.measure.server import ManagedServer
     from tuner.measure.spec import load_spec
     from tuner.policy import Policy
     from tuner.settings import get_settings

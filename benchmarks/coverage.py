@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 from tuner.model.coverage import Coverage, leave_one_level_out
-from tuner.storage.engine import Store
 from tuner.storage.fits import select_data
 from tuner.storage.importer import import_table
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

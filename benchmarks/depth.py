@@ -36,8 +36,8 @@ from common import tuner, tuner_env, tuner_run
 from tuner.model.costmodel import CostModel
 from tuner.model.depth import bracket, tps_at_depth
 from tuner.model.fitting import fit
-from tuner.storage.engine import Store
 from tuner.storage.fits import select_data
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"

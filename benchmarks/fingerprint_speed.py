@@ -69,8 +69,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model
-    from tuner.storage.engine import Store
     from tuner.storage.hashes import StoredHashes
+    from tuner.storage.store import Store
 
     size = int(args.size_gib * (1 << 30))
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -30,9 +30,9 @@ def main() -> int:
     parser.add_argument("--host", default="bench-host")
     args = parser.parse_args()
 
-    from tuner.decide import recommend as rec
-    from tuner.storage.engine import Store
+    from tuner.decide import advice as rec
     from tuner.storage.fits import fit_model
+    from tuner.storage.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.db:

@@ -32,7 +32,7 @@ from scipy import stats
 from tuner.bench import load_bench
 from tuner.bench.traffic import plain_server
 from tuner.measure.client import LlamaClient
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.settings import Settings
 from tuner.twin.world import load_world
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tuner.bench import load_bench
 from tuner.bench.traffic import offer_cycle, plain_server
+from tuner.measure.launcher import ManagedServer
 from tuner.measure.observe import generating_histogram, observe
-from tuner.measure.server import ManagedServer
 from tuner.settings import Settings
 from tuner.traffic import total_variation
 

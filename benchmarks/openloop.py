@@ -40,21 +40,21 @@ from common import say_text, tuner, tuner_env
 
 from tuner.bench import load_bench
 from tuner.decide import settle
+from tuner.decide.advice import recommend, standing
 from tuner.decide.objective import ObjectiveKind
 from tuner.decide.paired import Contrast, verdict
-from tuner.decide.recommend import recommend, standing
+from tuner.measure.arrivals import OpenLoopFigures, poisson_offsets, summarize_open_loop
 from tuner.measure.backend import ServerBackend
 from tuner.measure.observe import Poller
-from tuner.measure.openloop import OpenLoopFigures, poisson_offsets, summarize_open_loop
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.schedule import PAIRS_PER_PASS
 from tuner.measure.spec import load_spec
 from tuner.model import queue
 from tuner.policy import Policy
 from tuner.settings import Settings
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
-from tuner.storage.traffic import TrafficSaver
+from tuner.storage.store import Store
+from tuner.storage.traffic_profiles import TrafficSaver
 from tuner.traffic import TrafficProfile
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,8 +21,8 @@ from common import tuner_env, tuner_run
 from sqlalchemy import select
 
 from tuner.measure.stats import relative_mad
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 600

@@ -96,7 +96,7 @@ def judge(spec_path: Path, answer: int, workdir: Path, minutes: float, plain_ans
     from tuner.measure.spec import load_spec
     from tuner.policy import Policy, drafts_at
     from tuner.settings import Settings
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     bench = load_bench(Settings().bench_manifest_path)
     spec = load_spec(spec_path, [("workload.seed", JUDGE_SEED)], lambda: bench.as_refs())

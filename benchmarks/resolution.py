@@ -50,7 +50,7 @@ def main() -> int:
     from tuner.measure.profiler import Profiler, gather_context
     from tuner.measure.spec import load_spec
     from tuner.settings import get_settings
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     settings = get_settings()
     bench = load_bench(settings.bench_manifest_path)

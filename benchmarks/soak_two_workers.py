@@ -46,8 +46,8 @@ from tuner.measure.metrics import drafting_summary
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Model, Run, Sample
+from tuner.storage.store import Store
 
 # Each soak stores under its own model name, so old soak data in the same database (a
 # fleet's real one, or an earlier soak) does not enter its counts.

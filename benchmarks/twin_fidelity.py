@@ -24,7 +24,7 @@ A twin calibrated from a bench profile, held against bench measurements it never
      levels (with their off arms, which give the threshold server's overhead over plain) are
      measured while a held-out level is.
    - An open window: `--window` seconds of Poisson arrivals conditioned on their count (the
-     arrivals `tuner validate --arrivals poisson` sends, tuner.measure.openloop.poisson_offsets)
+     arrivals `tuner validate --arrivals poisson` sends, tuner.measure.arrivals.poisson_offsets)
      served by the policy (tuner.measure.backend.ServerBackend.arrivals), the rates in turn
      (forward, then backward), each until the 95 % t-intervals of its throughput and mean time
      per output token are within `--target`, or `--max-rounds` windows. Per window: throughput
@@ -90,12 +90,12 @@ from scipy import stats
 
 from tuner.bench import load_bench
 from tuner.decide.adaptive import profile_adaptively
-from tuner.decide.recommend import standing
+from tuner.decide.advice import standing
+from tuner.measure.arrivals import poisson_offsets, summarize_open_loop
 from tuner.measure.backend import Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import RequestSample
 from tuner.measure.observe import generating_histogram
-from tuner.measure.openloop import poisson_offsets, summarize_open_loop
 from tuner.measure.plan import Observer, ProgressEvent
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.recorder import Context
@@ -103,13 +103,13 @@ from tuner.measure.spec import ProfileSpec, load_spec
 from tuner.model import queue
 from tuner.policy import Policy
 from tuner.settings import Settings
-from tuner.storage.engine import Store
 from tuner.storage.fits import StoredFit, current_fit
 from tuner.storage.queries import list_runs
-from tuner.twin.backend import TwinBackend
+from tuner.storage.store import Store
 from tuner.twin.calibrate import Calibration
 from tuner.twin.engine import Workload, simulate
 from tuner.twin.from_run import RunData, calibrate_run, run_levels
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.method import HOST, twin_spec
 from tuner.twin.truth import ClosedTruth, closed_truth
 from tuner.twin.world import Curve, World, load_world, world_to_toml

@@ -15,7 +15,7 @@ Every tuner command here is the user's own, run as a subprocess (benchmarks/comm
 2. Open loop on the seed twin under the standing N from 1. (uniform): three Poisson rates whose
    mean generating slots come out near 1.5, 4 and 7 in open_loop_truth under that N (bisection
    on the truth). Per rate a twin server running the standing N serves the arrivals
-   (tuner.measure.openloop.poisson_schedule through LoadGenerator.run_arrivals, which puts them
+   (tuner.measure.arrivals.poisson_schedule through LoadGenerator.run_arrivals, which puts them
    on the twin's clock) while `tuner observe` watches it; then `tuner recommend --traffic NAME`
    with --objective tpot and tps on part 1's database. Each answer against open_loop_truth's
    best N by that objective, with its regret (tpot target: within 2 %). `tuner observe` times
@@ -54,12 +54,12 @@ import httpx
 from common import rate_for, tuner_cmd, tuner_env, tuner_run
 from sqlalchemy import select
 
+from tuner.measure.arrivals import poisson_schedule, summarize_open_loop
 from tuner.measure.load import LoadGenerator, Workload
-from tuner.measure.openloop import poisson_schedule, summarize_open_loop
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import Fit, Level, Run, Sample
-from tuner.storage.traffic import load as load_traffic
+from tuner.storage.store import Store
+from tuner.storage.traffic_profiles import load as load_traffic
 from tuner.twin import World, load_world, world_from_dict
 from tuner.twin.truth import ClosedTruth, OpenLoopTruth, closed_truth, open_loop_truth
 

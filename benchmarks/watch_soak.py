@@ -28,7 +28,7 @@ from common import tuner, tuner_cmd, tuner_env
 
 from tuner.bench import load_bench
 from tuner.bench.traffic import offer_cycle, plain_server
-from tuner.measure.server import ManagedServer
+from tuner.measure.launcher import ManagedServer
 from tuner.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -2,8 +2,8 @@
 
 from alembic import context
 
-from tuner.storage.engine import VERSION_TABLE
 from tuner.storage.orm import Base
+from tuner.storage.store import VERSION_TABLE
 
 config = context.config
 target_metadata = Base.metadata

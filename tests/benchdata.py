@@ -20,7 +20,7 @@ from tuner.measure.load import RequestSample
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 BENCH_N_PARALLEL = 8
 BENCH_N_MAX = 6

@@ -81,8 +81,8 @@ def _profile_once(
     )
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
-    from tuner.storage.engine import Store
     from tuner.storage.orm import Run
+    from tuner.storage.store import Store
 
     store = Store(db_url)
     with store.session() as session:
@@ -182,8 +182,8 @@ def fitted_bench_template(tmp_path_factory: pytest.TempPathFactory) -> str:
     fitted_bench_db, never directly."""
     from benchdata import store_profile
 
-    from tuner.storage.engine import Store
     from tuner.storage.fits import current_fit
+    from tuner.storage.store import Store
 
     db_url = f"sqlite:///{tmp_path_factory.mktemp('fitted-bench') / 'tuner.db'}"
     store = Store(db_url)

@@ -15,7 +15,7 @@ import pytest
 from fleetkit import QUICK, env_for, peek, run_tuner
 
 from tuner.bench import Bench
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
 

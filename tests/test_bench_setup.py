@@ -15,7 +15,7 @@ import pytest
 import tuner.bench as bench_setup
 from tuner.bench import build, load_bench, models, proof
 from tuner.errors import BenchError
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 
 
 def test_a_patch_that_does_not_apply_fails_with_the_reason(tmp_path: Path) -> None:

@@ -19,12 +19,12 @@ import pytest
 from sqlalchemy import select
 from twinworlds import world
 
-from tuner.decide import recommend
+from tuner.decide import advice
 from tuner.decide.adaptive import profile_adaptively
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level
+from tuner.storage.store import Store
 from tuner.twin import World, world_from_dict
-from tuner.twin.backend import TwinBackend
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.method import HOST, twin_spec
 from tuner.twin.truth import closed_truth
 
@@ -99,7 +99,7 @@ def test_recommend_after_a_profile_drafts_where_drafting_clearly_pays(
     w, seed = regime(name), 0
     truth = closed_truth(w, rel_se=0.005)
     store = _profile(w, tmp_path, seed)
-    answer = recommend.standing(store, w.model_name, HOST, seed=seed)
+    answer = advice.standing(store, w.model_name, HOST, seed=seed)
     store.dispose()
     n = answer.policy.effective(w.n_parallel)  # N=0 (always draft) counts as n_parallel
     gains = {c: round(truth.gain(c), 3) for c in truth.concurrency}

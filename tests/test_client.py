@@ -27,8 +27,8 @@ from tuner.measure.client import (
     LlamaClient,
     parse_metrics,
 )
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.measure.load import LoadGenerator, Workload, request_seed
-from tuner.measure.server import LaunchConfig, ManagedServer
 
 PROPS = {"total_slots": 4, "model_path": "/m/x.gguf"}
 PROPS_ERROR = "This server does not support changing global properties. Start it with `--props`"

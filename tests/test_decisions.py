@@ -21,8 +21,8 @@ from tuner.measure.schedule import PAIRS_PER_PASS
 from tuner.policy import Policy
 from tuner.recommendation import ReasonCode
 from tuner.storage import recommendations
-from tuner.storage.engine import Store
-from tuner.twin.backend import TwinBackend
+from tuner.storage.store import Store
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.method import HOST, run_method, twin_spec
 
 TOLERANCE = 0.01  # tune's default: a contender this close does not move the answer

@@ -20,8 +20,8 @@ from conftest import PROFILES
 from sqlalchemy import select
 from tunerproc import run_tuner, tuner_env, tuner_json
 
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Sample
+from tuner.storage.store import Store
 
 pytestmark = pytest.mark.bench
 

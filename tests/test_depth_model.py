@@ -99,11 +99,11 @@ def test_recommend_answers_for_a_depth_it_did_not_measure_without_storing_it(tmp
     from benchdata import store_profile
     from sqlalchemy import func, select
 
-    from tuner.decide.recommend import parse_context, recommend
+    from tuner.decide.advice import parse_context, recommend
     from tuner.errors import ConfigError
     from tuner.recommendation import ReasonCode
-    from tuner.storage.engine import Store
     from tuner.storage.orm import RecommendationRow
+    from tuner.storage.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     store_profile(store)
@@ -174,9 +174,9 @@ def test_a_scaled_workload_shortens_outputs_to_no_fewer_than_its_floor() -> None
 def test_recommend_answers_for_the_spec_depth_mix_by_default(tmp_path) -> None:
     from benchdata import store_profile
 
-    from tuner.decide.recommend import recommend
+    from tuner.decide.advice import recommend
     from tuner.recommendation import ReasonCode
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     store_profile(store)

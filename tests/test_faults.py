@@ -188,19 +188,17 @@ def test_a_free_port_taken_before_the_server_binds_it_is_retried(
     tmp_path: Path, bench: Bench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The race behind free ports: another process takes ours between the pick and the bind."""
-    from tuner.measure import server as server_module
+    from tuner.measure import launcher
 
     with port_held_by_another_process() as taken:
-        real_free_port = server_module.free_port
+        real_free_port = launcher.free_port
         picks = iter([taken])
-        monkeypatch.setattr(
-            server_module, "free_port", lambda: next(picks, None) or real_free_port()
-        )
-        config = server_module.LaunchConfig(
+        monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or real_free_port())
+        config = launcher.LaunchConfig(
             binary=bench.server, model=bench.target, n_parallel=1, ctx_size=512, threads=2
         )
         log = tmp_path / "server.log"
-        with server_module.ManagedServer(config, log, start_timeout_s=120) as server:
+        with launcher.ManagedServer(config, log, start_timeout_s=120) as server:
             assert server.port != taken
             assert server.props()["total_slots"] == 1
         assert "couldn't bind HTTP server socket" in log.read_text()

@@ -16,9 +16,9 @@ from sqlalchemy import select
 from tuner.errors import ConfigError
 from tuner.measure import fingerprint
 from tuner.measure.fingerprint import SAMPLE_BYTES, SAMPLE_COUNT, probe_model, sample_ranges
-from tuner.storage.engine import Store
 from tuner.storage.hashes import StoredHashes
 from tuner.storage.orm import FileHash, Model, get_or_create
+from tuner.storage.store import Store
 
 SIZE = 40 << 20  # above SAMPLE_COUNT x SAMPLE_BYTES: content_id samples instead of reading it all
 

@@ -25,7 +25,7 @@ from tuner.cli.app import app
 from tuner.measure.fingerprint import HostInfo
 from tuner.measure.profiler import Context, Profiler, find_resumable_run
 from tuner.measure.spec import ProfileSpec
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -61,14 +61,14 @@ def all_succeed(processes: list[subprocess.Popen[str]], timeout_s: float = 300) 
 
 @pytest.mark.slow
 def test_processes_starting_together_migrate_once(db_url: str) -> None:
-    code = "import sys\nfrom tuner.storage.engine import Store\nStore(sys.argv[1]).dispose()\n"
+    code = "import sys\nfrom tuner.storage.store import Store\nStore(sys.argv[1]).dispose()\n"
     all_succeed([python(code, db_url) for _ in range(6)])
     assert peek(db_url, "SELECT COUNT(*) FROM tuner_alembic_version") == [(1,)]
 
 
 FRESH_STARTS = """
 import sys, time
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 folder, start, count = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 for i in range(count):
     while time.time() < start + i * 0.2:  # every process opens database i at the same tick
@@ -120,7 +120,7 @@ def test_soak_two_profile_workers_lose_and_duplicate_nothing(db_url: str) -> Non
 EXCLUSIVE = """
 import sys, time
 from sqlalchemy import select
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 from tuner.storage.orm import Fit, Model, get_or_create
 store = Store(sys.argv[1])
 with store.exclusive("fit:shared-model") as session:
@@ -257,7 +257,7 @@ def test_resume_takes_only_this_hosts_run(db_url: str) -> None:
 def test_optuna_tables_created_by_many_processes_at_once(db_url: str) -> None:
     """Optuna creates its tables on first use; store.optuna_storage serialises that."""
     code = (
-        "import sys\nfrom tuner.storage.engine import optuna_storage\noptuna_storage(sys.argv[1])\n"
+        "import sys\nfrom tuner.storage.store import optuna_storage\noptuna_storage(sys.argv[1])\n"
     )
     all_succeed([python(code, db_url) for _ in range(6)])
     assert peek(db_url, "SELECT COUNT(*) FROM studies") == [(0,)]

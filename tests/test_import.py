@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 from tuner.errors import ConfigError
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.importer import import_table, load_import
 from tuner.storage.orm import Level, Run
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

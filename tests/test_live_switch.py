@@ -17,7 +17,7 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.measure.client import Metrics, parse_metrics
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
 

@@ -28,8 +28,8 @@ from tunerproc import (
 )
 
 from tuner.measure.schedule import off_arm
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample
+from tuner.storage.store import Store
 
 # Subprocesses over HTTP, a minute of both cores in all: the full suite's, not the edit loop's.
 pytestmark = pytest.mark.slow
@@ -319,7 +319,7 @@ def test_open_loop_validation_measures_each_configuration_under_poisson_arrivals
 
 
 def test_open_loop_replays_an_observed_trace(twin_profile: str, tmp_path: Path) -> None:
-    from tuner.storage import traffic
+    from tuner.storage import traffic_profiles as traffic
     from tuner.traffic import Finished, ServerView, TrafficProfile
 
     db_url = copy_sqlite(twin_profile, tmp_path / "copy.db")

@@ -27,7 +27,7 @@ from tuner.measure.observe import (
     generating_slots,
     split_tokens,
 )
-from tuner.storage.traffic import merged
+from tuner.storage.traffic_profiles import merged
 from tuner.traffic import LENGTHS_KEPT, Finished, TrafficProfile, total_variation
 
 
@@ -350,7 +350,7 @@ def test_bad_observe_options(args: list[str], fragment: str) -> None:
 def test_recommend_with_an_unknown_traffic_profile_names_the_known(tmp_path) -> None:
     from benchdata import store_profile
 
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     store_profile(Store(f"sqlite:///{tmp_path / 'tuner.db'}"))
     one_line_error(

@@ -18,11 +18,11 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.bench.traffic import offer_cycle, plain_server
+from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import LoadGenerator, RequestSample, Workload
 from tuner.measure.observe import Poller, generating_histogram, observe
-from tuner.measure.server import ManagedServer
-from tuner.storage.engine import Store
-from tuner.storage.traffic import TrafficSaver, load
+from tuner.storage.store import Store
+from tuner.storage.traffic_profiles import TrafficSaver, load
 from tuner.traffic import TrafficProfile, total_variation
 
 pytestmark = pytest.mark.bench

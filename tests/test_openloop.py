@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
+from tuner.measure.arrivals import poisson_offsets, summarize_open_loop
 from tuner.measure.load import RequestSample
-from tuner.measure.openloop import poisson_offsets, summarize_open_loop
 
 
 def test_poisson_arrivals_are_seeded_and_have_their_rate() -> None:
@@ -85,7 +85,7 @@ def test_bad_open_loop_options_are_one_line(args: list[str], fragment: str) -> N
 
 
 def test_a_trace_replays_observed_offsets_and_lengths() -> None:
-    from tuner.measure.openloop import trace_schedule
+    from tuner.measure.arrivals import trace_schedule
     from tuner.traffic import Finished
 
     seen = [Finished(1005.0, 20, 64), Finished(1000.0, 10, 32), Finished(1002.5, 5, 0)]

@@ -30,7 +30,7 @@ from tunerproc import TWIN_MODEL, finish, run_tuner, start_tuner, tuner_env, twi
 from typer.testing import CliRunner
 
 from tuner.cli.app import app
-from tuner.storage.engine import VERSION_TABLE, Store, optuna_storage
+from tuner.storage.store import VERSION_TABLE, Store, optuna_storage
 
 pytestmark = pytest.mark.postgres
 
@@ -167,7 +167,7 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
 def test_traffic_profiles_on_postgres(pg_url: str) -> None:
     """What `tuner observe` saves (every 10 s and at the end, adding to an earlier observation of
     the same name) and `recommend --traffic` reads, on PostgreSQL."""
-    from tuner.storage.traffic import TrafficSaver, load
+    from tuner.storage.traffic_profiles import TrafficSaver, load
     from tuner.traffic import ServerView, TrafficProfile
 
     view = ServerView("http://127.0.0.1:8080", "m", 4, "slots")

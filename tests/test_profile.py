@@ -14,8 +14,8 @@ from conftest import SHARED_PROFILE_LEVELS, SHARED_PROFILE_TOKENS, ProfiledBench
 from sqlalchemy import select
 from tunerproc import tuner_cmd, tuner_env
 
-from tuner.storage.engine import Store
 from tuner.storage.orm import Build, Host, KernelRow, Level, Model, Run, Sample
+from tuner.storage.store import Store
 
 pytestmark = pytest.mark.bench
 

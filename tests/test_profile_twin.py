@@ -17,9 +17,9 @@ from tuner.measure.load import Workload
 from tuner.measure.plan import ProgressEvent, Target
 from tuner.measure.schedule import Cell
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample
-from tuner.twin.backend import TwinBackend
+from tuner.storage.store import Store
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.method import HOST, twin_spec
 
 

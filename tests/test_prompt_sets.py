@@ -17,8 +17,8 @@ from sqlalchemy import select
 from tunerproc import run_tuner, tuner_env, tuner_json
 
 from tuner.measure.prompts import load_prompts
-from tuner.storage.engine import Store
 from tuner.storage.orm import Level, Run, Sample
+from tuner.storage.store import Store
 
 pytestmark = pytest.mark.bench
 

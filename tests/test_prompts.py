@@ -192,8 +192,8 @@ def test_live_runs_refuse_a_prompt_file_that_changed_since_the_profile(tmp_path:
 def test_a_fit_never_mixes_two_prompt_sets(tmp_path: Path) -> None:
     from benchdata import store_profile
 
-    from tuner.storage.engine import Store
     from tuner.storage.fits import acceptance_by_prompt_set, select_data
+    from tuner.storage.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     code = {"prompts": "/p/code.jsonl", "prompts_sha256": "c" * 64}

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.decide import search
+from tuner.decide.advice import recommend
 from tuner.decide.choice import Choice, choose
-from tuner.decide.recommend import recommend
 from tuner.errors import NothingToDoError
 from tuner.model.acceptance import Acceptance
 from tuner.model.costmodel import VERSION, CostModel
@@ -28,9 +28,9 @@ from tuner.model.curves import Curve
 from tuner.policy import Policy
 from tuner.recommendation import ENV_MAX_SLOTS, OutputFormat, ReasonCode, Recommendation
 from tuner.storage import recommendations
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit, fit_model
 from tuner.storage.orm import Fit, RecommendationRow
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

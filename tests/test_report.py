@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from tuner.cli.app import app
 from tuner.decide import validate
-from tuner.decide.recommend import recommend
+from tuner.decide.advice import recommend
 from tuner.errors import NothingToDoError
 from tuner.model.quality import PointFit
 from tuner.policy import Policy
@@ -29,10 +29,10 @@ from tuner.report.figure import PNG_NAME, SVG_NAME, points_gid
 from tuner.report.series import group_points, report_data
 from tuner.report.writer import SUMMARY_NAME, load_inputs, write_report
 from tuner.storage import validations
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
 from tuner.storage.orm import RecommendationRow, Run
 from tuner.storage.queries import LevelPoint, model_points
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"
@@ -570,7 +570,7 @@ def test_out_that_is_a_file_is_refused(bench_store: Store, db: str, tmp_path: Pa
 
 def store_open_loop(store: Store, profile_run: int) -> int:
     """An open-loop run beside a profile, stored as `validate --arrivals poisson` stores one."""
-    from tuner.measure.openloop import OpenLoopFigures
+    from tuner.measure.arrivals import OpenLoopFigures
     from tuner.storage.orm import COMPLETED, OpenLoopResult
 
     with store.session() as session:

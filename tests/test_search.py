@@ -11,12 +11,12 @@ from benchdata import store_profile
 from sqlalchemy import inspect
 
 from tuner.decide import search
-from tuner.decide.recommend import current_fit
+from tuner.decide.advice import current_fit
 from tuner.model.acceptance import Acceptance
 from tuner.model.costmodel import CostModel
 from tuner.model.curves import Curve
 from tuner.policy import Policy
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 
 def crossing_model(

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from fleetkit import env_for, run_tuner
 
-from tuner.measure.server import LaunchConfig, ManagedServer, describe_exit
-from tuner.storage.engine import Store
+from tuner.measure.launcher import LaunchConfig, ManagedServer, describe_exit
 from tuner.storage.orm import Run
+from tuner.storage.store import Store
 
 STAND_IN = Path(__file__).resolve().parent / "crashing_server.py"
 
@@ -153,7 +153,7 @@ def test_a_port_answered_by_another_process_is_not_taken_for_our_server(tmp_path
     it; that process would answer /health too. Ours is known by the socket it listens on."""
     import sys
 
-    from tuner.measure.server import free_port, listens_on
+    from tuner.measure.launcher import free_port, listens_on
 
     port = free_port()
     other = subprocess.Popen(

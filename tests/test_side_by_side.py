@@ -20,7 +20,7 @@ from tuner.measure.plan import ProgressEvent
 from tuner.measure.profiler import Profiler, gather_context
 from tuner.measure.spec import load_spec
 from tuner.policy import Policy
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import inspect, select, text
 
 from tuner.errors import ConfigError, StorageError
-from tuner.storage.engine import VERSION_TABLE, Store
 from tuner.storage.orm import Model, Run, get_or_create
+from tuner.storage.store import VERSION_TABLE, Store
 
 
 def test_migrations_create_prefixed_tables_and_own_version_table(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_bad_budget_or_tolerance_is_one_error_before_anything_runs(
 ) -> None:
     from tuner.decide.tune import tune
     from tuner.errors import ConfigError
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 't.db'}")
     with pytest.raises(ConfigError):
@@ -99,8 +99,8 @@ def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list
     from tuner.decide import settle
     from tuner.decide.adaptive import profile_adaptively
     from tuner.decide.tune import tune
-    from tuner.storage.engine import Store
-    from tuner.twin.backend import TwinBackend
+    from tuner.storage.store import Store
+    from tuner.twin.inprocess import TwinBackend
     from tuner.twin.method import HOST, twin_spec
 
     w = world("bench")
@@ -176,8 +176,8 @@ def _ordered_tune(
     from tuner.decide.adaptive import profile_adaptively
     from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
     from tuner.decide.tune import tune
-    from tuner.storage.engine import Store
-    from tuner.twin.backend import TwinBackend
+    from tuner.storage.store import Store
+    from tuner.twin.inprocess import TwinBackend
     from tuner.twin.method import HOST, twin_spec
 
     w = world("bench")

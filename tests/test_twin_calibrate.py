@@ -176,8 +176,8 @@ def test_the_draft_models_kernel_rows_reach_the_twin_and_not_the_cost_model(
 ) -> None:
     from benchdata import BENCH_KERNEL, store_profile
 
-    from tuner.storage.engine import Store
     from tuner.storage.fits import select_data
+    from tuner.storage.store import Store
     from tuner.twin.from_run import calibrate_run, kernel_curve, run_levels
 
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
@@ -208,7 +208,7 @@ def test_the_threshold_servers_overhead_is_measured_from_the_runs_off_arms(
     held out with the others' share."""
     from benchdata import BENCH_LEVELS, store_profile
 
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
     from tuner.twin.from_run import calibrate_run, run_levels, threshold_shares
 
     def off(n: int, c: int, tps: float) -> tuple[str, int, list[tuple]]:

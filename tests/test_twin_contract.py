@@ -24,8 +24,8 @@ from tuner.bench import Bench
 from tuner.errors import ServerDiedError
 from tuner.measure.client import LlamaClient, is_final_chunk, parse_metrics, tokens_so_far
 from tuner.measure.fingerprint import probe_build
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.measure.metrics import PER_POSITION, drafting_summary
-from tuner.measure.server import LaunchConfig, ManagedServer
 
 pytestmark = pytest.mark.bench
 

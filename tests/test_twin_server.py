@@ -33,9 +33,9 @@ from tuner.measure.observe import Poller
 from tuner.policy import Policy
 from tuner.traffic import TrafficProfile
 from tuner.twin import tokenizer
-from tuner.twin.backend import TwinBackend
+from tuner.twin.cmdline import ArgError, launch_world, parse_args
 from tuner.twin.command import main
-from tuner.twin.launch import ArgError, launch_world, parse_args
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.server import TwinServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -444,8 +444,8 @@ def twin_profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[float, str]:
 
 
 def _levels(db: str) -> dict[tuple[str, int], tuple[float, float]]:
-    from tuner.storage.engine import Store
     from tuner.storage.orm import Level
+    from tuner.storage.store import Store
 
     store = Store(db)
     try:
@@ -488,8 +488,8 @@ def test_a_profile_at_speed_20_stores_what_speed_1_does(
 def _add_kernel_rows(db: str, run_id: int) -> None:
     """What llama-batched-bench would have stored for the run: the bench world's target forward
     at decode batches of 1..8 rows and verify batches of 1..3 streams x 7 rows."""
-    from tuner.storage.engine import Store
     from tuner.storage.orm import KernelRow
+    from tuner.storage.store import Store
     from tuner.twin.world import Curve, load_world
 
     rows_ms = Curve(load_world(BENCH_WORLD).step.rows_ms)

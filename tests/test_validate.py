@@ -17,15 +17,15 @@ from typer.testing import CliRunner
 
 from tuner.bench import Bench
 from tuner.cli.app import app
-from tuner.decide.recommend import recommend
+from tuner.decide.advice import recommend
 from tuner.decide.validate import analyse, candidates, validation_levels
 from tuner.measure.spec import ProfileSpec, load_spec
 from tuner.policy import Policy
 from tuner.recommendation import Recommendation
 from tuner.storage import validations
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
 from tuner.storage.orm import Level, Run
+from tuner.storage.store import Store
 
 MODEL = "smollm2-bench"
 HOST = "bench-host"
@@ -211,7 +211,7 @@ def test_a_refit_that_fails_leaves_the_validation_standing(
         raise NothingToDoError(f"cannot fit {MODEL}: no step-cost form fits these points")
 
     monkeypatch.setattr(validate_module, "measure", lambda *a, **k: (run_id, rec))
-    monkeypatch.setattr(validate_module.recommend, "standing", no_fit)
+    monkeypatch.setattr(validate_module.advice, "standing", no_fit)
     report = validate_module.validate(store, MODEL, HOST, Path("unused"))
     assert report.standing is None and report.measured
     assert report.refit_error == f"cannot fit {MODEL}: no step-cost form fits these points"

@@ -26,7 +26,7 @@ from tuner.decide.watch import (
 from tuner.errors import ConfigError, NothingToDoError
 from tuner.policy import Policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 from tuner.traffic import Finished, ServerView, TrafficProfile
 
 
@@ -158,7 +158,7 @@ def test_an_interval_end_writes_and_runs_the_command_only_on_a_change(tmp_path: 
     assert (w.summary.changes, w.summary.writes) == (2, 2)
     # the traffic profile it decided on is stored under its name for `recommend --traffic`
     w.save()
-    from tuner.storage.traffic import load
+    from tuner.storage.traffic_profiles import load
 
     assert load(w.store, "watch-test").seconds == {8: 60.0}
 

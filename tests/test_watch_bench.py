@@ -22,9 +22,9 @@ from conftest import ProfiledBench, copy_db
 from tuner.bench import Bench
 from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.decide.watch import EnvFile, WatchOptions, watch
-from tuner.measure.server import ManagedServer
-from tuner.storage.engine import Store
-from tuner.storage.traffic import load
+from tuner.measure.launcher import ManagedServer
+from tuner.storage.store import Store
+from tuner.storage.traffic_profiles import load
 
 pytestmark = pytest.mark.bench
 
@@ -124,7 +124,7 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     from a stand-in here: this is about the server going away.)"""
     from dataclasses import replace
 
-    from tuner.measure.server import free_port
+    from tuner.measure.launcher import free_port
     from tuner.policy import Policy
     from tuner.recommendation import Recommendation
 

@@ -23,11 +23,11 @@ from tuner.bench.traffic import offer_cycle
 from tuner.decide.watch import WatchOptions, watch
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.measure.plan import ProgressEvent
-from tuner.measure.server import LaunchConfig, ManagedServer
 from tuner.policy import Policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 
 def drafting_server(bench: Bench, props: bool) -> LaunchConfig:

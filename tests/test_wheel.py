@@ -91,7 +91,7 @@ def test_the_wheel_carries_migrations_and_patch(installed: tuple[Path, dict[str,
         [
             str(venv / "bin" / "python"),
             "-c",
-            "import tuner, tuner.storage.engine as s, tuner.bench.build as b;"
+            "import tuner, tuner.storage.store as s, tuner.bench.build as b;"
             "print(tuner.__file__); print(s.MIGRATIONS_DIR); print(b.PATCH_FILE);"
             "print(sorted(p.name for p in (s.MIGRATIONS_DIR / 'versions').glob('*.py')));"
             "print(b.PATCH_FILE.read_text().count('spec-draft-max-slots') > 0)",

@@ -27,7 +27,7 @@ from tuner.errors import BenchError, ServerDiedError, ServerError
 from tuner.measure import kernel
 from tuner.measure.client import LlamaClient
 from tuner.measure.fingerprint import cpu_model
-from tuner.measure.server import LaunchConfig, ManagedServer
+from tuner.measure.launcher import LaunchConfig, ManagedServer
 
 # llama-server's system_info names (compile-time features of the CPU backend) -> /proc/cpuinfo.
 FEATURE_FLAGS = {

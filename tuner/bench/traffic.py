@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 
 from tuner.bench import Bench
+from tuner.measure.launcher import LaunchConfig
 from tuner.measure.load import LoadGenerator, Workload
-from tuner.measure.server import LaunchConfig
 
 
 def plain_server(bench: Bench, n_parallel: int = 8, ctx_size: int = 4096) -> LaunchConfig:

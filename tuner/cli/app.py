@@ -397,7 +397,7 @@ def predict(
     context: ContextOption = None,
 ) -> None:
     """Print predicted aggregate tok/s per concurrency under --spec-draft-max-slots N."""
-    from tuner.decide.recommend import predict as predict_policy
+    from tuner.decide.advice import predict as predict_policy
 
     name, explicit = model_host(host)
     report = predict_policy(
@@ -470,8 +470,8 @@ def recommend(
     output token under random arrivals at the traffic's rate: each N at the occupancy it causes),
     capacity (the highest arrival rate whose p95 time per output token stays under --slo-tpot-ms).
     """
-    from tuner.decide.recommend import parse_context
-    from tuner.decide.recommend import recommend as make_recommendation
+    from tuner.decide.advice import parse_context
+    from tuner.decide.advice import recommend as make_recommendation
 
     name, explicit = model_host(host)
     rec = make_recommendation(
@@ -520,7 +520,7 @@ def observe(
     The profile is saved every 10 s; `tuner recommend --traffic NAME` weights the objective by it.
     """
     from tuner.measure.observe import observe as run_observe
-    from tuner.storage.traffic import TrafficSaver
+    from tuner.storage.traffic_profiles import TrafficSaver
 
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")

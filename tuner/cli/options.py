@@ -46,7 +46,7 @@ def settings() -> Settings:
 
 def open_store():
     """The database named by --db / TUNER_DB / the default, migrated to the newest schema."""
-    from tuner.storage.engine import Store
+    from tuner.storage.store import Store
 
     current = settings()
     return Store(current.db, busy_timeout_s=current.db_busy_timeout_s)

@@ -13,8 +13,8 @@ from tuner.cli.options import out
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
+    from tuner.decide.advice import PredictReport
     from tuner.decide.openloop import OpenLoopReport
-    from tuner.decide.recommend import PredictReport
     from tuner.decide.regret import ValidationReport
     from tuner.decide.settle import Standing
     from tuner.decide.tune import TuneReport

@@ -3,7 +3,7 @@ calls one library function and renders the result; errors from the library becom
 and an exit code (tuner.cli.options.reports_errors).
 
 - `serve WORLD`: the twin as a llama-server on a port (tuner.twin.server);
-- `truth WORLD`: the world's noise-free truth (tuner.twin.summary.truth_report);
+- `truth WORLD`: the world's noise-free truth (tuner.twin.truth_table.truth_report);
 - `calibrate --table FILE | --run RUN --out WORLD.toml`: a world fitted to an imported table
   (tuner.twin.calibrate) or a stored profile run (tuner.twin.from_run).
 """
@@ -23,7 +23,7 @@ from tuner.errors import ConfigError, ServerError
 
 if TYPE_CHECKING:
     from tuner.twin.calibrate import Calibration
-    from tuner.twin.summary import TruthReport
+    from tuner.twin.truth_table import TruthReport
 
 twin_app = typer.Typer(
     help="The twin: a simulated llama-server with known truth (serve it, read its truth, "
@@ -85,7 +85,7 @@ def serve(
     """Serve a world as llama-server would (until Ctrl-C): the same endpoints, its threshold
     switched live through POST /props with --props. The tuner launches it itself through a
     spec whose server.binary is `tuner-twin-server` (profiles/twin/bench-twin.toml)."""
-    from tuner.twin.launch import ServerArgs
+    from tuner.twin.cmdline import ServerArgs
     from tuner.twin.server import serve as serve_world
 
     args = ServerArgs(
@@ -157,14 +157,14 @@ def truth(
 ) -> None:
     """The world's noise-free truth: tok/s of every N at every concurrency, the weighted
     objective per N, the best N and its margin; with --rate the open-loop figures per N."""
-    from tuner.twin.summary import truth_report
+    from tuner.twin.truth_table import truth_report
 
     model = _world(world)
     if weights is not None and traffic is not None:
         raise ConfigError("give --weights or --traffic, not both")
     chosen = parse_weights(weights) if weights is not None else None
     if traffic is not None:
-        from tuner.storage.traffic import load
+        from tuner.storage.traffic_profiles import load
 
         chosen = load(open_store(), traffic).weights(model.n_parallel)
     report = truth_report(

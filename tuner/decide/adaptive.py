@@ -13,15 +13,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.decide.advice import model_study
 from tuner.decide.choice import Choice, choose
-from tuner.decide.recommend import model_study
 from tuner.measure.backend import Backend
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
 from tuner.measure.profiler import Profiler
 from tuner.measure.profiler import profile as profile_base
 from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import Gain
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 DEFAULT_BUDGET_S = 600.0
 

@@ -9,7 +9,7 @@ configuration is one launch switched between rounds, plain its own launch). A tr
 replays the requests `tuner observe` (or `watch`) saw arrive, at their observed offsets and with
 their observed output lengths, the first --window of them. Per
 configuration and rate it stores throughput, TTFT and time per output token at p50/p95/p99 and
-the mean number of generating slots (tuner.measure.openloop), in `tuner_openloop` with a run of
+the mean number of generating slots (tuner.measure.arrivals), in `tuner_openloop` with a run of
 kind "openloop".
 """
 
@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from tuner.decide import validate
 from tuner.errors import ConfigError, LoadError
-from tuner.measure.openloop import (
+from tuner.measure.arrivals import (
     OpenLoopFigures,
     Schedule,
     poisson_schedule,
@@ -34,9 +34,9 @@ from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.schedule import plan_pass
 from tuner.policy import Policy
 from tuner.recommendation import Recommendation
-from tuner.storage import traffic as traffic_store
-from tuner.storage.engine import Store
+from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.orm import OpenLoopResult
+from tuner.storage.store import Store
 
 MIN_TRACE_REQUESTS = 5
 

@@ -33,7 +33,7 @@ import numpy as np
 from tuner.decide.objective import Objective, as_objective
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
-from tuner.storage.engine import optuna_storage
+from tuner.storage.store import optuna_storage
 
 MAX_SLOTS_PARAM = "spec_draft_max_slots"
 N_MAX_PARAM = "spec_draft_n_max"

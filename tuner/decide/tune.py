@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.decide import choice, recommend, search, settle, validate
+from tuner.decide import advice, choice, search, settle, validate
 from tuner.decide.paired import AHEAD, BEHIND, Acceptance, Contrast, LevelDiffs, verdict
 from tuner.errors import ConfigError
 from tuner.measure.backend import Backend
@@ -68,9 +68,9 @@ from tuner.model.costmodel import CostModel
 from tuner.policy import Policy, drafts_at, stored_policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation
 from tuner.storage import recommendations
-from tuner.storage.engine import Store, optuna_storage
 from tuner.storage.fits import current_fit
 from tuner.storage.queries import paired_rounds
+from tuner.storage.store import Store, optuna_storage
 
 DEFAULT_BUDGET_S = 600.0  # seconds of measuring (the backend's clock) before tune stops
 # Seconds of measuring (the same clock, from tune's start) after which tie questions are no
@@ -429,8 +429,8 @@ def tune(
     if not 0 < tolerance < 1:
         raise ConfigError("--tolerance is a share of the objective between 0 and 1, e.g. 0.01")
     fit = current_fit(store, model_name, host, seed=seed)  # once: the data the answer starts from
-    rec = recommend.standing(store, model_name, host, seed=seed, fit=fit)
-    study_now = recommend.model_study(
+    rec = advice.standing(store, model_name, host, seed=seed, fit=fit)
+    study_now = advice.model_study(
         store, model_name, host, seed=seed, tune_n_max=tune_n_max, fit=fit
     )
     cm, weights = study_now.fit.model, study_now.weights
@@ -788,7 +788,7 @@ def _store_live(
         trials=1 + len(standing.comparisons),
         reasons=reasons,
         measure_next=list(standing.measure_next),
-        table=recommend.prediction_table(fit.model, policy, fit.measured),
+        table=advice.prediction_table(fit.model, policy, fit.measured),
         alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
         tie=list(standing.tie),

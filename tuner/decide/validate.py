@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tuner.decide import recommend, search
+from tuner.decide import advice, search
 from tuner.decide.regret import ValidationReport, grade
 from tuner.errors import ConfigError, NothingToDoError, TunerError
 from tuner.measure.backend import Backend
@@ -34,9 +34,9 @@ from tuner.measure.spec import (
 from tuner.policy import Policy
 from tuner.recommendation import Recommendation
 from tuner.storage import validations
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
 from tuner.storage.hashes import StoredHashes
+from tuner.storage.store import Store
 
 
 def candidates(recommended: int, n_parallel: int) -> list[Policy]:
@@ -178,7 +178,7 @@ def _open_on_backend(
 def checked(store: Store, model: str, host: str, max_slots: int | None) -> Recommendation:
     """The recommendation a validation checks: the one that stands, or N=max_slots where given
     (at the standing draft length)."""
-    rec = recommend.standing(store, model, host)
+    rec = advice.standing(store, model, host)
     if max_slots is not None:
         rec = replace(rec, policy=Policy.of_max_slots(max_slots, rec.n_max))
     return rec
@@ -261,7 +261,7 @@ def validate(
     )
     report = analyse(store, run_id, model, rec)
     try:
-        report.standing = recommend.standing(store, model, host, like=rec)
+        report.standing = advice.standing(store, model, host, like=rec)
     except TunerError as exc:
         # What was measured and graded stays shown and stored; a few noisy points can leave no
         # step-cost form that fits them all, and that is no reason to fail the validation.

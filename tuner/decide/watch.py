@@ -35,9 +35,9 @@ from tuner.measure.client import LlamaClient
 from tuner.measure.observe import FLUSH_S, SAMPLE_INTERVAL_S, Poller
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.recommendation import ENV_MAX_SLOTS, Recommendation
-from tuner.storage import traffic as traffic_store
-from tuner.storage.engine import Store
-from tuner.storage.traffic import server_of
+from tuner.storage import traffic_profiles as traffic_store
+from tuner.storage.store import Store
+from tuner.storage.traffic_profiles import server_of
 from tuner.traffic import ServerView, TrafficProfile, total_variation
 
 MIN_BUSY_S = 5.0  # default: below this much busy time in the window, no answer is made from it
@@ -477,7 +477,7 @@ def watch(
 ) -> WatchSummary:
     """Check the options and the env file, attach to the server and watch it; answers come
     from `recommend --traffic` on model's data for host (or recommender, in tests)."""
-    from tuner.decide.recommend import recommend
+    from tuner.decide.advice import recommend
 
     options.check()
     env = EnvFile(env_path)

@@ -14,7 +14,7 @@ from tuner.measure.fingerprint import probe_host, probe_model
 from tuner.measure.plan import Attached, Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec, attached_spec
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 
 def attach(

@@ -22,7 +22,7 @@ alternating launches put minutes and a model load between them. An idle llama-se
 its queue and takes no CPU; it costs a second model's memory, so only a judge that compares
 "load a draft at all?" uses it (benchmarks/regret.py).
 
-The twin's in-process backend (tuner/twin/backend.py) speaks the same interface in virtual time.
+The twin's in-process backend (tuner/twin/inprocess.py) speaks the same interface in virtual time.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import client, metrics
 from tuner.measure.client import LlamaClient
+from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import (
     LoadGenerator,
     RequestSample,
@@ -45,7 +46,6 @@ from tuner.measure.load import (
 )
 from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
 from tuner.measure.schedule import Cell
-from tuner.measure.server import ManagedServer
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 

@@ -188,7 +188,7 @@ def run_batched_bench(
         raise ServerError(f"cannot run llama-batched-bench: {exc}") from exc
     log_path.write_text("$ " + " ".join(cmd) + "\n" + result.stdout + "\n" + result.stderr)
     if result.returncode != 0:
-        from tuner.measure.server import describe_exit
+        from tuner.measure.launcher import describe_exit
 
         what, cause = describe_exit(result.returncode)
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-10:])

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tuner.measure.launcher import LaunchConfig
 from tuner.measure.load import LevelFigures
-from tuner.measure.server import LaunchConfig
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 

@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from tuner.measure.launcher import ManagedServer
 from tuner.measure.plan import Observer, ProgressEvent, launch_config, quiet
-from tuner.measure.server import ManagedServer
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 

@@ -56,7 +56,7 @@ from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, pla
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, slow_stall, stable
 from tuner.policy import Policy, drafts_at
-from tuner.storage.engine import Store
+from tuner.storage.store import Store
 
 __all__ = [
     "N_MAX_SUFFIX",

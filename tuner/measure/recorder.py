@@ -34,7 +34,6 @@ from tuner.measure.schedule import Cell, Step
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import level_medians, pool_drafting
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.hashes import StoredHashes
 from tuner.storage.orm import (
     COMPLETED,
@@ -50,6 +49,7 @@ from tuner.storage.orm import (
     Sample,
     get_or_create,
 )
+from tuner.storage.store import Store
 
 # max-slots-2@n3: N=2 drafting up to 3 tokens, in a run whose spec drafts up to another n_max
 N_MAX_SUFFIX = "@n"

@@ -56,7 +56,7 @@ class KernelObs:
 
 @dataclass(frozen=True)
 class FitData:
-    """Everything a fit consumes (built from the database by tuner.decide.recommend)."""
+    """Everything a fit consumes (built from the database by tuner.decide.advice)."""
 
     n_parallel: int
     n_max: int

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.measure.openloop import OpenLoopFigures
+from tuner.measure.arrivals import OpenLoopFigures
 from tuner.model.costmodel import Crossover
 
 

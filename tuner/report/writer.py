@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.decide import openloop, recommend, validate
+from tuner.decide import advice, openloop, validate
 from tuner.decide.regret import ValidationReport
 from tuner.errors import ConfigError, NothingToDoError, TunerError
 from tuner.model.costmodel import Crossover
@@ -24,7 +24,6 @@ from tuner.report.figure import PNG_NAME, SVG_NAME, render_figure, save_figure
 from tuner.report.series import report_data
 from tuner.report.summary import Facts, RunFact, render_summary
 from tuner.storage import validations
-from tuner.storage.engine import Store
 from tuner.storage.fits import (
     StoredFit,
     acceptance_by_prompt_set,
@@ -33,6 +32,7 @@ from tuner.storage.fits import (
 )
 from tuner.storage.orm import Fit, Run
 from tuner.storage.queries import LevelPoint, model_points, run_points
+from tuner.storage.store import Store
 
 SUMMARY_NAME = "summary.md"
 DEFAULT_OUT = Path("tuner-report")
@@ -149,7 +149,7 @@ def load_inputs(
     """Read (and where missing, make) everything the report shows, from the database."""
     fit = current_fit(store, model, host, host_explicit=host_explicit, seed=seed)
     fit_host = fit.inputs.get("host")
-    rec = recommend.standing(store, model, host, host_explicit=host_explicit, seed=seed)
+    rec = advice.standing(store, model, host, host_explicit=host_explicit, seed=seed)
     val_run, validation, problem = _validation(store, model, fit_host)
     if validation is not None:
         # Its points are part of the current fit: what stands after it is what the report shows.

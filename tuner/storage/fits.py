@@ -19,8 +19,8 @@ from tuner.model import fitting
 from tuner.model.costmodel import VERSION, CostModel, Crossover
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.quality import FitQuality
-from tuner.storage.engine import Store
 from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
+from tuner.storage.store import Store
 
 PROFILE_HINT = (
     "run `tuner profile SPEC.toml` (or `tuner import FILE.toml` for a table measured elsewhere)"

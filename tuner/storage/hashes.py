@@ -6,8 +6,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from tuner.storage.engine import Store
 from tuner.storage.orm import FileHash, get_or_create, utcnow
+from tuner.storage.store import Store
 
 
 class StoredHashes:

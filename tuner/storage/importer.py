@@ -45,8 +45,8 @@ from sqlalchemy import select
 from tuner.errors import ConfigError
 from tuner.inputs import read_toml, validation_message
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import Host, Level, Model, Run, get_or_create
+from tuner.storage.store import Store
 
 FORMAT_VERSION = 1
 

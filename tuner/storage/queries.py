@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from tuner.errors import NotFoundError
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import Host, Level, Model, Run, Sample
+from tuner.storage.store import Store
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import select
 
 from tuner.recommendation import Recommendation
-from tuner.storage.engine import Store
 from tuner.storage.fits import finite
 from tuner.storage.orm import RecommendationRow
+from tuner.storage.store import Store
 
 
 def save(store: Store, rec: Recommendation, extra: dict[str, Any] | None = None) -> int:

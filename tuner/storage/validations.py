@@ -11,9 +11,9 @@ from sqlalchemy import select
 from tuner.errors import NothingToDoError
 from tuner.policy import Policy
 from tuner.recommendation import Recommendation
-from tuner.storage.engine import Store
 from tuner.storage.orm import COMPLETED, Host, Level, Model, RecommendationRow, Run
 from tuner.storage.recommendations import of_row
+from tuner.storage.store import Store
 
 
 def latest_validation(

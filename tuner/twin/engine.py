@@ -66,8 +66,8 @@ from tuner.twin.noise import NoiseProcess
 from tuner.twin.world import World
 
 if TYPE_CHECKING:
+    from tuner.measure.arrivals import OpenLoopFigures
     from tuner.measure.load import LevelFigures, RequestSample
-    from tuner.measure.openloop import OpenLoopFigures
 
 # -- inputs --
 
@@ -178,7 +178,7 @@ class Workload:
     ) -> Workload:
         """Poisson arrivals as `tuner validate --arrivals poisson` sends them (conditioned on
         their count: exactly round(rate x duration) of them)."""
-        from tuner.measure.openloop import poisson_offsets
+        from tuner.measure.arrivals import poisson_offsets
 
         return cls.open_loop(
             poisson_offsets(rate, duration_s, seed), output_tokens, prompt_tokens, depth, seed
@@ -928,8 +928,8 @@ class SimResult:
         return summarize(self.samples(), len(self.requests))
 
     def open_loop_figures(self, rate: float) -> OpenLoopFigures:
-        """tuner.measure.openloop.summarize_open_loop over the requests."""
-        from tuner.measure.openloop import summarize_open_loop
+        """tuner.measure.arrivals.summarize_open_loop over the requests."""
+        from tuner.measure.arrivals import summarize_open_loop
 
         return summarize_open_loop(self.samples(), rate)
 

@@ -52,8 +52,8 @@ from sqlalchemy import select
 
 from tuner.errors import NotFoundError, NothingToDoError
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.orm import KernelRow, Level, Run, Sample
+from tuner.storage.store import Store
 from tuner.twin.calibrate import Calibration, LevelFit, fit_world, with_reeval_share
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import Curve, World

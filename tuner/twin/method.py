@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.decide import recommend, settle
+from tuner.decide import advice, settle
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.tune import DEFAULT_BUDGET_S, tune
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
-from tuner.storage.engine import Store
 from tuner.storage.fits import current_fit
-from tuner.twin.backend import TwinBackend
+from tuner.storage.store import Store
+from tuner.twin.inprocess import TwinBackend
 from tuner.twin.world import World
 
 METHODS = ("full", "model", "naive")
@@ -158,7 +158,7 @@ def _run(
         answer = naive_rule(fit.model, fit.measured, store, world.model_name)
         result = MethodResult(method, answer, backend.elapsed, measured=measured)
     else:
-        rec = recommend.standing(store, world.model_name, HOST, seed=seed)
+        rec = advice.standing(store, world.model_name, HOST, seed=seed)
         result = MethodResult(method, rec.policy.effective(np_), backend.elapsed, measured=measured)
         if method == "full":
             report = tune(

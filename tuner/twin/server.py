@@ -3,7 +3,7 @@ switches live and observes exactly as it does the real one (issue 25).
 
 `tuner-twin-server` (tuner.twin.command, which answers `--help`, `--version` and
 `--list-devices` as llama-server does, the flags --spec-draft-max-slots among them) takes
-llama-server's command line (tuner.twin.launch), the world file as `--model`, so a profile spec
+llama-server's command line (tuner.twin.cmdline), the world file as `--model`, so a profile spec
 names it as `server.binary` and the world as `server.model` (example:
 profiles/twin/bench-twin.toml); `tuner twin serve WORLD` starts the same server by hand.
 
@@ -49,6 +49,12 @@ from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.twin import tokenizer
 from tuner.twin.answers import MAX_SLOTS_KEY, Answer, parse_max_slots_body
+from tuner.twin.cmdline import (
+    ArgError,
+    ServerArgs,
+    launch_world,
+    parse_args,
+)
 from tuner.twin.command import BUILD_INFO
 from tuner.twin.engine import Engine, Request
 from tuner.twin.http import (
@@ -61,12 +67,6 @@ from tuner.twin.http import (
     error_reply,
     json_reply,
     sse,
-)
-from tuner.twin.launch import (
-    ArgError,
-    ServerArgs,
-    launch_world,
-    parse_args,
 )
 from tuner.twin.live import Done, Event, Failed, LiveEngine, Snapshot, Tokens
 from tuner.twin.world import World

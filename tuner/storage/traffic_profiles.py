@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 from sqlalchemy import select
 
 from tuner.errors import NotFoundError
-from tuner.storage.engine import Store
 from tuner.storage.orm import Traffic, utcnow
+from tuner.storage.store import Store
 from tuner.traffic import ServerView, TrafficProfile
 
 

@@ -24,9 +24,9 @@ from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
 from tuner.recommendation import Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import recommendations, validations
-from tuner.storage import traffic as traffic_store
-from tuner.storage.engine import Store
+from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.fits import StoredFit, current_fit, select_data
+from tuner.storage.store import Store
 from tuner.traffic import TrafficProfile
 
 
