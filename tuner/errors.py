@@ -41,6 +41,14 @@ class EndpointMissingError(ServerError):
         self.status = status
 
 
+class ApiKeyError(ServerError):
+    """The server wants an API key, or rejected the one given (HTTP 401)."""
+
+
+class NotLlamaServerError(ServerError):
+    """The URL answers, but not as a llama-server (GET /props without total_slots)."""
+
+
 class PortInUseError(ServerError):
     """The requested port is already taken by another process."""
 

@@ -1,17 +1,19 @@
 """The llama-server HTTP API in one place: every URL the tuner sends to a llama-server is built
 here, and every way an answer can be wrong becomes one line from tuner.errors.
 
-`LlamaClient` (sync: server launch, attach, observe, watch) and `AsyncLlamaClient` (the load
-generator, over one shared connection pool) speak the same API: /health, GET and POST /props
-(the live `spec_draft_max_slots` switch), /slots, /metrics (Prometheus text parsed by
+`LlamaClient` (sync: server launch, attach, observe, watch, check) and `AsyncLlamaClient` (the
+load generator, over one shared connection pool) speak the same API: /health, GET and POST
+/props (the live `spec_draft_max_slots` switch), /slots, /metrics (Prometheus text parsed by
 prometheus_client into `Metrics`, labels kept as dicts), /tokenize, /detokenize,
-/apply-template, and /completion or /v1/chat/completions, streamed (server-sent events read by
-httpx-sse) or not, ending in a `Completion` with the server's `timings`. The API key travels as a
-bearer token and nowhere else.
+/apply-template, /v1/models (which another OpenAI-compatible server answers too), and
+/completion or /v1/chat/completions, streamed (server-sent events read by httpx-sse) or not,
+ending in a `Completion` with the server's `timings`. The API key travels as a bearer token and
+nowhere else.
 
-Errors: a transport failure, a 401, a URL that is not a llama-server, an endpoint the server
-has switched off (404/501: `--no-slots`, no `--metrics`, no `--props`) and a server that takes
-POST /props without changing anything each read as one line naming the remedy.
+Errors: a transport failure, a 401 (ApiKeyError), a URL that is not a llama-server
+(NotLlamaServerError: a web page, JSON without total_slots, no /props at all), an endpoint the
+server has switched off (404/501: `--no-slots`, no `--metrics`, no `--props`) and a server that
+takes POST /props without changing anything each read as one line naming the remedy.
 """
 
 from __future__ import annotations
@@ -27,10 +29,17 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse, connect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
-from tuner.errors import ConfigError, EndpointMissingError, ServerError
+from tuner.errors import (
+    ApiKeyError,
+    ConfigError,
+    EndpointMissingError,
+    NotLlamaServerError,
+    ServerError,
+)
 
 COMPLETION_PATH = "/completion"
 CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
 MAX_SLOTS_FIELD = "spec_draft_max_slots"  # GET /props reports it, POST /props sets it (patch)
 PREFIX = "llamacpp:"
 DEFAULT_TIMEOUT_S = 10.0
@@ -245,10 +254,10 @@ class _Api:
             return response
         if status == 401:
             if self.api_key:
-                raise ServerError(f"{self.url} rejected the API key (HTTP 401): check --api-key")
-            raise ServerError(f"{self.url} wants an API key: pass --api-key or set TUNER_API_KEY")
+                raise ApiKeyError(f"{self.url} rejected the API key (HTTP 401): check --api-key")
+            raise ApiKeyError(f"{self.url} wants an API key: pass --api-key or set TUNER_API_KEY")
         if path == "/props" and method == "GET":
-            raise self._not_llama(status)
+            raise self._not_llama(response)
         if status in (404, 501) and path in _FLAGS:
             flag = _FLAGS[path]
             what = (
@@ -266,10 +275,19 @@ class _Api:
             f"{method} {path} on {self.url} answered HTTP {status}: {_detail(response)}"
         )
 
-    def _not_llama(self, status: int) -> ServerError:
-        return ServerError(
-            f"{self.url} is not a llama-server (GET /props answered HTTP {status} without "
-            f"total_slots)"
+    def _not_llama(self, response: httpx.Response) -> NotLlamaServerError:
+        """What answered instead of a llama-server, in a few words: a web page, JSON without
+        total_slots, or an HTTP error (another OpenAI-compatible server has no /props)."""
+        status = response.status_code
+        kind = response.headers.get("content-type", "")
+        if "html" in kind or response.text.lstrip()[:1] == "<":
+            what = "with a web page (HTML), not llama-server's JSON"
+        elif status == 200:
+            what = "without total_slots"
+        else:
+            what = f"({_detail(response, 80) or 'no body'})"
+        return NotLlamaServerError(
+            f"{self.url} is not a llama-server (GET /props answered HTTP {status} {what})"
         )
 
     def _json(self, method: str, path: str, response: httpx.Response) -> Any:
@@ -277,7 +295,7 @@ class _Api:
             return self._check(method, path, response).json()
         except ValueError as exc:
             if path == "/props":
-                raise self._not_llama(response.status_code) from exc
+                raise self._not_llama(response) from exc
             raise ServerError(
                 f"{method} {path} on {self.url} answered with malformed JSON: {exc}"
             ) from exc
@@ -292,7 +310,7 @@ class _Api:
     def _props(self, response: httpx.Response) -> dict[str, Any]:
         props = self._json("GET", "/props", response)
         if not isinstance(props, dict) or "total_slots" not in props:
-            raise self._not_llama(response.status_code)
+            raise self._not_llama(response)
         return props
 
     def _set_props_answer(self, body: Mapping[str, Any], response: httpx.Response) -> None:
@@ -304,12 +322,18 @@ class _Api:
 
     def _switch_read_back(self, n: int, props: Mapping[str, Any]) -> None:
         seen = props.get(MAX_SLOTS_FIELD)
-        if seen != n:
-            reported = "no such field" if seen is None else f"{MAX_SLOTS_FIELD}={seen}"
+        if seen is None:
             raise ServerError(
                 f"{self.url} does not support the live switch: it accepted "
-                f"{MAX_SLOTS_FIELD}={n} on POST /props but GET /props then reported {reported}; "
-                "it needs a llama-server built with the tuner's patch (`tuner bench setup`)"
+                f"{MAX_SLOTS_FIELD}={n} on POST /props but GET /props then reported no such "
+                "field; it needs a llama-server built with the tuner's patch (`tuner bench setup`)"
+            )
+        if seen != n:
+            # The patch's field is there but did not follow: a server that is not the patched
+            # llama-server it claims to be, or a second client switching it meanwhile.
+            raise ServerError(
+                f"{self.url} did not take the live switch: it accepted {MAX_SLOTS_FIELD}={n} on "
+                f"POST /props but GET /props then reported {MAX_SLOTS_FIELD}={seen}"
             )
 
     def _stream_failed(self, path: str, exc: Exception) -> ServerError:
@@ -416,6 +440,14 @@ class LlamaClient(_Api):
         _check_n(n)
         self.set_props({MAX_SLOTS_FIELD: n})
         self._switch_read_back(n, self.props())
+
+    def models(self) -> list[str]:
+        """GET /v1/models: the ids an OpenAI-compatible server serves (llama-server too)."""
+        answer = self._json("GET", MODELS_PATH, self._send("GET", MODELS_PATH))
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list):
+            raise ServerError(f"GET {MODELS_PATH} on {self.url} answered without a model list")
+        return [str(m.get("id")) for m in data if isinstance(m, dict)]
 
     def slots(self) -> list[dict[str, Any]]:
         """GET /slots: every slot's state (EndpointMissingError when the server has it off)."""
