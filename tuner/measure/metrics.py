@@ -1,5 +1,6 @@
 """What a measurement takes from llama-server's `/metrics`: the difference of two scrapes
-taken around it, and the drafting figures the cost model needs (`drafting_summary`).
+taken around it, and the drafting figures the cost model needs (`drafting_summary`); the draft
+length a server drafts at (`draft_length`).
 
 Scraping and parsing are the client's (tuner.measure.client: prometheus_client's text parser,
 labels kept as dicts; `Metrics.since` is the difference of two scrapes).
@@ -12,7 +13,7 @@ from typing import Any
 
 from tuner.measure.client import Metrics, MetricSample
 
-__all__ = ["drafting_summary"]
+__all__ = ["draft_length", "drafting_summary"]
 
 PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_total"
 
@@ -36,3 +37,12 @@ def drafting_summary(diff: Metrics | Mapping[str, float]) -> dict[str, Any]:
         "n_decode": diff.value("n_decode_total"),
         "busy_slots_per_decode": diff.value("n_busy_slots_per_decode"),
     }
+
+
+def draft_length(scrape: Metrics) -> int | None:
+    """The most tokens the server drafts at a time (its n_max), by the positions of its accepted
+    tokens per draft position; None before it has drafted (llama-server sizes that family when
+    a request that drafted finishes) or where the scrape has no such family."""
+    if not scrape.value("spec_decode_num_drafts_total"):
+        return None
+    return len(scrape.by_label(PER_POSITION, "position")) or None
