@@ -10,8 +10,11 @@ server, without it the plain one; the draft model's path is not read. `--spec-dr
 tuner's `--threads`, a bench spec's `--poll 0`, `--no-repack`, ...) is accepted and has no
 effect; it is listed in `ServerArgs.ignored` (and the server's log). Twin-only flags: `--speed
 X` (virtual time runs X times faster than the wall), `--noise PRESET` (over the world's [noise]
-preset) and `--seed S` (the noise process and the seeds of requests that bring none; default:
-random, as llama-server's sampling seed).
+preset), `--seed S` (the noise process and the seeds of requests that bring none; default:
+random, as llama-server's sampling seed) and `--twin-unpatched` (a stock llama-server of the
+same source, without the tuner's patch: `--spec-draft-max-slots` is an invalid argument and
+LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS means nothing, so it always drafts; tuner.twin.server answers
+/props as the stock build does).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from tuner.policy import Policy
 from tuner.twin.world import World, load_world
 
 MAX_SLOTS_ENV = "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"
+MAX_SLOTS_FLAG = "--spec-draft-max-slots"
+UNPATCHED_FLAG = "--twin-unpatched"
 
 
 class ArgError(ValueError):
@@ -54,7 +59,7 @@ _VALUE_FLAGS: dict[str, tuple[str, str]] = {
     "-md": ("model_draft", "str"),
     "--model-draft": ("model_draft", "str"),
     "--spec-type": ("spec_type", "str"),
-    "--spec-draft-max-slots": ("max_slots", "max_slots"),
+    MAX_SLOTS_FLAG: ("max_slots", "max_slots"),
     "--spec-draft-n-max": ("n_max", "pos"),
     "--draft-max": ("n_max", "pos"),
     "--draft": ("n_max", "pos"),
@@ -73,6 +78,7 @@ _BOOL_FLAGS: dict[str, tuple[str, bool]] = {
     "--props": ("props", True),
     "--slots": ("slots", True),
     "--no-slots": ("slots", False),
+    "--twin-unpatched": ("unpatched", True),
     "-kvu": ("kv_unified", True),
     "--kv-unified": ("kv_unified", True),
     "-no-kvu": ("kv_unified", False),
@@ -125,6 +131,7 @@ class ServerArgs:
     slots: bool = True
     speed: float = 1.0
     noise: str | None = None
+    unpatched: bool = False  # a stock llama-server: no threshold flag, no live switch
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -184,14 +191,17 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Ser
     names the argument. Flags the twin does not read are accepted and listed in `ignored`."""
     env = os.environ if env is None else env
     args = ServerArgs()
-    if env.get(MAX_SLOTS_ENV) is not None:
-        args.max_slots = _max_slots(env[MAX_SLOTS_ENV], MAX_SLOTS_ENV)
     items = list(argv)
+    unpatched = UNPATCHED_FLAG in items
+    if env.get(MAX_SLOTS_ENV) is not None and not unpatched:  # the stock build never reads it
+        args.max_slots = _max_slots(env[MAX_SLOTS_ENV], MAX_SLOTS_ENV)
     i = 0
     while i < len(items):
         token = items[i]
         flag, _, inline = token.partition("=") if token.startswith("--") else (token, "", "")
         value: str | None = inline if "=" in token and token.startswith("--") else None
+        if unpatched and flag == MAX_SLOTS_FLAG:
+            raise ArgError(f"error: invalid argument: {flag}")  # the stock build's own words
         if flag in _VALUE_FLAGS:
             name, kind = _VALUE_FLAGS[flag]
             if value is None:

@@ -66,14 +66,24 @@ The tuner's twin of llama-server: a simulated server whose world file stands in 
 --speed X                               virtual time runs X times faster than the wall
                                         (default: 1)
 --noise PRESET                          off, quiet or vm, over the world's [noise] preset
+--twin-unpatched                        serve as a stock llama-server without the tuner's
+                                        patch: no threshold flag nor field in GET /props,
+                                        and POST /props changes nothing
 """
+# What --help lists only with the patch (a stock build's help has no such lines).
+PATCH_HELP = (
+    "--spec-draft-max-slots N                start no new drafts while more than N slots are\n"
+    "                                        generating, 0 = no limit (default: 0)\n"
+    "                                        (env: LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS)\n"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`tuner-twin-server`: llama-server's command line, a twin behind it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
-        print(HELP_TEXT)
+        unpatched = "--twin-unpatched" in argv
+        print(HELP_TEXT.replace(PATCH_HELP, "") if unpatched else HELP_TEXT)
         return 0
     if "--version" in argv:
         print(VERSION_TEXT, file=sys.stderr)

@@ -14,7 +14,10 @@ spec_draft_max_slots) and POST /props (the live threshold; without --props llama
 engine's counters), /tokenize, /detokenize, /apply-template (tuner.twin.tokenizer: 4 ASCII
 characters a token), /completion and /v1/chat/completions, streamed (one server-sent event per
 step that gave the request tokens; `timings` in the final one and, with timings_per_token, in
-every one) or not (tuner.twin.answers). With --api-key every endpoint but /health wants it.
+every one) or not (tuner.twin.answers). With --api-key every endpoint but /health wants it. With
+--twin-unpatched it serves as the stock build of the same source: GET /props without
+spec_draft_max_slots, POST /props (with --props) answering {"success": true} and changing
+nothing.
 
 The twin's clock: every completion chunk and final response carries `t_server` (virtual seconds
 of the event) and `t_arrival` (virtual seconds the request arrived), every response the header
@@ -319,8 +322,12 @@ class TwinServer:
         assert self.live is not None and self.live.snapshot is not None
         return self.live.snapshot
 
-    def _params(self) -> dict[str, Any]:
-        """A few of llama-server's sampling params (the twin samples nothing)."""
+    def _params(self, served: bool = True) -> dict[str, Any]:
+        """A few of llama-server's sampling params (the twin samples nothing). A request's
+        (served) carry the server's speculative types, --spec-type appended to the default
+        "none"; GET /props's carry a default request's, which copies only the sampling
+        settings, so "none" whatever the server drafts (llama-server 11434's get_res_props)."""
+        drafting = served and self.policy.drafting
         return {
             "seed": SEED_RANDOM,
             "temperature": 0.8,
@@ -330,16 +337,16 @@ class TwinServer:
             "n_predict": -1,
             "ignore_eos": False,
             "stream": False,
-            "speculative.types": "none,draft-simple" if self.policy.drafting else "none",
+            "speculative.types": "none,draft-simple" if drafting else "none",
             "timings_per_token": False,
         }
 
     def props(self) -> dict[str, Any]:
         """GET /props (llama-server's get_res_props, with the patch's field and the twin's)."""
         assert self.live is not None
-        return {
+        props = {
             "default_generation_settings": {
-                "params": self._params(),
+                "params": self._params(served=False),
                 "n_ctx": self.world.slot_context,
             },
             "total_slots": self.world.n_parallel,
@@ -366,6 +373,9 @@ class TwinServer:
                 "t_server": self.live.now(),
             },
         }
+        if self.args.unpatched:  # a stock build has no such field
+            del props[MAX_SLOTS_KEY]
+        return props
 
     def _get_props(self, _: HttpRequest) -> Reply:
         return json_reply(self.props())
@@ -377,6 +387,10 @@ class TwinServer:
                 "not_supported_error",
                 501,
             )
+        if self.args.unpatched:
+            # The stock build reads the body as JSON, changes nothing and says it succeeded.
+            self._body(request)
+            return json_reply({"success": True})
         n = parse_max_slots_body(request.body)
         assert self.live is not None
         self.live.set_max_slots(n)
