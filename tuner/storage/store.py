@@ -82,7 +82,15 @@ def make_engine(url: str, busy_timeout_s: float | None = None) -> Engine:
     timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(parsed.database).expanduser().parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                why = "a file is there" if isinstance(exc, FileExistsError) else exc.strerror
+                raise StorageError(
+                    f"cannot make the folder {folder} of the SQLite database "
+                    f"{display_url(url)} (--db / TUNER_DB): {why or exc}"
+                ) from exc
         kwargs["connect_args"] = {"timeout": timeout_s}
     try:
         engine = create_engine(parsed, **kwargs)
