@@ -15,6 +15,7 @@ import typer
 
 from tuner import __version__
 from tuner.cli import render
+from tuner.cli.check import check as check_command
 from tuner.cli.options import (
     ApiKeyOption,
     ApplyWay,
@@ -61,6 +62,7 @@ app = typer.Typer(
 bench_app = typer.Typer(help="The bundled bench: patched llama-server and small test models.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(twin_app, name="twin")
+app.command("check")(check_command)
 
 
 def _version(value: bool) -> None:
