@@ -274,7 +274,8 @@ class _Checker:
         if problem is not None:
             self.report.add("live switch", Status.FAIL, problem, SWITCH_FIX)
         else:
-            self.report.add("live switch", Status.OK, f"{seen}; set back to {before}")
+            back = f"; set back to {before}" if restored is None else ""
+            self.report.add("live switch", Status.OK, seen + back)
         if restored is not None:
             fix = f'POST /props {{"{MAX_SLOTS_FIELD}": {before}}}, or restart llama-server'
             self.report.add("threshold", Status.FAIL, restored, fix)
