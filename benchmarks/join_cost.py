@@ -27,10 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
+from lab.traffic import plain_server
 from scipy import stats
 
 from tuner.bench import load_bench
-from tuner.bench.traffic import plain_server
 from tuner.measure.client import LlamaClient
 from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.settings import Settings

@@ -1,11 +1,11 @@
-"""Write the frozen set of twin worlds (tuner.twin.frozen) into profiles/twin/frozen/, or check
+"""Write the frozen set of twin worlds (tests/lab/frozen.py) into profiles/twin/frozen/, or check
 that the committed files are what the generator makes.
 
     .venv/bin/python benchmarks/make_frozen_worlds.py            # write
     .venv/bin/python benchmarks/make_frozen_worlds.py --check    # compare, exit 1 on a change
 
 The set is frozen: a world is never adjusted after seeing how the tuner does on it. Changing the
-generator makes a new set (raise tuner.twin.frozen.GENERATOR_VERSION), graded from scratch.
+generator makes a new set (raise lab.frozen.GENERATOR_VERSION), graded from scratch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuner.twin.frozen import GENERATOR_SEED, WORLD_COUNT, generate, render_set
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
+from lab.frozen import GENERATOR_SEED, WORLD_COUNT, generate, render_set
 
 FROZEN = Path(__file__).resolve().parent.parent / "profiles" / "twin" / "frozen"
 

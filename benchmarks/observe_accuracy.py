@@ -17,8 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
+from lab.traffic import offer_cycle, plain_server
+
 from tuner.bench import load_bench
-from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.measure.launcher import ManagedServer
 from tuner.measure.observe import generating_histogram, observe
 from tuner.settings import Settings

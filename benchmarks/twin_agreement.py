@@ -2,7 +2,7 @@
 known and only the noise seed differs from run to run (issue 24: the demo, three times, must
 give the same N or tie sets that hold each other's answers).
 
-The full method (tuner.twin.method: live profile, adaptive levels, recommend, tune) runs on one
+The full method (tests/lab/method.py: live profile, adaptive levels, recommend, tune) runs on one
 world once per noise seed, with tune's tolerance and budget as given (the defaults are tune's
 own; the demo runs `--tolerance 0.02 --budget 150s`). Two runs agree when their answers are
 equal or each answer is in the other's "may tie" set (the tie, with the smaller values whose
@@ -31,10 +31,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
+from lab.method import run_method
 from twin_regret import answer_label
 
 from tuner.decide.tune import DEFAULT_BUDGET_S
-from tuner.twin.method import run_method
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import load_world
 

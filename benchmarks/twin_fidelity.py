@@ -86,6 +86,7 @@ from pathlib import Path
 
 import numpy as np
 from common import rate_for, tuner, tuner_env
+from lab.method import HOST, twin_spec
 from scipy import stats
 
 from tuner.bench import load_bench
@@ -110,7 +111,6 @@ from tuner.twin.calibrate import Calibration
 from tuner.twin.engine import Workload, simulate
 from tuner.twin.from_run import RunData, calibrate_run, run_levels
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.method import HOST, twin_spec
 from tuner.twin.truth import ClosedTruth, closed_truth
 from tuner.twin.world import Curve, World, load_world, world_to_toml
 

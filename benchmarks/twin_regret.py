@@ -3,7 +3,7 @@
 
 For every world of profiles/twin/frozen/ (or a --worlds subset): the truth once
 (tuner.twin.truth.closed_truth, noise-free, cached beside the output: tens of seconds a world),
-then the three methods of tuner.twin.method with the world's traffic weights and seed: "full"
+then the three methods of tests/lab/method.py with the world's traffic weights and seed: "full"
 (live profile, adaptive levels, recommend, tune), "model" (relaunching profile and recommend:
 the method before) and "naive" (1/2/4/8 profile, the last level where always draft beat plain).
 Per world it prints the truth's best N and its margin, each method's answer, its regret against
@@ -42,11 +42,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
 import numpy as np
+from lab.frozen import Entry, load_manifest, select
+from lab.method import METHODS, run_method
 
 from tuner.policy import Policy
-from tuner.twin.frozen import Entry, load_manifest, select
-from tuner.twin.method import METHODS, run_method
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import World, load_world
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from common import tuner, tuner_cmd, tuner_env
+from lab.traffic import offer_cycle, plain_server
 
 from tuner.bench import load_bench
-from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.measure.launcher import ManagedServer
 from tuner.settings import Settings
 

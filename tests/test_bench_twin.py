@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lab.method import HOST, twin_spec
 from sqlalchemy import select
 from twinworlds import world
 
@@ -25,7 +26,6 @@ from tuner.storage.orm import Level
 from tuner.storage.store import Store
 from tuner.twin import World, world_from_dict
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.method import HOST, twin_spec
 from tuner.twin.truth import closed_truth
 
 # A spec/plain margin this wide is a clear gain or loss (the live test's TIE): a decision must

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from lab.method import HOST, run_method, twin_spec
 from twinworlds import regret, truth, world
 
 from tuner.decide.paired import Contrast
@@ -23,7 +24,6 @@ from tuner.recommendation import ReasonCode
 from tuner.storage import recommendations
 from tuner.storage.store import Store
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.method import HOST, run_method, twin_spec
 
 TOLERANCE = 0.01  # tune's default: a contender this close does not move the answer
 # 70 % of the time at 6 streams, where drafting wins again after losing at 3 and 4: the best N

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lab.traffic import offer_cycle, plain_server
 
 from tuner.bench import Bench
-from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import LoadGenerator, RequestSample, Workload
 from tuner.measure.observe import Poller, generating_histogram, observe

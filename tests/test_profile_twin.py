@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lab.method import HOST, twin_spec
 from sqlalchemy import select
 from twinworlds import world
 
@@ -20,7 +21,6 @@ from tuner.policy import Policy
 from tuner.storage.orm import Level, Run, Sample
 from tuner.storage.store import Store
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.method import HOST, twin_spec
 
 
 class StallingTwin(TwinBackend):

@@ -94,6 +94,7 @@ def test_bad_budget_or_tolerance_is_one_error_before_anything_runs(
 def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list[tuple[int, str]]):
     """tune on the in-process bench twin, settle.assess replaced by a script of (answer,
     status) standings: what tune does with the moves, whatever the data."""
+    from lab.method import HOST, twin_spec
     from twinworlds import world
 
     from tuner.decide import settle
@@ -101,7 +102,6 @@ def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list
     from tuner.decide.tune import tune
     from tuner.storage.store import Store
     from tuner.twin.inprocess import TwinBackend
-    from tuner.twin.method import HOST, twin_spec
 
     w = world("bench")
     store = Store(f"sqlite:///{tmp_path / 't.db'}")
@@ -170,6 +170,7 @@ def _ordered_tune(
     default two assessments with a contender unresolved, then a tie question that never closes;
     `script(k, answer, kept)` gives the k-th assessment's standing instead. Returns the report and
     the events in order: "assess", and each round measured ("plain" or "threshold")."""
+    from lab.method import HOST, twin_spec
     from twinworlds import world
 
     from tuner.decide import settle
@@ -178,7 +179,6 @@ def _ordered_tune(
     from tuner.decide.tune import tune
     from tuner.storage.store import Store
     from tuner.twin.inprocess import TwinBackend
-    from tuner.twin.method import HOST, twin_spec
 
     w = world("bench")
     store = Store(f"sqlite:///{tmp_path / 't.db'}")

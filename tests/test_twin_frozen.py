@@ -1,4 +1,4 @@
-"""The frozen set of twin worlds (tuner.twin.frozen, profiles/twin/frozen/): the committed files
+"""The frozen set of twin worlds (tests/lab/frozen.py, profiles/twin/frozen/): the committed files
 are what the generator makes, byte for byte; every world loads; the manifest's figures and tags
 hold on each world where a cheap check exists (ranges, weights, noise, the design's expected
 throughput, plain rows against the engine); the set covers what issue 25 asks of it.
@@ -12,11 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from tuner.errors import ConfigError
-from tuner.policy import Policy
-from tuner.twin import closed_level, load_world
-from tuner.twin.frozen import (
+from lab.frozen import (
     CONCENTRATED_SHARE,
     MANIFEST,
     WORLD_COUNT,
@@ -32,6 +28,10 @@ from tuner.twin.frozen import (
     sign_pattern,
     write_set,
 )
+
+from tuner.errors import ConfigError
+from tuner.policy import Policy
+from tuner.twin import closed_level, load_world
 
 REPO = Path(__file__).resolve().parent.parent
 FROZEN = REPO / "profiles" / "twin" / "frozen"

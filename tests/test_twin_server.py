@@ -25,11 +25,13 @@ from tunerproc import finish, start_tuner, tuner_env, twin_server_script
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.errors import ConfigError
 from tuner.measure import metrics
 from tuner.measure.client import LlamaClient, parse_metrics
 from tuner.measure.fingerprint import probe_build, probe_model, require_gguf
 from tuner.measure.load import LoadGenerator, Workload, summarize
 from tuner.measure.observe import Poller
+from tuner.measure.spec import load_spec
 from tuner.policy import Policy
 from tuner.traffic import TrafficProfile
 from tuner.twin import tokenizer
@@ -37,6 +39,7 @@ from tuner.twin.cmdline import ArgError, launch_world, parse_args
 from tuner.twin.command import main
 from tuner.twin.inprocess import TwinBackend
 from tuner.twin.server import TwinServer
+from tuner.twin.world import load_world
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
@@ -352,6 +355,32 @@ def test_the_build_and_the_world_pass_the_tuners_fingerprints(
     other = tmp_path / "other.toml"
     other.write_text(BENCH_WORLD.read_text().replace("quiet", "off").replace("vm", "off"))
     assert probe_model(other).file_sha256 != model.file_sha256  # each world its own identity
+
+
+def test_a_spec_on_a_twin_world_stores_under_the_worlds_own_model_name(tmp_path: Path) -> None:
+    """measure reads a world's model_name without the twin: a spec under another name, or a
+    world that names no model, is refused before anything is measured."""
+    binary = tmp_path / "server"
+    binary.write_text("")
+
+    def spec(model_name: str, world: Path) -> Path:
+        path = tmp_path / "spec.toml"
+        path.write_text(
+            f'name = "s"\nmodel_name = "{model_name}"\n[server]\nbinary = "{binary}"\n'
+            f'model = "{world}"\n[speculative]\nargs = []\n'
+        )
+        return path
+
+    own = load_world(BENCH_WORLD).model_name
+    assert load_spec(spec(own, BENCH_WORLD)).model_name == own
+    with pytest.raises(ConfigError, match="is not the twin world's own"):
+        load_spec(spec(own + "-other", BENCH_WORLD))
+    nameless = tmp_path / "nameless.toml"
+    nameless.write_text(BENCH_WORLD.read_text().replace(f'model_name = "{own}"', ""))
+    with pytest.raises(ConfigError, match=r"server\.model: .*model_name"):
+        load_spec(spec(own, nameless))
+    with pytest.raises(ConfigError, match="model_name"):
+        require_gguf(nameless)
 
 
 @settings(max_examples=200, deadline=None)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ProfiledBench, copy_db
+from lab.traffic import offer_cycle, plain_server
 
 from tuner.bench import Bench
-from tuner.bench.traffic import offer_cycle, plain_server
 from tuner.decide.watch import EnvFile, WatchOptions, watch
 from tuner.measure.launcher import ManagedServer
 from tuner.storage.store import Store

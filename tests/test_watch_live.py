@@ -17,9 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from lab.traffic import offer_cycle
 
 from tuner.bench import Bench
-from tuner.bench.traffic import offer_cycle
 from tuner.decide.watch import WatchOptions, watch
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuner.errors import ConfigError, ServerError
+from tuner.inputs import read_toml
 from tuner.measure.ggufmeta import read_gguf_meta
 
 MAX_SLOTS_FLAG = "--spec-draft-max-slots"
@@ -203,20 +204,27 @@ def require_gguf(path: Path, what: str = "model file") -> None:
     if not path.exists():
         raise ConfigError(f"{what}: file not found: {path}")
     if path.suffix == TWIN_SUFFIX:
-        _twin_world(path, what)
+        twin_model_name(path, what)
         return
     with path.open("rb") as fh:
         if fh.read(4) != GGUF_MAGIC:
             raise ConfigError(f"{what}: {path} is not a GGUF file")
 
 
-def _twin_world(path: Path, what: str) -> None:
-    from tuner.twin.world import load_world  # only a twin's spec needs it
+def twin_model_name(path: Path, what: str = "model file") -> str:
+    """The model name a twin world stores its data under: all that measuring needs of a world.
 
+    Read here as plain TOML rather than through tuner.twin.world, so that measure stays below
+    the twin (which measures through it); the twin checks the rest of the world when it loads
+    it, as the twin server does at launch (the preflight's first)."""
     try:
-        load_world(path)
+        data = read_toml(path, "twin world")
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from exc
+    name = data.get("model_name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what}: {path}: model_name: a twin world names its model (a string)")
+    return name
 
 
 def probe_model(path: Path, hashes: FileHashCache | None = None) -> ModelInfo:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import ConfigError
 from tuner.inputs import read_toml, validation_message
-from tuner.measure.fingerprint import require_gguf
+from tuner.measure.fingerprint import TWIN_SUFFIX, require_gguf, twin_model_name
 from tuner.measure.prompts import OutputLengths, load_prompts
 
 BENCH_PREFIX = "bench:"
@@ -410,14 +410,12 @@ def check_spec_files(spec: ProfileSpec, source: str) -> None:
     if not spec.server.binary.exists():
         raise ConfigError(f"{source}: server.binary: file not found: {spec.server.binary}")
     require_gguf(spec.server.model, f"{source}: server.model")
-    if spec.server.model.suffix == ".toml":
-        from tuner.twin.world import load_world
-
-        world = load_world(spec.server.model)
-        if spec.model_name != world.model_name:
+    if spec.server.model.suffix == TWIN_SUFFIX:
+        own = twin_model_name(spec.server.model, f"{source}: server.model")
+        if spec.model_name != own:
             raise ConfigError(
                 f"{source}: model_name {spec.model_name!r} is not the twin world's own "
-                f"({world.model_name!r} in {spec.server.model}): use it, so that measurements "
+                f"({own!r} in {spec.server.model}): use it, so that measurements "
                 "of two worlds are never stored under one name"
             )
 

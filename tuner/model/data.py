@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from tuner.policy import Policy
-
-if TYPE_CHECKING:
-    from tuner.model.acceptance import Acceptance
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,18 @@ class FitData:
         return [lv for lv in self.thresholds if not lv.policy.drafts_at(lv.concurrency)]
 
 
-def level_step(level: LevelObs, acceptance: Acceptance | None, repeats: Sequence[Repeat]) -> float:
+class MeanLength(Protocol):
+    """What a level's step time needs of the acceptance (tuner.model.acceptance.Acceptance,
+    which is fitted from this module's data and so is not imported here)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def mean_length(self) -> float: ...
+
+
+def level_step(level: LevelObs, acceptance: MeanLength | None, repeats: Sequence[Repeat]) -> float:
     """Effective step time (ms) of a level from (a resample of) its repeats: median over repeats.
 
     T = c * L / tok/s with L = 1 where the server does not draft at this level (plain, a threshold

@@ -13,12 +13,14 @@
 Those are pure (no I/O beyond world files) and are what this package exports. Built on them,
 imported by their own module names:
 
-- `backend`: the twin as a measurement backend of the schedule, in-process in virtual time;
-  `method`: the tuner's methods run against a world (what `benchmarks/twin_regret.py` grades);
-- `server` (with `launch`, `live`, `http`, `answers`, `tokenizer`): `tuner-twin-server`, the
+- `inprocess`: the twin as a measurement backend of the schedule, in-process in virtual time;
+- `server` (with `cmdline`, `live`, `http`, `answers`, `tokenizer`): `tuner-twin-server`, the
   twin as an HTTP llama-server taking llama-server's command line, in virtual time at
-  `--speed`; `summary`: what `tuner twin truth` prints;
-- `frozen`: the frozen set of worlds the method is graded on.
+  `--speed`; `truth_table`: what `tuner twin truth` prints.
+
+The twin sits below decide and imports nothing from it or from the CLI: what runs the tuner's
+methods against a world, and the frozen set of worlds they are graded on, are the tests' lab
+(tests/lab/).
 """
 
 from __future__ import annotations

@@ -12,20 +12,28 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tuner.twin import tokenizer
-from tuner.twin.command import BUILD_INFO
 from tuner.twin.engine import Request, RequestResult
 from tuner.twin.http import BadRequest, bad_request
 from tuner.twin.live import Done, Tokens
-
-if TYPE_CHECKING:
-    from tuner.twin.server import TwinServer
+from tuner.twin.version import BUILD_INFO
 
 MAX_SLOTS_KEY = "spec_draft_max_slots"
 PROPS_EXPECTED = 'expected exactly {"spec_draft_max_slots": N}, N an integer >= 0, 0 = no limit'
 INT32_MAX = 2**31 - 1
+
+
+class Server(Protocol):
+    """What an answer needs of the server that gives it (tuner.twin.server.TwinServer), named
+    here so that answers, which the server imports, need not import the server back."""
+
+    model_name: str
+
+    def random_id(self) -> str: ...
+
+    def _params(self) -> dict[str, Any]: ...
 
 
 class Answer:
@@ -33,7 +41,7 @@ class Answer:
 
     def __init__(
         self,
-        server: TwinServer,
+        server: Server,
         chat: bool,
         request: Request,
         body: dict[str, Any],

@@ -8,19 +8,10 @@ launch; answered here, before numpy and the engine are imported, each costs a Py
 
 from __future__ import annotations
 
-import platform
 import sys
 from collections.abc import Sequence
 
-from tuner import __version__
-
-BUILD_INFO = f"twin-{__version__}"
-VERSION_TEXT = (
-    f"version: 0 ({BUILD_INFO})\n"
-    f"built with tuner twin on Python {platform.python_version()} for "
-    f"{platform.system()} {platform.machine()}"
-)
-
+from tuner.twin.version import VERSION_TEXT
 
 HELP_TEXT = """usage: tuner-twin-server [options]
 

@@ -58,7 +58,6 @@ from tuner.twin.cmdline import (
     launch_world,
     parse_args,
 )
-from tuner.twin.command import BUILD_INFO
 from tuner.twin.engine import Engine, Request
 from tuner.twin.http import (
     BadRequest,
@@ -72,6 +71,7 @@ from tuner.twin.http import (
     sse,
 )
 from tuner.twin.live import Done, Event, Failed, LiveEngine, Snapshot, Tokens
+from tuner.twin.version import BUILD_INFO
 from tuner.twin.world import World
 
 SEED_RANDOM = 0xFFFFFFFF  # llama-server: pick a seed at random
