@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from sqlalchemy import select
-from twinthread import twin_in_thread
+from twinthread import four_rounds, twin_in_thread
 
 from tuner.errors import ServerError
 from tuner.measure.attach import attach
@@ -137,13 +137,7 @@ def test_a_profile_leaves_out_and_measures_again_the_rounds_others_shared(
             others.send(300)  # after the first round: it runs through the next ones
             others.busy_until_seen()
 
-    overrides = [
-        ("workload.concurrency", [2]),
-        ("workload.max_tokens", 32),
-        ("workload.warmup", 0),
-        ("workload.min_repeats", 4),
-        ("workload.max_repeats", 4),
-    ]
+    overrides = four_rounds(32)
     attach(store, server.url, "shared", "twin", None, tmp_path, observer, overrides=overrides)
     others.join()
     with store.session() as session:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from twinthread import twin_in_thread
+from twinthread import four_rounds, twin_in_thread
 
 from tuner.decide.tune import live_gains
 from tuner.measure.attach import attach
@@ -258,13 +258,7 @@ def _profile(server: TwinServer, tmp_path: Path, machine: Machine, busy_from: in
         return machine()
 
     original = Profiler.attach_backend
-    overrides = [
-        ("workload.concurrency", [2]),
-        ("workload.max_tokens", 16),
-        ("workload.warmup", 0),
-        ("workload.min_repeats", 4),
-        ("workload.max_repeats", 4),
-    ]
+    overrides = four_rounds(16)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Profiler, "attach_backend", watch)
         attach(store, server.url, "watched", "twin", None, tmp_path, observer, overrides=overrides)

@@ -5,6 +5,7 @@ the live switch on."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tuner.twin.cmdline import launch_world, parse_args
 from tuner.twin.server import TwinServer
@@ -25,3 +26,14 @@ def twin_in_thread(*extra: str, port: int = 0, speed: float = 50.0) -> TwinServe
     args = parse_args(argv, env={})
     world, policy = launch_world(args)
     return TwinServer(args, world, policy, log=lambda _: None).start_in_thread()
+
+
+def four_rounds(max_tokens: int) -> list[tuple[str, Any]]:
+    """attach's overrides for four rounds at 2 streams of max_tokens each, no warm-up."""
+    return [
+        ("workload.concurrency", [2]),
+        ("workload.max_tokens", max_tokens),
+        ("workload.warmup", 0),
+        ("workload.min_repeats", 4),
+        ("workload.max_repeats", 4),
+    ]
