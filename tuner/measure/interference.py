@@ -134,8 +134,8 @@ def _processes(proc: Path) -> dict[tuple[int, int], Proc]:
 
 
 def snapshot(gpu: bool = True, proc: Path = Path("/proc")) -> Snapshot:
-    """This machine now. The device is asked first, so the tools' own CPU falls before the
-    window that the next snapshot closes (at a round's end the backend asks after)."""
+    """This machine now (the device asked first: nvidia-smi's own CPU, a child the tuner
+    reaped, counts as the tuner's)."""
     devices = gpu_processes() if gpu else None
     with open(proc / "stat") as f:
         busy, steal = parse_cpu_line(f.readline())
