@@ -44,9 +44,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh SQLite database and cache dir for each test; the bench stays where it is."""
+    """A fresh SQLite database, cache and state dir for each test; the bench stays where it is."""
     monkeypatch.setenv("TUNER_DB", f"sqlite:///{tmp_path / 'tuner.db'}")
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TUNER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("TUNER_BENCH_MANIFEST", str(BENCH_MANIFEST))
     monkeypatch.delenv("TUNER_API_KEY", raising=False)
     monkeypatch.delenv("TUNER_HOST_NAME", raising=False)

@@ -1,4 +1,4 @@
-"""Settings in one place: env prefix TUNER_, database URL, cache and bench locations."""
+"""Settings in one place: env prefix TUNER_, database URL, cache, state and bench locations."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_cache_dir(APP_NAME)),
         description="where bench builds, bench models and server logs live",
+    )
+    state_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir(APP_NAME)) / "state",
+        description="what a running tuner leaves for the next: locks and records of the "
+        "servers it holds (a tune of a server it did not start)",
     )
     bench_manifest: Path | None = Field(
         default=None,

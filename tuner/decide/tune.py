@@ -148,10 +148,13 @@ def _add_round(
     side: float = 1.0,
 ) -> None:
     """A stored round as one half of its pair, unless it has no figure of the level: no
-    tokens, no round key, or apart (no window: the sum of lone streams' rates). Where `drew`
+    tokens, no round key, apart (no window: the sum of lone streams' rates), or disturbed by
+    others (busy, foreign: kept as measured after its third try, profiler). Where `drew`
     is given (the round is the pair's drafting half), the acceptance its requests drew is kept
     there for _block_diffs."""
-    if r.get("apart") or not r.get("tokens_per_second") or r.get("round_key") is None:
+    if r.get("apart") or r.get("busy") or r.get("foreign"):
+        return  # no window; other programs on the machine, or others' requests on the server
+    if not r.get("tokens_per_second") or r.get("round_key") is None:
         return
     key = (run_id, int(r["round_key"]))
     tps = float(r["tokens_per_second"])

@@ -29,14 +29,16 @@ The twin's in-process backend (tuner/twin/inprocess.py) speaks the same interfac
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tuner.errors import ConfigError, LoadError, ServerError
-from tuner.measure import client, metrics
+from tuner.measure import client, interference, metrics
 from tuner.measure.client import LlamaClient
+from tuner.measure.foreign import Foreign, foreign_requests
+from tuner.measure.interference import RoundLoad, Snapshot
 from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import (
     LoadGenerator,
@@ -75,6 +77,8 @@ class Measured:
     # Where requests failed: what the backend makes of it (the server's death named, or a hang),
     # for the level's error; None where it knows nothing more than the requests' own errors.
     failure: str | None = None
+    machine: RoundLoad | None = None  # what the rest of the machine did (None: not watched)
+    foreign: Foreign | None = None  # others' requests the round overlapped
 
 
 def switch_problem(name: str, drafted: dict[int, int | None], n_max: int) -> str | None:
@@ -207,6 +211,7 @@ class _Up:
     server: ManagedServer
     max_slots: int | None = None  # the live threshold set now (live launches)
     speed: float = 1.0  # how fast its clock runs against the wall (a twin server's --speed)
+    twin: bool | None = None  # a twin server (its /props says so): asked when first needed
 
 
 @dataclass
@@ -221,6 +226,10 @@ class ServerBackend:
     way: str = RELAUNCH
     run_id: int | None = None
     side_by_side: bool = False  # keep the last two launches up (see the module docstring)
+    # The machine watched around each round (measure/interference.py); None: unless the server
+    # is a twin, whose figures are its virtual clock's. snapshot: tests give their own.
+    watch: bool | None = None
+    snapshot: Callable[[], Snapshot] = interference.snapshot
     _up: _Up | None = None
     _parked: _Up | None = None  # side by side: the other launch, up and idle
     _launches: int = 0
@@ -443,12 +452,30 @@ class ServerBackend:
         where = f"during {policy.config_name} at concurrency {cell[1]}" + (
             f", depth {cell[0]}" if cell[0] else ""
         )
-        measured = measure_round(
-            server.url, cell, round_key, workload, lambda w, d: self.explain(server, w, d), where
+
+        def explain(at: str, detail: str) -> str:
+            return self.explain(server, at, detail)
+
+        measured = watched(
+            lambda: measure_round(server.url, cell, round_key, workload, explain, where),
+            self._watcher(),
+            lambda: [u.server.pid for u in (self._up, self._parked) if u and u.server.pid],
         )
         if self.way == LIVE and policy.drafting and self._up is not None:
             measured.max_slots = self._up.max_slots
         return measured
+
+    def _watcher(self) -> Callable[[], Snapshot] | None:
+        """The snapshots to take around the round on the server up now; None: not watched."""
+        up = self._up
+        if up is None or self.watch is False:
+            return None
+        if self.watch is None:
+            if up.twin is None:
+                up.twin = "twin" in up.server.props()
+            if up.twin:
+                return None
+        return self.snapshot
 
     def arrivals(
         self,
@@ -473,6 +500,10 @@ class AttachedBackend:
     url: str
     api_key: str | None = None
     way: str = ATTACHED
+    watch: bool | None = None  # as ServerBackend's; a server elsewhere is never watched
+    snapshot: Callable[[], Snapshot] = interference.snapshot
+    unwatched: str | None = None  # why its machine is not watched, where it is not
+    _pids: list[int] | None = None  # the server's processes here, once looked for
     _started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -492,7 +523,24 @@ class AttachedBackend:
         where = f"during {policy.config_name} at concurrency {cell[1]}" + (
             f", depth {cell[0]}" if cell[0] else ""
         )
-        return measure_round(self.url, cell, round_key, workload, self.explain, where, self.api_key)
+        return watched(
+            lambda: measure_round(
+                self.url, cell, round_key, workload, self.explain, where, self.api_key
+            ),
+            self._watcher(),
+            lambda: self._pids or [],
+        )
+
+    def _watcher(self) -> Callable[[], Snapshot] | None:
+        if self.watch is False:
+            return None
+        if self._pids is None:
+            self._pids = []
+            with LlamaClient(self.url, self.api_key) as api:
+                twin = "twin" in api.props()
+            if self.watch or not twin:
+                self._pids, self.unwatched = interference.server_pids(self.url)
+        return self.snapshot if self._pids else None
 
     def warm_up(self, spec: ProfileSpec) -> None:
         warm_up(spec, self.url, self.explain, self.api_key)
@@ -505,6 +553,19 @@ class AttachedBackend:
 
 
 Explain = Callable[[str, str], str]  # (where, detail) -> the message a failure raises with
+
+
+def watched(
+    measure: Callable[[], Measured],
+    snapshot: Callable[[], Snapshot] | None,
+    server_pids: Callable[[], Collection[int]],
+) -> Measured:
+    """A round measured between two snapshots of the machine (none: not watched)."""
+    start = snapshot() if snapshot is not None else None
+    measured = measure()
+    if start is not None and snapshot is not None:
+        measured.machine = interference.round_load(start, snapshot(), server_pids())
+    return measured
 
 
 def measure_round(
@@ -534,8 +595,13 @@ def measure_round(
     if failed:
         bad = [s for s in samples if not s.ok]
         failure = explain(where, f"{len(bad)} of {cell[1]} requests failed ({bad[0].error})")
+    own = sum(s.tokens for s in samples)
     return Measured(
-        samples, metrics.drafting_summary(after.since(before)), seconds, failure=failure
+        samples,
+        metrics.drafting_summary(after.since(before)),
+        seconds,
+        failure=failure,
+        foreign=None if failed else foreign_requests(before, after, own),
     )
 
 

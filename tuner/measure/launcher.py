@@ -384,6 +384,29 @@ def listens_on(process: subprocess.Popen[bytes] | None, port: int | None) -> boo
     return False
 
 
+def pids_listening_on(port: int) -> list[int]:
+    """The processes holding the socket that listens on a TCP port of this machine (Linux
+    /proc); empty where none is, or where the holder's /proc/<pid>/fd cannot be read (another
+    user's process)."""
+    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    if not wanted:
+        return []
+    pids = []
+    for folder in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            fds = list(folder.iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    pids.append(int(folder.parent.name))
+                    break
+            except OSError:
+                continue
+    return pids
+
+
 def _group_members(group: int) -> list[int]:
     """The pids of a process group (the leader first)."""
     members = [group]

@@ -25,8 +25,10 @@ from typing import Any
 
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
-from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
+from tuner.measure.backend import AttachedBackend, Backend, Measured, ServerBackend
 from tuner.measure.fingerprint import probe_host
+from tuner.measure.foreign import foreign_summary
+from tuner.measure.interference import RoundLoad, busy_summary
 from tuner.measure.load import (
     Workload,
     accept_by_stream,
@@ -72,6 +74,11 @@ __all__ = [
 STALL_TRIES = 3  # a round that stalls (Profiler._stall) is measured again, at most twice
 
 
+class Disturbed(str):
+    """Why a round is left out as a stalled one is, where the cause is others: other programs
+    on the machine, or others' requests on the server (Profiler._interference)."""
+
+
 @dataclass
 class Profiler:
     """Runs schedules of policies x cells through a backend and records every round."""
@@ -91,6 +98,11 @@ class Profiler:
     # spec's shallowest. A profile measures (depth, concurrency) cells.
     depth: int = field(init=False)
     reopened: bool = field(init=False, default=False)  # a resumed run (reopen_run)
+    # This command's rounds, and those other programs or others' requests disturbed (the
+    # summary at its end)
+    _rounds: int = field(init=False, default=0)
+    _busy: list[RoundLoad] = field(init=False, default_factory=list)
+    _foreign: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.depth = self.spec.workload.context_tokens[0]
@@ -136,6 +148,7 @@ class Profiler:
             finally:
                 assert self.backend is not None
                 self.backend.close()
+                self._say_interference()
 
         return self.recorder.guarded(closing, resume_hint)
 
@@ -225,18 +238,19 @@ class Profiler:
                 raise
             figures = summarize(measured.samples, concurrency)
             paused = pause_in_window(measured.samples, concurrency)
-            stall = self._stall(step, paused, figures.tokens_per_second)
+            marks, disturbed = self._interference(measured, figures.tokens_per_second)
+            stall = disturbed or self._stall(step, paused, figures.tokens_per_second)
             if stall is None or attempt == STALL_TRIES:
                 break
             # Kept, not counted, and the same round (key, prompts, seeds) measured again: a
             # minute the machine stood still is not a figure of the policy.
             self.recorder.store_repeat(
                 level.id, repeat, measured.samples, figures, measured.drafting, step,
-                {"seconds": measured.seconds, "stall": stall}, stalled=True,
+                {"seconds": measured.seconds, "stall": stall, **marks}, stalled=True,
             )  # fmt: skip
             repeat += 1
             self._warn_stall(policy, concurrency, stall, "measuring the round again")
-        extra: dict[str, Any] = {"seconds": measured.seconds}
+        extra: dict[str, Any] = {"seconds": measured.seconds, **marks}
         if paused is not None:  # kept for every round: what a stall stands out from
             extra["longest_pause_s"] = paused[0]
         if stall is not None:  # stalled every time: kept as measured, and said so
@@ -331,8 +345,47 @@ class Profiler:
 
     def _warn_stall(self, policy: Target | str, concurrency: int, stall: str, what: str) -> None:
         name = policy if isinstance(policy, str) else self.level_name(policy)
-        text = f"warning: {name} at {concurrency} streams: the machine stalled ({stall}); {what}"
+        said = stall if isinstance(stall, Disturbed) else f"the machine stalled ({stall})"
+        text = f"warning: {name} at {concurrency} streams: {said}; {what}"
         self.observer(ProgressEvent("message", text=text))
+
+    def _interference(
+        self, measured: Measured, rate: float | None
+    ) -> tuple[dict[str, Any], Disturbed | None]:
+        """What others did over the round: the marks it is stored with (the machine's load by
+        whom; `busy` where other programs competed for the machine, `foreign` where others'
+        requests shared the server: tune leaves such rounds out), and why it is disturbed, with
+        its figure (None: it was not). A backend that cannot watch the machine says why once."""
+        self._rounds += 1
+        marks: dict[str, Any] = {}
+        why: list[str] = []
+        load = measured.machine
+        if load is not None:
+            marks["machine"] = load.stored()
+            if load.busy:
+                marks["busy"] = True
+                why.append(load.why())
+                self._busy.append(load)
+        if measured.foreign is not None:
+            marks["foreign"] = measured.foreign.stored()
+            why.append(measured.foreign.why())
+            self._foreign += 1
+        unwatched = getattr(self.backend, "unwatched", None)
+        if unwatched and self._rounds == 1:
+            self.observer(ProgressEvent("message", text=f"note: {unwatched}"))
+        if not why:
+            return marks, None
+        figure = f"{rate:.1f} tok/s" if rate else "its figure"
+        return marks, Disturbed(f"{figure} while {'; and '.join(why)}")
+
+    def _say_interference(self) -> None:
+        """The command's rounds that others disturbed, in words, at its end."""
+        for text in (
+            busy_summary(self._busy, self._rounds),
+            foreign_summary(self._foreign, self._rounds),
+        ):
+            if text is not None:
+                self.observer(ProgressEvent("message", text=f"warning: {text}"))
 
     def _drafted_off(self, policy: Target, concurrency: int, drafted: int | None) -> str | None:
         """A warning where a threshold that must not draft at this level drafted inside the
