@@ -18,7 +18,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from record import Table, record_arguments, save_run
+from record import Table, fmt, record_arguments, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def main() -> int:
                         )
                         print(
                             f"round {round_ + 1} {build:>8} {policy.config_name:>5} c={c}: "
-                            f"{figures.tokens_per_second:.1f} tok/s",
+                            f"{fmt(figures.tokens_per_second, '.1f')} tok/s",
                             flush=True,
                         )
     portable = bench.variant
