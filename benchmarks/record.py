@@ -164,12 +164,11 @@ def run_record(
     summary: Mapping[str, Any],
     tables: Sequence[Table],
     argv: Sequence[str],
-    date: str | None = None,
 ) -> dict[str, Any]:
-    """A run's JSON object (date: ISO UTC, now when not given)."""
+    """A run's JSON object, dated now (ISO 8601, UTC)."""
     return {
         "benchmark": benchmark,
-        "date": date or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "version": version(),
         "command": command(argv),
@@ -284,9 +283,10 @@ def render_page(runs: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         "# Benchmark results",
         "",
-        f"Generated from benchmarks/results/*/*.json by `{RENDER}`: do not edit by hand. "
-        f"`{RENDER} --check` (run by scripts/test.sh) fails when this page is not current.",
-        "Each benchmark's docstring (benchmarks/*.py) says what it measures and how.",
+        f"Generated from benchmarks/results/*/*.json by `{RENDER}`: do not edit by hand.",
+        f"`{RENDER} --check` (scripts/test.sh runs it) fails when this page is not current.",
+        "Each benchmark's docstring (benchmarks/NAME.py) says what it measures and how; its runs",
+        "are listed newest first.",
     ]
     by_name: dict[str, list[Mapping[str, Any]]] = {}
     for run in runs:
