@@ -171,11 +171,11 @@ def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def shown(out: list, title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A table as printed (table), kept in out for the run's results file."""
+def shown(kept: list, title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A table as printed (table), kept for the run's results file."""
     from record import Table
 
-    out.append(Table(title, [str(h) for h in head], [list(r) for r in rows]))
+    kept.append(Table(title, [str(h) for h in head], [list(r) for r in rows]))
     return table(head, rows)
 
 
@@ -295,7 +295,7 @@ def profile_and_tune(
     )
 
 
-def part1(workdir: Path, binary: Path, speed: float, out: list) -> Tuned:
+def part1(workdir: Path, binary: Path, speed: float, kept: list) -> Tuned:
     print("\n== 1. the seed's gfx1151 twin over HTTP: profile + tune against the truth ==")
     world = load_world(SEED_WORLD)
     began = time.perf_counter()
@@ -306,7 +306,7 @@ def part1(workdir: Path, binary: Path, speed: float, out: list) -> Tuned:
     print("\n70 % of the weight at one level (30 % spread evenly over the others):")
     head = ["level", "best", "objective", "runner-up", "margin", "uniform best's regret"]
     title = "1. 70 % of the weight at one level (30 % spread evenly over the others)"
-    print(shown(out, title, [*head, "uniform runner-up's regret"], rows))
+    print(shown(kept, title, [*head, "uniform runner-up's regret"], rows))
     print(f"chosen: {why}")
     results: list[Tuned] = []
     for name, weights in (("uniform", None), (f"at-{level}", concentrated(level, 8))):
@@ -348,7 +348,7 @@ def part1(workdir: Path, binary: Path, speed: float, out: list) -> Tuned:
     print()
     head = ["weights", "tuned", "tie", "truth best", "regret", "<= 0.3 %"]
     head += ["profile virtual / rounds", "tune virtual / rounds", "wall", "fit's weights"]
-    print(shown(out, f"1. profile + tune over HTTP at speed {speed:g}", head, rows))
+    print(shown(kept, f"1. profile + tune over HTTP at speed {speed:g}", head, rows))
     print(
         f"(speed {speed:g}; virtual: measured rounds on the twin's clock, each its longest request)"
     )
@@ -431,7 +431,7 @@ def part2(
     speed: float,
     window: float,
     seed: int,
-    out: list,
+    kept: list,
 ) -> None:
     print("\n== 2. open loop on the seed twin: observe, then recommend --traffic ==")
     world = load_world(SEED_WORLD)
@@ -516,20 +516,20 @@ def part2(
     print(f"{window:g} virtual s of arrivals per rate at --speed {speed:g}\n")
     print("open_loop_truth per policy (noise-free):")
     head = ["rate", "policy", "tok/s", "mean TPOT ms", "p95 TPOT", "p95 TTFT", "gen"]
-    print(shown(out, "2. open_loop_truth per policy (noise-free)", head, truth_rows))
+    print(shown(kept, "2. open_loop_truth per policy (noise-free)", head, truth_rows))
     print()
     head = ["target gen", "rate", "truth gen", "served gen", "observed gen", "realised rate"]
     head += ["observed rate", "mean out", "truth best tpot"]
     head += ["tpot: N, regret"]
     head += ["truth best tps", "tps: N, tps regret", "wall"]
     title = f"2. open loop under N={n}: observe, then recommend --traffic"
-    print(shown(out, title, head, rows))
+    print(shown(kept, title, head, rows))
 
 
 # --- part 3 -----------------------------------------------------------------------------------
 
 
-def part3(workdir: Path, binary: Path, speed: float, seed: int, out: list) -> None:
+def part3(workdir: Path, binary: Path, speed: float, seed: int, kept: list) -> None:
     print("\n== 3. flapping: a drafter that catches up on resume (seed-flapping) ==")
     world = load_world(FLAP_WORLD)
     data = world.model_dump()
@@ -581,7 +581,7 @@ def part3(workdir: Path, binary: Path, speed: float, seed: int, out: list) -> No
         print(f"\nrate {rate:.4f}/s ({OUTPUT_TOKENS} tokens each), 3600 virtual s:")
         head = ["policy", "tok/s", "tok/s no catch-up", "mean TPOT ms", "no catch-up"]
         title = f"3. flapping at rate {rate:.4f}/s, 3600 virtual s"
-        print(shown(out, title, [*head, "flapping cost", "gen"], rows))
+        print(shown(kept, title, [*head, "flapping cost", "gen"], rows))
         best = best_tpot(truth)
         middle = [Policy.threshold(k, world.n_max) for k in range(2, world.n_parallel)]
         ends = (Policy.always(world.n_max), Policy.threshold(1, world.n_max))
@@ -625,7 +625,7 @@ def part3(workdir: Path, binary: Path, speed: float, seed: int, out: list) -> No
     head = ["rate", "gen under closed best", "closed best", "open-loop best tpot"]
     head += ["best without catch-up", "N losing to both N=0 and N=1", "recommend tpot"]
     head += ["regret (mean TPOT)", "regret without catch-up", "wall"]
-    print(shown(out, "3. flapping: recommend --objective tpot --rate", head, summary))
+    print(shown(kept, "3. flapping: recommend --objective tpot --rate", head, summary))
     print(f"(profile of the flapping twin at speed {speed:g}: {profiled.wall_s:.0f} s wall)")
 
 
