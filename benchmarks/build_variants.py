@@ -18,7 +18,22 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from record import Table, fmt, record_arguments, save_run
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def median_rows(
+    tps: dict[tuple[str, str, int], list[float]], levels: list[int], portable: str
+) -> list[list]:
+    """Per configuration and level: the portable build's median tok/s, native's, their ratio."""
+    rows: list[list] = []
+    for config in ("plain", "spec"):
+        for c in levels:
+            mine = statistics.median(tps[(portable, config, c)])
+            native = statistics.median(tps[("native", config, c)])
+            rows.append([config, c, mine, native, mine / native])
+    return rows
 
 
 def main() -> int:
@@ -26,6 +41,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--levels", default="1,8")
     parser.add_argument("--spec", default=str(REPO / "profiles" / "bench-smollm2-cpu.toml"))
+    record_arguments(parser)
     args = parser.parse_args()
 
     from tuner.bench import load_bench, proven_build
@@ -69,17 +85,27 @@ def main() -> int:
                         )
                         print(
                             f"round {round_ + 1} {build:>8} {policy.config_name:>5} c={c}: "
-                            f"{figures.tokens_per_second:.1f} tok/s",
+                            f"{fmt(figures.tokens_per_second, '.1f')} tok/s",
                             flush=True,
                         )
     portable = bench.variant
+    rows = median_rows(tps, levels, portable)
     print(f"\nmedian tok/s over {args.rounds} interleaved rounds ({portable} vs native):")
     print(f"{'config':>6} {'c':>3} {portable:>9} {'native':>9} {'ratio':>7}")
-    for config in ("plain", "spec"):
-        for c in levels:
-            mine = statistics.median(tps[(portable, config, c)])
-            native = statistics.median(tps[("native", config, c)])
-            print(f"{config:>6} {c:>3} {mine:>9.1f} {native:>9.1f} {mine / native:>7.3f}")
+    for config, c, mine, native, ratio in rows:
+        print(f"{config:>6} {c:>3} {mine:>9.1f} {native:>9.1f} {ratio:>7.3f}")
+    save_run(
+        __file__,
+        args,
+        {"rounds": args.rounds, "portable build": portable, "native build": proof.system_info},
+        [
+            Table(
+                f"median tok/s over {args.rounds} interleaved rounds",
+                ["config", "streams", portable, "native", "ratio"],
+                rows,
+            )
+        ],
+    )
     return 0
 
 

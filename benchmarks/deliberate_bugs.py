@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import Table, record_arguments, save_run
+
 REPO = Path(__file__).resolve().parent.parent
 DECISION_TESTS = ["tests/test_decisions.py", "tests/test_bench_twin.py"]
 
@@ -103,13 +105,23 @@ def run_decision_tests(root: Path, workers: int) -> tuple[list[str], int, float]
     return failed, sum(map(int, counts)), seconds
 
 
+BUG_COLUMNS = ["bug", "caught", "failed tests", "decision tests", "seconds", "failed"]
+
+
+def bug_row(name: str, failed: list[str], ran: int, seconds: float) -> list:
+    """One bug's row: whether a decision test caught it, how many of how many, which."""
+    return [name, bool(failed), len(failed), ran, seconds, [t.split("::")[-1] for t in failed]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bug", choices=sorted(BUGS), action="append")
     parser.add_argument("--workers", type=int, default=2)
+    record_arguments(parser)
     args = parser.parse_args()
     names = args.bug or list(BUGS)
     caught_all = True
+    rows: list[list] = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"tuner-bug-{name}-") as tmp:
             root = Path(tmp) / "repo"
@@ -120,7 +132,14 @@ def main() -> None:
         print(f"{name}: {verdict} by {len(failed)} of {ran} decision tests ({seconds:.0f} s)")
         for test in failed:
             print(f"    {test}")
+        rows.append(bug_row(name, failed, ran, seconds))
     print("every bug caught" if caught_all else "a bug went uncaught: the decision tests miss it")
+    save_run(
+        __file__,
+        args,
+        {"every bug caught": caught_all, "workers": args.workers},
+        [Table("the decision tests against each bug", BUG_COLUMNS, rows)],
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import tuner, tuner_env, tuner_run
+from record import Table, fmt, record_arguments, save_run
 
 from tuner.model.costmodel import CostModel
 from tuner.model.depth import bracket, tps_at_depth
@@ -146,6 +147,35 @@ def held_out_error(db_url: str, model: str, depths: list[int], held: int) -> Hel
     )
 
 
+def crossover_rows(by_depth: dict[str, dict]) -> list[list]:
+    """`tuner fit`'s crossover per depth: depth, streams, its interval, and as text."""
+    rows: list[list] = []
+    for depth, cross in by_depth.items():
+        streams = cross["streams"]
+        where = (
+            f"{streams:.1f} streams [{fmt(cross['lower'], '.1f')}, {fmt(cross['upper'], '.1f')}]"
+            if streams is not None
+            else "none (plain ahead from 1 stream)"
+            if cross["spec_wins_upto"] == 0
+            else "none (spec ahead at every level)"
+        )
+        rows.append([int(depth), streams, cross.get("lower"), cross.get("upper"), where])
+    return rows
+
+
+HELD_COLUMNS = [
+    "mean abs error %",
+    "step time alone %",
+    "own fit %",
+    "repeat spread %",
+    "points",
+]
+
+
+def held_row(h: HeldOut) -> list:
+    return [h.error, h.step_error, h.own_fit_error, h.repeat_spread, h.points]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", default="0,1024,2048", help="three depths, comma-separated")
@@ -153,12 +183,14 @@ def main() -> None:
     parser.add_argument(
         "--skip-default", action="store_true", help="leave out step 1 (the default profile)"
     )
+    record_arguments(parser)
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     model = tomllib.loads(SPEC.read_text())["model_name"]
     spec = tomllib.loads(SPEC.read_text())
     deepest = max(depths) + spec["workload"]["max_tokens"]
     ctx = f"server.ctx_size={deepest * spec['server']['n_parallel']}"
+    default_s = None
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -189,19 +221,14 @@ def main() -> None:
             flush=True,
         )
         fitted = json.loads(tuner(env, "fit", "--model", model, "--format", "json"))
-        for depth, cross in fitted["crossover_by_depth"].items():
-            streams = cross["streams"]
-            where = (
-                f"{streams:.1f} streams [{cross['lower']:.1f}, {cross['upper']:.1f}]"
-                if streams is not None
-                else "none (plain ahead from 1 stream)"
-                if cross["spec_wins_upto"] == 0
-                else "none (spec ahead at every level)"
-            )
+        crossings = crossover_rows(fitted["crossover_by_depth"])
+        for depth, _, _, _, where in crossings:
             print(f"crossover at depth {depth}: {where}")
+        recommended = []
         for depth in (depths[0], depths[-1]):
             line = tuner(env, "recommend", "--model", model, "--context", str(depth), "-q")
             print(f"recommended at depth {depth}: {line.strip()}")
+            recommended.append([depth, line.strip()])
         held = depths[len(depths) // 2]
         held_out = held_out_error(env["TUNER_DB"], model, depths, held)
         print(
@@ -212,6 +239,29 @@ def main() -> None:
             f"levels {held_out.own_fit_error:.1f} %, each repeat against the median of its "
             f"level's others {held_out.repeat_spread:.1f} %"
         )
+    summary = {
+        "default profile s": default_s,
+        "one depth s (--budget 0)": one_s,
+        f"{len(depths)} depths s (--budget 0)": three_s,
+        "cost ratio (target: at most 3)": three_s / one_s,
+        "prefilling deep context s (new launches, shared)": [fresh_s, shared_s],
+        "ratio without prefilling": (three_s - prefill_s) / one_s,
+        f"held-out depth {held}: mean abs error % (target: at most 8)": held_out.error,
+    }
+    save_run(
+        __file__,
+        args,
+        summary,
+        [
+            Table("crossover by depth", ["depth", "streams", "lower", "upper", ""], crossings),
+            Table("recommended", ["depth", "tuner recommend -q"], recommended),
+            Table(
+                f"held-out depth {held}, predicted from {[d for d in depths if d != held]}",
+                HELD_COLUMNS,
+                [held_row(held_out)],
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import Table, record_arguments, save_run
+
 TARGET_S = 5.0
 
 
@@ -28,6 +30,7 @@ def main() -> int:
     parser.add_argument("--db", help="an existing database (default: the bench data, in /tmp)")
     parser.add_argument("--model", default="smollm2-bench")
     parser.add_argument("--host", default="bench-host")
+    record_arguments(parser)
     args = parser.parse_args()
 
     from tuner.decide import advice as rec
@@ -43,7 +46,7 @@ def main() -> int:
 
             store = Store(f"sqlite:///{Path(tmp) / 'bench.db'}")
             store_profile(store, model=args.model, host=args.host)
-        times, fit_times = [], []
+        times, fit_times, rows = [], [], []
         for i in range(args.repeats):
             started = time.perf_counter()
             # A fresh fit each time (a new seed: nothing is reused), then a fresh study on it.
@@ -61,6 +64,7 @@ def main() -> int:
             done = time.perf_counter()
             times.append(done - started)
             fit_times.append(fitted - started)
+            rows.append(repeat_row(i, started, fitted, done, report, args.tune_n_max))
             print(
                 f"repeat {i + 1}: fit {fitted - started:.2f} s + search {done - fitted:.2f} s "
                 f"({report.trials} trials, {report.sampler}) = {done - started:.2f} s -> "
@@ -73,7 +77,35 @@ def main() -> int:
             + ("ok" if median < TARGET_S else "TOO SLOW")
         )
         store.dispose()
+    save_run(
+        __file__,
+        args,
+        {
+            "fit + search: median s": median,
+            "fit alone: median s": statistics.median(fit_times),
+            f"target < {TARGET_S:.0f} s": median < TARGET_S,
+            "data": args.db or "the bundled bench profile (tests/benchdata.py)",
+        },
+        [Table("repeats", REPEAT_COLUMNS, rows)],
+    )
     return 0 if median < TARGET_S else 1
+
+
+REPEAT_COLUMNS = ["repeat", "fit s", "search s", "total s", "trials", "sampler", "N", "n_max"]
+
+
+def repeat_row(i: int, started: float, fitted: float, done: float, report, n_max: bool) -> list:
+    """One repeat: its fit and search times, the study's trials and sampler, the answer."""
+    return [
+        i + 1,
+        fitted - started,
+        done - fitted,
+        done - started,
+        report.trials,
+        report.sampler,
+        report.max_slots,
+        report.n_max if n_max else None,
+    ]
 
 
 if __name__ == "__main__":

@@ -143,13 +143,30 @@ def measure(config: LaunchConfig, name: str, args: argparse.Namespace) -> tuple[
     return mean, mean - q * se, mean + q * se, est
 
 
+JOIN_COLUMNS = ["server", "ms a join", "95 % lower", "95 % upper", "stream alone s", "twin ms"]
+
+
+def join_rows(
+    results: dict[str, tuple[float, ...]], price: tuple[float, float] | None
+) -> list[list]:
+    """Per server: a join's mean cost (ms) with its 95 % t-interval, the stream's time alone,
+    and the twin world's price where one was given."""
+    return [
+        [name, mean, low, high, alone, price[i] if price else None]
+        for i, (name, (mean, low, high, alone)) in enumerate(results.items())
+    ]
+
+
 def main() -> None:
+    from record import Table, record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=6, help="A B blocks per server (>= 2)")
     parser.add_argument("--tokens", type=int, default=128, help="the stream's output tokens")
     parser.add_argument("--joins", type=int, default=3, help="join requests during a B stream")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="a join's prompt tokens")
     parser.add_argument("--world", type=Path, help="a twin world whose price to print beside")
+    record_arguments(parser)
     args = parser.parse_args()
     if args.blocks < 2:
         parser.error("--blocks must be at least 2 (an interval needs two)")
@@ -170,11 +187,18 @@ def main() -> None:
         f"\na join of {args.prompt_tokens} prompt tokens into one stream of {args.tokens} tokens "
         f"({args.blocks} A B blocks, {args.joins} joins a B stream; ms a join, 95 % t-interval)"
     )
-    for i, (name, (mean, low, high, alone)) in enumerate(results.items()):
-        twin = f"; twin {args.world.name}: {price[i]:.1f} ms" if price else ""
+    rows = join_rows(results, price)
+    for name, mean, low, high, alone, twin_ms in rows:
+        twin = f"; twin {args.world.name}: {twin_ms:.1f} ms" if price else ""
         print(
             f"{name:9s} {mean:+7.1f} [{low:+.1f}, {high:+.1f}] (stream alone {alone:.2f} s){twin}"
         )
+    title = (
+        f"a join of {args.prompt_tokens} prompt tokens into one stream of {args.tokens} tokens "
+        f"({args.blocks} A B blocks, {args.joins} joins a B stream)"
+    )
+    summary = {"twin world": args.world.name if args.world else None}
+    save_run(__file__, args, summary, [Table(title, JOIN_COLUMNS, rows)])
 
 
 if __name__ == "__main__":

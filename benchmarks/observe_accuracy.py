@@ -29,9 +29,19 @@ from tuner.traffic import total_variation
 CYCLE = [(1, 128), (4, 128), (2, 128), (6, 128)]
 
 
+def share_rows(offered: dict[int, float], seen: dict[int, float]) -> list[list]:
+    """Per number of slots generating: the share of time offered and observed, in %."""
+    return [
+        [k, 100 * offered.get(k, 0), 100 * seen.get(k, 0)] for k in sorted(set(offered) | set(seen))
+    ]
+
+
 def main() -> None:
+    from record import Table, record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120.0)
+    record_arguments(parser)
     args = parser.parse_args()
     bench = load_bench(Settings().bench_manifest_path)
     config = plain_server(bench, n_parallel=8)
@@ -57,10 +67,18 @@ def main() -> None:
     seen = profile.shares()
     print(f"observed {profile.covered_s:.0f} s in {profile.samples} polls")
     print("slots generating   offered   observed")
-    for k in sorted(set(offered_shares) | set(seen)):
-        print(f"{k:>16} {100 * offered_shares.get(k, 0):>8.1f}% {100 * seen.get(k, 0):>9.1f}%")
+    rows = share_rows(offered_shares, seen)
+    for k, offered_pct, seen_pct in rows:
+        print(f"{k:>16} {offered_pct:>8.1f}% {seen_pct:>9.1f}%")
     distance = total_variation(seen, offered_shares)
     print(f"total-variation distance: {100 * distance:.1f} % (target: at most 5 %)")
+    summary = {
+        "total-variation distance % (target: at most 5)": 100 * distance,
+        "observed s": profile.covered_s,
+        "polls": profile.samples,
+    }
+    table = Table("share of time by slots generating", ["slots", "offered %", "observed %"], rows)
+    save_run(__file__, args, summary, [table])
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from common import say_text, tuner, tuner_env
+from record import Table, fmt, record_arguments, save_run
 
 from tuner.bench import load_bench
 from tuner.decide import settle
@@ -148,12 +149,35 @@ def judged(blocks: dict[int, list[float]], m: int) -> str:
     return verdict(advantages(blocks)[m], TOLERANCE)
 
 
+VERDICT_COLUMNS = [
+    "rate /s",
+    "answer",
+    "contender",
+    "advantage %",
+    "95 % lower %",
+    "95 % upper %",
+    "blocks",
+    "verdict",
+]
+
+
+def verdict_rows(summary: list[tuple]) -> list[list]:
+    """Per rate and contender: its advantage on mean TPOT (% faster than the answer) with its
+    one-sided 95 % bounds, the blocks it took and the verdict."""
+    rows: list[list] = []
+    for rate, n, m, adv, v, count in summary:
+        low, high = adv.bounds(0.95)
+        rows.append([rate, f"N={n}", f"N={m}", 100 * adv.estimate, 100 * low, 100 * high, count, v])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=40.0, help="seconds of arrivals a round")
     parser.add_argument("--minutes", type=float, default=30.0, help="judge's time per rate")
     parser.add_argument("--db", help="a database holding the bench's profile (else profiled)")
     parser.add_argument("--seed", type=int, default=0)
+    record_arguments(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-openloop-"))
     db = args.db or f"sqlite:///{work / 'tuner.db'}"
@@ -228,17 +252,29 @@ def main() -> None:
     backend.close()
     print("\n| rate /s | answer | contender | advantage | 95 % bounds | blocks | verdict |")
     print("|---|---|---|---|---|---|---|")
-    for rate, n, m, adv, v, count in summary:
-        low, high = adv.bounds(0.95)
+    rows = verdict_rows(summary)
+    for rate, n, m, estimate, low, high, count, v in rows:
         print(
-            f"| {rate:.3f} | N={n} | N={m} | {100 * adv.estimate:+.1f} % | "
-            f"[{100 * low:+.1f}, {100 * high:+.1f}] % | {count} | {v} |"
+            f"| {rate:.3f} | {n} | {m} | {fmt(estimate, '+.1f')} % | "
+            f"[{fmt(low, '+.1f')}, {fmt(high, '+.1f')}] % | {count} | {v} |"
         )
     ahead = [(m, r) for r, _, m, adv, _, _ in summary if adv.bounds(0.95)[0] > TOLERANCE]
+    shown = ", ".join(f"N={m} at {r:.3f}/s" for m, r in ahead) or "none"
+    wall = time.monotonic() - judge.began
     print(
         f"\ncontenders shown more than {100 * TOLERANCE:.0f} % ahead: "
-        + (", ".join(f"N={m} at {r:.3f}/s" for m, r in ahead) or "none")
-        + f"; wall time {time.monotonic() - judge.began:.0f} s; files in {work}"
+        + shown
+        + f"; wall time {wall:.0f} s; files in {work}"
+    )
+    save_run(
+        __file__,
+        args,
+        {
+            "standing N": standing_n.max_slots,
+            f"contenders shown more than {100 * TOLERANCE:.0f} % ahead": shown,
+            "wall s": wall,
+        },
+        [Table("the answer against its contenders on mean TPOT", VERDICT_COLUMNS, rows)],
     )
 
 

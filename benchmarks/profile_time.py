@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from common import tuner_env, tuner_run
+from record import Table, fmt, record_arguments, save_run
 from sqlalchemy import select
 
 from tuner.measure.stats import relative_mad
@@ -44,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--spec", type=Path, default=REPO / "profiles" / "bench-smollm2-cpu.toml")
+    record_arguments(parser)
     args = parser.parse_args()
 
     walls, runs = [], []
@@ -62,15 +64,59 @@ def main() -> None:
         f"\n{'config':>8} {'c':>3} {'repeats':>7} {'tok/s':>8} {'tps MAD%':>8} "
         f"{'ms/step':>8} {'step MAD%':>9} {'across runs tps MAD%':>21}"
     )
+    rows = level_rows(runs)
+    for config, c, repeats, tps, tps_mad, step_ms, step_mad, across in rows:
+        spread = "" if across is None else f"{across:.1f}"
+        print(
+            f"{config:>8} {c:>3} {repeats:>7} {fmt(tps, '.1f'):>8} {tps_mad:>8.1f} "
+            f"{fmt(step_ms, '.1f'):>8} {step_mad:>9.1f} {spread:>21}"
+        )
+    median = statistics.median(walls)
+    save_run(
+        __file__,
+        args,
+        {
+            "profile wall time: median s": median,
+            "runs": len(walls),
+            f"target < {TARGET_S} s": median < TARGET_S,
+            "spec": args.spec.name,
+        },
+        [Table("levels of run 1 (spreads as MAD / median, %)", LEVEL_COLUMNS, rows)],
+    )
+
+
+LEVEL_COLUMNS = [
+    "config",
+    "streams",
+    "repeats",
+    "tok/s",
+    "tps MAD %",
+    "ms/step",
+    "step MAD %",
+    "across runs tps MAD %",
+]
+
+
+def level_rows(runs: list[dict[tuple[str, int], Level]]) -> list[list]:
+    """Per level of the first run: repeats, tok/s and step time with their spreads across
+    repeats, and the spread of the level's tok/s across runs (None with one run)."""
+    rows: list[list] = []
     for key in sorted(runs[0], key=lambda k: (k[0], k[1])):
         level = runs[0][key]
         across = relative_mad([r[key].tokens_per_second for r in runs if key in r])
-        print(
-            f"{key[0]:>8} {key[1]:>3} {level.repeats:>7} {level.tokens_per_second:>8.1f} "
-            f"{100 * (level.tokens_per_second_spread or 0):>8.1f} {level.step_ms:>8.1f} "
-            f"{100 * (level.step_ms_spread or 0):>9.1f} "
-            f"{'' if across is None else f'{100 * across:.1f}':>21}"
+        rows.append(
+            [
+                key[0],
+                key[1],
+                level.repeats,
+                level.tokens_per_second,
+                100 * (level.tokens_per_second_spread or 0),
+                level.step_ms,
+                100 * (level.step_ms_spread or 0),
+                None if across is None else 100 * across,
+            ]
         )
+    return rows
 
 
 if __name__ == "__main__":

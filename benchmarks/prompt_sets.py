@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 from common import tuner, tuner_env
+from record import Table, fmt, record_arguments, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu-ngram.toml"
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument(
         "--profile-arg", action="append", default=[], help="extra `tuner profile` argument"
     )
+    record_arguments(parser)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,19 +88,61 @@ def main() -> None:
     print(
         "\nprompt set   accept len  spec/plain 1  spec/plain 8  crossover [90 %]       N  profile s"
     )
+    rows = set_rows(results)
+    for name, accept, one, eight, _, _, _, cross, n, wall in rows:
+        print(
+            f"{name:<12} {accept:>10.2f} {fmt(one):>13} {fmt(eight):>13}  "
+            f"{cross:<22} {n:>2} {wall:>10.0f}"
+        )
+    save_run(
+        __file__,
+        args,
+        {"spec": SPEC.name, "extra profile arguments": args.profile_arg},
+        [Table("per prompt set", SET_COLUMNS, rows)],
+    )
+
+
+SET_COLUMNS = [
+    "prompt set",
+    "accept len",
+    "spec/plain 1",
+    "spec/plain 8",
+    "crossover",
+    "lower 90 %",
+    "upper 90 %",
+    "crossover [90 %]",
+    "N",
+    "profile s",
+]
+
+
+def set_rows(results: list[dict]) -> list[list]:
+    """Per prompt set: acceptance length, spec/plain at 1 and 8 streams, the crossover with its
+    90 % interval (and as text), the recommended N and the profile's wall time."""
+    rows: list[list] = []
     for r in results:
         x = r["crossover"]
         cross = (
-            f"{x['streams']:.1f} [{x['lower']:.1f}, {x['upper']:.1f}]"
+            f"{x['streams']:.1f} [{fmt(x['lower'], '.1f')}, {fmt(x['upper'], '.1f')}]"
             if x.get("streams") is not None
             else f"none (spec wins up to {x.get('spec_wins_upto')})"
         )
         ratio = r["ratio"]
-        print(
-            f"{r['set']:<12} {r['acceptance']['mean_length']:>10.2f} "
-            f"{ratio.get(1, float('nan')):>13.2f} {ratio.get(8, float('nan')):>13.2f}  "
-            f"{cross:<22} {r['recommended']:>2} {r['wall_s']:>10.0f}"
+        rows.append(
+            [
+                r["set"],
+                r["acceptance"]["mean_length"],
+                ratio.get(1),
+                ratio.get(8),
+                x.get("streams"),
+                x.get("lower"),
+                x.get("upper"),
+                cross,
+                r["recommended"],
+                r["wall_s"],
+            ]
         )
+    return rows
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from common import tuner, tuner_env
+from record import Table, fmt, record_arguments, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 REGIMES = ("bench-smollm2-cpu", "bench-smollm2-cpu-nmax3", "bench-smollm2-cpu-late")
@@ -203,6 +204,90 @@ def _medians(rounds: dict, which) -> dict[int, float]:
     return {c: statistics.median(v) for c, v in values.items() if v}
 
 
+def plain_text(report: dict) -> str:
+    """The tuner's plain figures as its report gives them: its plain advantage as the answer
+    weighs it, and tune's side-by-side verdict; a bound that is still unbounded (tune's report
+    has null there, as after a single side-by-side pass) reads inf, a missing figure n/a."""
+    advantage = report.get("plain_advantage")  # [point, low, high] tok/s, or None
+    plain = (
+        f"{fmt(advantage[0], '+.2f')} [{fmt(advantage[1], '+.2f')}, "
+        f"{fmt(advantage[2], '+.2f')}] tok/s"
+        if advantage
+        else "not judged"
+    )
+    live = report.get("plain_live")  # the side by side's verdict, resolved or not
+    if live:
+        low = fmt(-math.inf if live.get("low") is None else live["low"], "+.2f")
+        high = fmt(math.inf if live.get("high") is None else live["high"], "+.2f")
+        plain += (
+            f"; side by side {fmt(live.get('estimate'), '+.2f')} [{low}, {high}] "
+            f"against N={live['against']}, {live['verdict']} ({live['passes']} passes)"
+        )
+    return plain
+
+
+def judge_rows(result: dict, answer: int, says_plain: bool) -> tuple[list[list], bool, list[str]]:
+    """The judge's verdicts as rows (contender, levels, advantage, lower and upper one-sided
+    95 % bounds, df, verdict), whether every one was resolved, and who was shown ahead."""
+    rows: list[list] = []
+    resolved, ahead = True, []
+    for m, (adv, v) in result["comparisons"].items():
+        low, high = adv.bounds(0.95)
+        levels = ",".join(map(str, range(min(m, answer) + 1, max(m, answer) + 1)))
+        rows.append([f"N={m}", levels, adv.estimate, low, high, adv.df, v])
+        resolved &= v != "unresolved"
+        if v == BEYOND:
+            ahead.append(f"N={m}")
+    adv, v, passes = result["plain"]
+    low, high = adv.bounds(0.95)
+    # the row is the contender's advantage: drafting's over plain where plain was the answer
+    row = f"N={answer} (drafting) vs plain" if says_plain else "plain"
+    estimate = -adv.estimate if says_plain else adv.estimate
+    if says_plain:
+        low, high = -high, -low
+    rows.append(
+        [row, "every level (side by side)", estimate, low, high, adv.df, f"{v} ({passes} passes)"]
+    )
+    resolved &= v != "unresolved"
+    # Plain ahead of a drafting answer is a contender ahead; where the tuner's answer was
+    # plain, N drafting shown ahead of plain is (judged on drafting - plain).
+    if v == BEYOND:
+        ahead.append(f"N={answer} (drafting)" if says_plain else "plain")
+    return rows, resolved, ahead
+
+
+JUDGE_COLUMNS = ["contender", "levels", "advantage", "lower 95 %", "upper 95 %", "df", "verdict"]
+TUNER_COLUMNS = [
+    "regime",
+    "answer",
+    "status",
+    "tie",
+    "plain as weighed",
+    "seconds",
+    "tune sweeps",
+    "tune seconds",
+]
+SUMMARY_COLUMNS = [
+    "regime",
+    "answer",
+    "tuner cost s",
+    "every contender resolved",
+    "shown > 1 % ahead",
+    "judge min",
+]
+
+
+def tables(tuned: list[list], judged_rows: dict[str, list[list]], summary: list[list]) -> list:
+    """The run's tables: the tuner's answers, the judge's verdicts per regime, the summary."""
+    out = [Table("the tuner (profile + tune)", TUNER_COLUMNS, tuned)]
+    for name, rows in judged_rows.items():
+        out.append(
+            Table(f"{name}: the judge (seed {JUDGE_SEED}, its own launches)", JUDGE_COLUMNS, rows)
+        )
+    out.append(Table("summary", SUMMARY_COLUMNS, summary))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", action="append", choices=REGIMES)
@@ -213,9 +298,12 @@ def main() -> None:
         help="tune's --plain-budget (e.g. 240s) where not its default: what more plain passes "
         "buy, and cost",
     )
+    record_arguments(parser)
     args = parser.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="tuner-regret-"))
-    summary = []
+    summary: list[list] = []
+    tuned: list[list] = []
+    judged_rows: dict[str, list[list]] = {}
     for name in args.regime or REGIMES:
         spec = REPO / "profiles" / f"{name}.toml"
         if not spec.exists():
@@ -229,24 +317,24 @@ def main() -> None:
         answer, cost, report = tuner_way(spec, model, work / "tuner", args.plain_budget)
         says_plain = report.get("drafting_pays") is False
         said = f"plain (N={answer} if drafting)" if says_plain else f"N={answer}"
-        advantage = report.get("plain_advantage")  # [point, low, high] tok/s, or None
-        plain = (
-            f"{advantage[0]:+.2f} [{advantage[1]:+.2f}, {advantage[2]:+.2f}] tok/s"
-            if advantage
-            else "not judged"
-        )
-        live = report.get("plain_live")  # the side by side's verdict, resolved or not
-        side = (
-            f"; side by side {live['estimate']:+.2f} [{live['low']:+.2f}, {live['high']:+.2f}] "
-            f"against N={live['against']}, {live['verdict']} ({live['passes']} passes)"
-            if live and live.get("estimate") is not None
-            else ""
-        )
+        plain = plain_text(report)
         print(
             f"answer {said} ({report['status']}, tie {report['tie']}; plain against N={answer} "
-            f"as the tuner's answer weighs it: {plain}{side}) in {cost:.0f} s "
+            f"as the tuner's answer weighs it: {plain}) in {cost:.0f} s "
             f"(tune: {report['sweeps']} sweeps, {report['seconds']:.0f} s)",
             flush=True,
+        )
+        tuned.append(
+            [
+                name,
+                said,
+                report["status"],
+                report["tie"],
+                plain,
+                cost,
+                report["sweeps"],
+                report["seconds"],
+            ]
         )
         print(f"== {name}: the judge (seed {JUDGE_SEED}, its own launches) ==", flush=True)
         (work / "judge").mkdir(exist_ok=True)
@@ -256,55 +344,48 @@ def main() -> None:
             f"objective of N={answer}: {result['objective']:.1f} tok/s weighted; tolerance "
             f"+-{tol:.2f} tok/s (1 %)"
         )
+        rows, resolved, ahead = judge_rows(result, answer, says_plain)
+        judged_rows[name] = rows
         print("| contender | levels | advantage | 95 % one-sided bounds | df | verdict |")
         print("|---|---|---|---|---|---|")
-        resolved, ahead = True, []
-        for m, (adv, v) in result["comparisons"].items():
-            low, high = adv.bounds(0.95)
-            levels = ",".join(map(str, range(min(m, answer) + 1, max(m, answer) + 1)))
+        for who, levels, estimate, low, high, df, v in rows:
             print(
-                f"| N={m} | {levels} | {adv.estimate:+.2f} | [{low:+.2f}, {high:+.2f}] | "
-                f"{adv.df:.1f} | {v} |"
+                f"| {who} | {levels} | {fmt(estimate, '+.2f')} | "
+                f"[{fmt(low, '+.2f')}, {fmt(high, '+.2f')}] | {fmt(df, '.1f')} | {v} |"
             )
-            resolved &= v != "unresolved"
-            if v == BEYOND:
-                ahead.append(f"N={m}")
-        adv, v, passes = result["plain"]
-        low, high = adv.bounds(0.95)
-        # the row is the contender's advantage: drafting's over plain where plain was the answer
-        row = f"N={answer} (drafting) vs plain" if says_plain else "plain"
-        estimate = -adv.estimate if says_plain else adv.estimate
-        if says_plain:
-            low, high = -high, -low
-        print(
-            f"| {row} | every level (side by side) | {estimate:+.2f} | "
-            f"[{low:+.2f}, {high:+.2f}] | {adv.df:.1f} | {v} ({passes} passes) |"
-        )
-        resolved &= v != "unresolved"
         per_level = ", ".join(
-            f"{c}: {mean:+.1f} (SD {sd:.1f}, {n} blocks)"
+            f"{c}: {fmt(mean, '+.1f')} (SD {fmt(sd, '.1f')}, {n} blocks)"
             for c, (mean, sd, n) in result["plain_levels"].items()
         )
         print(f"plain - N={answer} per level, tok/s: {per_level}")
-        # Plain ahead of a drafting answer is a contender ahead; where the tuner's answer was
-        # plain, N drafting shown ahead of plain is (judged on drafting - plain).
-        if v == BEYOND:
-            ahead.append(f"N={answer} (drafting)" if says_plain else "plain")
         print(
             f"pairs per level {result['pairs']}; judge: {result['sweeps']} sweeps, "
             f"{result['contenders_s'] / 60:.1f} min on contenders, "
             f"{result['seconds'] / 60:.1f} min in all"
         )
-        summary.append((name, said, cost, resolved, ahead, result["seconds"]))
+        summary.append(
+            [name, said, cost, resolved, ", ".join(ahead) or "none", result["seconds"] / 60]
+        )
     print(
         "\n| regime | answer | tuner cost | every contender resolved | shown > 1 % ahead | judge |"
     )
     print("|---|---|---|---|---|---|")
-    for name, answer, cost, resolved, ahead, judge_s in summary:
+    for name, answer, cost, resolved, ahead, judge_min in summary:
         print(
             f"| {name} | {answer} | {cost:.0f} s | {'yes' if resolved else 'no'} | "
-            f"{', '.join(ahead) or 'none'} | {judge_s / 60:.1f} min |"
+            f"{ahead} | {judge_min:.1f} min |"
         )
+    save_run(
+        __file__,
+        args,
+        {
+            "regimes": len(summary),
+            "every contender resolved": all(row[3] for row in summary),
+            "shown > 1 % ahead": "; ".join(f"{r[0]}: {r[4]}" for r in summary if r[4] != "none")
+            or "none",
+        },
+        tables(tuned, judged_rows, summary),
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from common import say_text
+from record import Table, fmt, record_arguments, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,11 +42,11 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=3, help="passes per block")
     parser.add_argument("--target", type=float, default=0.05, help="half-width, share of tok/s")
     parser.add_argument("--spec", default=str(REPO / "profiles" / "bench-smollm2-cpu.toml"))
+    record_arguments(parser)
     args = parser.parse_args()
 
     from tuner.bench import load_bench
-    from tuner.decide.paired import LevelDiffs, pairs_needed
-    from tuner.decide.tune import live_gains, sweep_arms
+    from tuner.decide.tune import sweep_arms
     from tuner.measure.backend import ServerBackend
     from tuner.measure.profiler import Profiler, gather_context
     from tuner.measure.spec import load_spec
@@ -94,31 +95,61 @@ def main() -> int:
         f"{100 * args.target:.0f} % (95 %, one-sided) |"
     )
     print("|---|---|---|---|---|---|")
+    rows = []
     for way, w in ways.items():
-        rounds = w["profiler"].repeats_by_cell()
-        gains = live_gains({(0, config, c): reps for (config, _, c), reps in rounds.items()})
-        total_pairs = sum(gains[c].n for c in levels if c in gains)
-        per_minute_all = total_pairs / (w["seconds"] / 60)
-        for c in levels:
-            d: LevelDiffs = gains.get(c, LevelDiffs(()))
-            on = [
-                r["tokens_per_second"]
-                for (config, _, cc), reps in rounds.items()
-                if cc == c and config == "spec"
-                for r in reps
-            ]
-            tps = statistics.median(on) if on else float("nan")
-            sd_rel = d.sd / tps if d.n > 1 else float("nan")
-            # pairs at this level per minute: the level's share of the pairs, the run's rate
-            rate = per_minute_all * d.n / max(total_pairs, 1)
-            need = pairs_needed(d.sd, args.target * tps) if d.n > 1 else float("inf")
-            minutes = need / rate if rate > 0 else float("inf")
-            print(
-                f"| {way} | {c} | {d.n} | {100 * sd_rel:.1f} | {rate:.2f} | "
-                f"{minutes:.1f} ({need} pairs) |"
-            )
+        rows += way_rows(way, w["profiler"].repeats_by_cell(), w["seconds"], levels, args.target)
+    for way, c, n, sd_pct, rate, minutes, need in rows:
+        print(
+            f"| {way} | {c} | {n} | {fmt(sd_pct, '.1f')} | {rate:.2f} | "
+            f"{fmt(minutes, '.1f')} ({need} pairs) |"
+        )
     print("\nwall: " + ", ".join(f"{way} {w['seconds']:.0f} s" for way, w in ways.items()))
+    save_run(
+        __file__,
+        args,
+        {f"{way} wall s": w["seconds"] for way, w in ways.items()},
+        [
+            Table(
+                f"pairs of on - off per way and level; minutes for +-{100 * args.target:.0f} % "
+                "(95 %, one-sided)",
+                WAY_COLUMNS,
+                rows,
+            )
+        ],
+    )
     return 0
+
+
+WAY_COLUMNS = ["way", "streams", "pairs", "pair SD % of tok/s", "pairs/min", "minutes", "pairs"]
+
+
+def way_rows(way: str, rounds: dict, seconds: float, levels: list[int], target: float) -> list:
+    """Per level of one way: its pairs, their SD as a share of always draft's tok/s, pairs per
+    minute of wall time, and the minutes (and pairs) a one-sided 95 % bound within target of
+    the level's tok/s needs."""
+    from tuner.decide.paired import LevelDiffs, pairs_needed
+    from tuner.decide.tune import live_gains
+
+    gains = live_gains({(0, config, c): reps for (config, _, c), reps in rounds.items()})
+    total_pairs = sum(gains[c].n for c in levels if c in gains)
+    per_minute_all = total_pairs / (seconds / 60)
+    rows = []
+    for c in levels:
+        d: LevelDiffs = gains.get(c, LevelDiffs(()))
+        on = [
+            r["tokens_per_second"]
+            for (config, _, cc), reps in rounds.items()
+            if cc == c and config == "spec"
+            for r in reps
+        ]
+        tps = statistics.median(on) if on else float("nan")
+        sd_rel = d.sd / tps if d.n > 1 else float("nan")
+        # pairs at this level per minute: the level's share of the pairs, the run's rate
+        rate = per_minute_all * d.n / max(total_pairs, 1)
+        need = pairs_needed(d.sd, target * tps) if d.n > 1 else float("inf")
+        minutes = need / rate if rate > 0 else float("inf")
+        rows.append([way, c, d.n, 100 * sd_rel, rate, minutes, need])
+    return rows
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common import tuner_cmd, tuner_env
+from record import Table, record_arguments, save_run
 from sqlalchemy import func, select
 
 from tuner.measure.fingerprint import HostInfo
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         help="workers run real `tuner profile` on the bench (default levels 1,2; repeats 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    record_arguments(parser)
     args = parser.parse_args(argv)
     levels = [int(c) for c in (args.levels or ("1,2" if args.live else "1,2,4,8")).split(",")]
     repeats = args.repeats or (1 if args.live else 2)
@@ -354,7 +356,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"duplicates:        {result.duplicates}")
         print(f"models / hosts:    {result.models} / {result.hosts}")
         print("result:            " + ("OK" if result.ok else "FAILED"))
+    summary, tables = figures(result, args.live)
+    save_run(__file__, args, summary, tables)
     return 0 if result.ok else 1
+
+
+WORKER_COLUMNS = ["worker", "runs", "levels", "samples", "seconds", "error"]
+
+
+def figures(result: SoakResult, live: bool) -> tuple[dict[str, Any], list[Table]]:
+    """The database's counts against the workers' own (the summary) and each worker's tally."""
+    summary = {
+        "result": "OK" if result.ok else "FAILED",
+        "database": result.db.split(":", 1)[0],
+        "workers": "live `tuner profile`" if live else "the profiler's storage path",
+        "seconds": result.seconds,
+        "runs written / expected": [result.runs_written, result.runs_expected],
+        "levels written / expected": [result.levels_written, result.levels_expected],
+        "samples written / expected": [result.samples_written, result.samples_expected],
+        "duplicates": result.duplicates,
+        "models / hosts": [result.models, result.hosts],
+    }
+    rows = [
+        [w["host"], w["runs"], w["levels"], w["samples"], w["seconds"], w["error"]]
+        for w in result.workers
+    ]
+    return summary, [Table("workers", WORKER_COLUMNS, rows)]
 
 
 if __name__ == "__main__":

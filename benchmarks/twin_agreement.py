@@ -78,7 +78,42 @@ def agree(a: dict[str, Any], b: dict[str, Any]) -> bool:
     )
 
 
+RUN_COLUMNS = ["seed", "N", "status", "may tie", "regret %", "simulated s", "wall s"]
+
+
+def figures(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list]]:
+    """What the runs say together (pairs that agree, answers, unresolved, regret, cost) and
+    one row per run."""
+    pairs = list(itertools.combinations(runs, 2))
+    answers = Counter(r["answer"] for r in runs)
+    regrets = [r["regret_pct"] for r in runs]
+    summary = {
+        "pairs of runs that agree": f"{sum(agree(a, b) for a, b in pairs)}/{len(pairs)}",
+        "pairs with the same N": sum(a["answer"] == b["answer"] for a, b in pairs),
+        "answers": ", ".join(f"N={n} x{k}" for n, k in sorted(answers.items())),
+        "unresolved": f"{sum(r['status'] == 'unresolved' for r in runs)}/{len(runs)}",
+        "regret %: median": statistics.median(regrets),
+        "regret %: max": max(regrets),
+        "cost: median simulated s": statistics.median(r["seconds"] for r in runs),
+    }
+    rows = [
+        [
+            r["seed"],
+            r["answer"],
+            r["status"],
+            r["may_tie"],
+            r["regret_pct"],
+            r["seconds"],
+            r["wall_s"],
+        ]
+        for r in runs
+    ]
+    return summary, rows
+
+
 def main() -> int:
+    from record import Table, record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("world", nargs="?", type=Path, default=DEFAULT_WORLD)
     parser.add_argument("--seeds", type=seeds_arg, default=seeds_arg("1-24"))
@@ -87,6 +122,7 @@ def main() -> int:
         "--budget", type=float, default=DEFAULT_BUDGET_S, help="tune's, simulated seconds"
     )
     parser.add_argument("--jobs", type=int, default=2)
+    record_arguments(parser)
     args = parser.parse_args()
     if not args.world.exists():
         sys.exit(f"no world file at {args.world}")
@@ -122,22 +158,28 @@ def main() -> int:
                 f"({run['wall_s']:.0f} s wall)",
                 flush=True,
             )
-    pairs = list(itertools.combinations(runs, 2))
-    agreeing = sum(agree(a, b) for a, b in pairs)
-    same = sum(a["answer"] == b["answer"] for a, b in pairs)
-    answers = Counter(r["answer"] for r in runs)
-    unresolved = sum(r["status"] == "unresolved" for r in runs)
-    regrets = [r["regret_pct"] for r in runs]
+    summary, rows = figures(runs)
     print()
-    print(f"pairs of runs that agree: {agreeing}/{len(pairs)} (same N: {same})")
-    print("answers: " + ", ".join(f"N={n} x{k}" for n, k in sorted(answers.items())))
-    print(f"unresolved: {unresolved}/{len(runs)}")
     print(
-        f"regret against the truth's best: median {statistics.median(regrets):.2f} %, "
-        f"max {max(regrets):.2f} %"
+        f"pairs of runs that agree: {summary['pairs of runs that agree']} "
+        f"(same N: {summary['pairs with the same N']})"
     )
-    print(f"cost: median {statistics.median(r['seconds'] for r in runs):.0f} simulated s")
+    print(f"answers: {summary['answers']}")
+    print(f"unresolved: {summary['unresolved']}")
+    print(
+        f"regret against the truth's best: median {summary['regret %: median']:.2f} %, "
+        f"max {summary['regret %: max']:.2f} %"
+    )
+    print(f"cost: median {summary['cost: median simulated s']:.0f} simulated s")
     print(f"wall: {time.perf_counter() - started:.0f} s")
+    summary = {
+        "world": world.name,
+        "truth's best": f"{choice.best.label} ({choice.value:.2f} tok/s)",
+        "tolerance": args.tolerance,
+        "budget simulated s": args.budget,
+        **summary,
+    }
+    save_run(__file__, args, summary, [Table("runs, one per noise seed", RUN_COLUMNS, rows)])
     return 0
 
 

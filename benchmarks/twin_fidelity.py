@@ -654,6 +654,15 @@ class Fidelity:
     least: int  # ... and at least, before the target may stop a cell
     twin_rel_se: float
     say: Callable[[str], None]
+    tables: list = field(default_factory=list)  # the printed tables, for the results file
+    summary: dict = field(default_factory=dict)  # ... and the headline figures
+
+    def shown(self, title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+        """A table as printed (table), kept for the run's results file."""
+        from record import Table
+
+        self.tables.append(Table(title, list(head), [list(r) for r in rows]))
+        return table(head, rows)
 
     @property
     def np_(self) -> int:
@@ -742,8 +751,11 @@ def closed_part(f: Fidelity, measured: Measured, held: list[int], twins: list[Tw
     head = ["policy", "streams", "rounds", "bench tok/s mean [95 % CI]", "half-width"]
     head += [f"{twins[0].name} (error)", "inside"] + [f"{t.name} (error)" for t in twins[1:]]
     head += ["stand-in truth"] if known is not None else []
-    f.say(table(head, rows))
+    f.say(f.shown(f"3. closed levels not in the profile: {held}", head, rows))
     way = getattr(measured.profiler.backend, "way", "?")
+    f.summary["closed: inside the bench's interval"] = ", ".join(
+        f"{t.name} {inside[t.name]}/{len(rows)}" for t in twins
+    )
     f.say(
         f"measured by {way}; inside the bench's interval: "
         + ", ".join(f"{t.name} {inside[t.name]}/{len(rows)}" for t in twins)
@@ -791,7 +803,10 @@ def open_part(f: Fidelity, measured: Measured, rates: list[float], twins: list[T
     head = ["rate /s", "figure", "windows", "bench mean [95 % CI]", "half-width"]
     head += [f"{twins[0].name} (error)", "inside"] + [f"{t.name} (error)" for t in twins[1:]]
     head += ["stand-in truth"] if known is not None else []
-    f.say(table(head, rows))
+    f.say(f.shown(f"4. open loop under {f.policy.label}", head, rows))
+    f.summary["open: throughput and mean TPOT inside the bench's interval"] = ", ".join(
+        f"{t.name} {inside[t.name]}/{judged_cells}" for t in twins
+    )
     f.say(
         "throughput and mean TPOT inside the bench's interval: "
         + ", ".join(f"{t.name} {inside[t.name]}/{judged_cells}" for t in twins)
@@ -868,7 +883,7 @@ def gap_part(
     head = ["rate /s", "side", "m (mean gen)", f"time at {np_}", "fit at m", "closed at m"]
     head += ["closed mixture", "open tok/s", "gap vs fit", "gap vs closed", "occupancy spread"]
     head += ["rest", "rest ms/request", "mean TTFT ms"]
-    f.say(table(head, rows))
+    f.say(f.shown(f"5. the open-loop gap under {policy.label}", head, rows))
     prefill_ms = per_token_ms * f.load.prompt_tokens
     evaluated = statistics.fmean(Pooled.of(ws).prompt_tokens for ws in bench)
     f.say(
@@ -887,6 +902,8 @@ def gap_part(
 
 
 def main() -> int:
+    from record import record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default=str(SPEC), help="the bench's profile spec")
     parser.add_argument("--levels-closed", help="closed levels not in the profile (3,5,6,7)")
@@ -903,6 +920,7 @@ def main() -> int:
     parser.add_argument("--run", type=int, help="the profile run in --db (default: newest)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fidelity rounds")
     parser.add_argument("--stand-in", type=Path, help="measure this twin world, not the bench")
+    record_arguments(parser)
     args = parser.parse_args()
     if args.run is not None and args.db is None:
         parser.error("--run names a run of --db")
@@ -1007,6 +1025,16 @@ def main() -> int:
     )
     if quick:
         say("QUICK run: intervals of at most two rounds or windows; the target is not met.")
+    summary = {
+        "measured": where,
+        "quick (a smoke run: the target is not met)": quick,
+        "policy served open loop": policy.label,
+        "rates /s": rates,
+        "target (95 % half-width / mean)": args.target,
+        **f.summary,
+        "wall s": time.monotonic() - began,
+    }
+    save_run(__file__, args, summary, f.tables)
     setup.store.dispose()
     setup.fidelity.dispose()
     return 0

@@ -340,6 +340,35 @@ def world_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[
     return lines
 
 
+def world_columns(methods: Sequence[str]) -> list[str]:
+    head = ["world", "np", "n_max", "L", "crossover", "noise", "traffic", "shape", "truth best"]
+    head.append("margin %")
+    for m in methods:
+        head += [f"{m} N", f"{m} in ties", f"{m} regret %", f"{m} cost s"]
+    return [*head, "full status", "full tie"]
+
+
+def world_rows(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[list]:
+    """Per world: its design, the truth's best and margin, each method's answer (whether among
+    the truth's ties), regret and simulated cost, and the full method's tune status and tie."""
+    out: list[list] = []
+    for row in rows:
+        t = row["truth"]
+        line: list[Any] = [row["name"], row["n_parallel"], row["n_max"], row["accept_len"]]
+        line += [row["crossover"], row["noise"], row["traffic"], row["shape"], t["best"]]
+        line.append(t["margin_pct"])
+        for m in methods:
+            r = row["methods"].get(m)
+            if r is None:
+                line += [None] * 4
+                continue
+            line += [r["label"], r["in_ties"], r["regret_pct"], r["seconds"]]
+        full = row["methods"].get("full")
+        line += [full["status"], full["tie"]] if full else [None, None]
+        out.append(line)
+    return out
+
+
 def coverage(rows: Iterable[dict[str, Any]], method: str) -> tuple[int, int]:
     inside = total = 0
     for row in rows:
@@ -352,7 +381,26 @@ def coverage(rows: Iterable[dict[str, Any]], method: str) -> tuple[int, int]:
     return inside, total
 
 
-def summary_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+SUMMARY_COLUMNS = [
+    "group",
+    "worlds",
+    "method",
+    "median regret %",
+    "p95 regret %",
+    "max regret %",
+    "in ties",
+    "cost s (median)",
+    "held-out inside",
+    "held-out cells",
+    "target",
+]
+
+
+def summary_rows(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[list]:
+    """Per group of worlds (all, then by each tag) and method: worlds, median, 95th percentile
+    and max regret, answers among the truth's ties, median cost, held-out cells inside the fit's
+    90 % intervals, and for the full method whether the regret targets were met. A group
+    without worlds is one row of None."""
     groups: list[tuple[str, list[dict[str, Any]]]] = [("all", list(rows))]
     for key, values in (
         ("crossover", ("inside", "outside")),
@@ -361,19 +409,10 @@ def summary_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> lis
     ):
         for v in values:
             groups.append((f"{key} {v}", [r for r in rows if r[key] == v]))
-    lines = [
-        f"Summary over {len(rows)} worlds. Targets: full method median regret <= "
-        f"{TARGET_MEDIAN} %, 95th percentile <= {TARGET_P95} %; coverage of the 90 % intervals "
-        f"at held-out cells {TARGET_COVERAGE[0]:.0f}-{TARGET_COVERAGE[1]:.0f} %.",
-        "Regret: (best N's objective - answer's) / best N's, truth noise-free; percentiles "
-        "interpolated linearly. cost: simulated seconds of measuring, launches included.",
-        "",
-        f"{'group':<22} {'n':>3} {'method':<6} {'median':>8} {'p95':>8} {'max':>8} "
-        f"{'in ties':>8} {'cost s (median)':>15} {'coverage (held-out cells)':>27}",
-    ]
+    out: list[list] = []
     for name, members in groups:
         if not members:
-            lines += [f"{name:<22} {0:>3} (no worlds)", ""]
+            out.append([name, 0, *[None] * (len(SUMMARY_COLUMNS) - 2)])
             continue
         for m in methods:
             regrets = [r["methods"][m]["regret_pct"] for r in members if m in r["methods"]]
@@ -384,17 +423,42 @@ def summary_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> lis
                 r["methods"][m]["seconds"] for r in members if m in r["methods"]
             )
             inside, total = coverage(members, m)
-            cov = f"{100 * inside / total:5.1f} % ({inside}/{total})" if total else "-"
             med, p95 = _pct(regrets, 50), _pct(regrets, 95)
-            flag = ""
+            flag = None
             if m == "full":
-                flag = " ok" if med <= TARGET_MEDIAN and p95 <= TARGET_P95 else " MISSED"
-            lines.append(
-                f"{name:<22} {len(regrets):>3} {m:<6} {med:>7.2f}% {p95:>7.2f}% "
-                f"{max(regrets):>7.2f}% {ties:>3}/{len(regrets):<4} {cost:>15.0f} "
-                f"{cov:>27}{flag}"
+                flag = "ok" if med <= TARGET_MEDIAN and p95 <= TARGET_P95 else "MISSED"
+            out.append(
+                [name, len(regrets), m, med, p95, max(regrets), ties, cost, inside, total, flag]
             )
-        lines.append("")
+    return out
+
+
+def summary_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[str]:
+    lines = [
+        f"Summary over {len(rows)} worlds. Targets: full method median regret <= "
+        f"{TARGET_MEDIAN} %, 95th percentile <= {TARGET_P95} %; coverage of the 90 % intervals "
+        f"at held-out cells {TARGET_COVERAGE[0]:.0f}-{TARGET_COVERAGE[1]:.0f} %.",
+        "Regret: (best N's objective - answer's) / best N's, truth noise-free; percentiles "
+        "interpolated linearly. cost: simulated seconds of measuring, launches included.",
+        "",
+        f"{'group':<22} {'n':>3} {'method':<6} {'median':>8} {'p95':>8} {'max':>8} "
+        f"{'in ties':>8} {'cost s (median)':>15} {'coverage (held-out cells)':>27}",
+    ]
+    previous = None
+    for name, n, m, med, p95, top, ties, cost, inside, total, flag in summary_rows(rows, methods):
+        if previous is not None and name != previous:
+            lines.append("")
+        previous = name
+        if m is None:
+            lines.append(f"{name:<22} {0:>3} (no worlds)")
+            continue
+        cov = f"{100 * inside / total:5.1f} % ({inside}/{total})" if total else "-"
+        lines.append(
+            f"{name:<22} {n:>3} {m:<6} {med:>7.2f}% {p95:>7.2f}% "
+            f"{top:>7.2f}% {ties:>3}/{n:<4} {cost:>15.0f} "
+            f"{cov:>27}{' ' + flag if flag else ''}"
+        )
+    lines.append("")
     return lines
 
 
@@ -515,6 +579,8 @@ def render(
 
 
 def main() -> int:
+    from record import Table, record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", type=Path, default=FROZEN, help="frozen set folder")
     parser.add_argument("--worlds", help="comma list of names, indices or a-b ranges (all)")
@@ -525,6 +591,7 @@ def main() -> int:
     )
     parser.add_argument("--render", action="store_true", help="print from --out, run nothing")
     parser.add_argument("--redo", action="store_true", help="run worlds already in --out again")
+    record_arguments(parser)
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip() not in ("", "none")]
     unknown = [m for m in methods if m not in METHODS]
@@ -536,6 +603,19 @@ def main() -> int:
     else:
         rows = run(args.set, entries, args.out, max(1, args.jobs), methods, args.redo)
     print(render(rows, entries, methods))
+    graded = [rows[e.name] for e in entries if e.name in rows]
+    if graded:
+        summary = {
+            "worlds": len(graded),
+            "set": args.set.name,
+            "pruning": pruning(graded)[0],
+            "design tags": tag_checks(graded)[0],
+        }
+        tables = [
+            Table("per world", world_columns(methods), world_rows(graded, methods)),
+            Table("summary by group", SUMMARY_COLUMNS, summary_rows(graded, methods)),
+        ]
+        save_run(__file__, args, summary, tables)
     return 0
 
 

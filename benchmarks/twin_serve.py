@@ -171,6 +171,14 @@ def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def shown(kept: list, title: str, head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A table as printed (table), kept for the run's results file."""
+    from record import Table
+
+    kept.append(Table(title, [str(h) for h in head], [list(r) for r in rows]))
+    return table(head, rows)
+
+
 def best_tpot(figures: Mapping[Policy, OpenLoopTruth]) -> Policy:
     """The truth's best drafting policy by mean TPOT (ties: the smaller N), as `tuner twin
     truth` picks it."""
@@ -287,7 +295,7 @@ def profile_and_tune(
     )
 
 
-def part1(workdir: Path, binary: Path, speed: float) -> Tuned:
+def part1(workdir: Path, binary: Path, speed: float, kept: list) -> Tuned:
     print("\n== 1. the seed's gfx1151 twin over HTTP: profile + tune against the truth ==")
     world = load_world(SEED_WORLD)
     began = time.perf_counter()
@@ -297,7 +305,8 @@ def part1(workdir: Path, binary: Path, speed: float) -> Tuned:
     level, why, rows = choose_level(truth)
     print("\n70 % of the weight at one level (30 % spread evenly over the others):")
     head = ["level", "best", "objective", "runner-up", "margin", "uniform best's regret"]
-    print(table([*head, "uniform runner-up's regret"], rows))
+    title = "1. 70 % of the weight at one level (30 % spread evenly over the others)"
+    print(shown(kept, title, [*head, "uniform runner-up's regret"], rows))
     print(f"chosen: {why}")
     results: list[Tuned] = []
     for name, weights in (("uniform", None), (f"at-{level}", concentrated(level, 8))):
@@ -339,7 +348,7 @@ def part1(workdir: Path, binary: Path, speed: float) -> Tuned:
     print()
     head = ["weights", "tuned", "tie", "truth best", "regret", "<= 0.3 %"]
     head += ["profile virtual / rounds", "tune virtual / rounds", "wall", "fit's weights"]
-    print(table(head, rows))
+    print(shown(kept, f"1. profile + tune over HTTP at speed {speed:g}", head, rows))
     print(
         f"(speed {speed:g}; virtual: measured rounds on the twin's clock, each its longest request)"
     )
@@ -416,7 +425,13 @@ def recommend(env: dict[str, str], *args: str) -> int:
 
 
 def part2(
-    workdir: Path, binary: Path, standing: Tuned, speed: float, window: float, seed: int
+    workdir: Path,
+    binary: Path,
+    standing: Tuned,
+    speed: float,
+    window: float,
+    seed: int,
+    kept: list,
 ) -> None:
     print("\n== 2. open loop on the seed twin: observe, then recommend --traffic ==")
     world = load_world(SEED_WORLD)
@@ -500,23 +515,21 @@ def part2(
     print(f"standing N={n} (part 1, uniform); open_loop_truth: 3600 virtual s per rate; served:")
     print(f"{window:g} virtual s of arrivals per rate at --speed {speed:g}\n")
     print("open_loop_truth per policy (noise-free):")
-    print(
-        table(
-            ["rate", "policy", "tok/s", "mean TPOT ms", "p95 TPOT", "p95 TTFT", "gen"], truth_rows
-        )
-    )
+    head = ["rate", "policy", "tok/s", "mean TPOT ms", "p95 TPOT", "p95 TTFT", "gen"]
+    print(shown(kept, "2. open_loop_truth per policy (noise-free)", head, truth_rows))
     print()
     head = ["target gen", "rate", "truth gen", "served gen", "observed gen", "realised rate"]
     head += ["observed rate", "mean out", "truth best tpot"]
     head += ["tpot: N, regret"]
     head += ["truth best tps", "tps: N, tps regret", "wall"]
-    print(table(head, rows))
+    title = f"2. open loop under N={n}: observe, then recommend --traffic"
+    print(shown(kept, title, head, rows))
 
 
 # --- part 3 -----------------------------------------------------------------------------------
 
 
-def part3(workdir: Path, binary: Path, speed: float, seed: int) -> None:
+def part3(workdir: Path, binary: Path, speed: float, seed: int, kept: list) -> None:
     print("\n== 3. flapping: a drafter that catches up on resume (seed-flapping) ==")
     world = load_world(FLAP_WORLD)
     data = world.model_dump()
@@ -567,7 +580,8 @@ def part3(workdir: Path, binary: Path, speed: float, seed: int) -> None:
             )
         print(f"\nrate {rate:.4f}/s ({OUTPUT_TOKENS} tokens each), 3600 virtual s:")
         head = ["policy", "tok/s", "tok/s no catch-up", "mean TPOT ms", "no catch-up"]
-        print(table([*head, "flapping cost", "gen"], rows))
+        title = f"3. flapping at rate {rate:.4f}/s, 3600 virtual s"
+        print(shown(kept, title, [*head, "flapping cost", "gen"], rows))
         best = best_tpot(truth)
         middle = [Policy.threshold(k, world.n_max) for k in range(2, world.n_parallel)]
         ends = (Policy.always(world.n_max), Policy.threshold(1, world.n_max))
@@ -611,11 +625,13 @@ def part3(workdir: Path, binary: Path, speed: float, seed: int) -> None:
     head = ["rate", "gen under closed best", "closed best", "open-loop best tpot"]
     head += ["best without catch-up", "N losing to both N=0 and N=1", "recommend tpot"]
     head += ["regret (mean TPOT)", "regret without catch-up", "wall"]
-    print(table(head, summary))
+    print(shown(kept, "3. flapping: recommend --objective tpot --rate", head, summary))
     print(f"(profile of the flapping twin at speed {speed:g}: {profiled.wall_s:.0f} s wall)")
 
 
 def main() -> int:
+    from record import record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="1,2,3", help="which parts, e.g. 1,2")
     parser.add_argument("--speed", type=float, default=20.0, help="twin speed of profile/tune")
@@ -623,6 +639,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=600.0, help="part 2: virtual s per rate")
     parser.add_argument("--workdir", type=Path, default=None, help="keep databases and logs here")
     parser.add_argument("--seed", type=int, default=0)
+    record_arguments(parser)
     args = parser.parse_args()
     parts = {int(p) for p in args.parts.split(",")}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="twin-serve-"))
@@ -632,13 +649,20 @@ def main() -> int:
     began = time.perf_counter()
     print(f"twin_serve: workdir {workdir}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     standing: Tuned | None = None
+    tables: list = []
     if parts & {1, 2}:
-        standing = part1(workdir, binary, args.speed)
+        standing = part1(workdir, binary, args.speed, tables)
     if 2 in parts and standing is not None:
-        part2(workdir, binary, standing, args.open_speed, args.window, args.seed)
+        part2(workdir, binary, standing, args.open_speed, args.window, args.seed, tables)
     if 3 in parts:
-        part3(workdir, binary, args.speed, args.seed)
-    print(f"\ntotal {time.perf_counter() - began:.0f} s wall")
+        part3(workdir, binary, args.speed, args.seed, tables)
+    wall = time.perf_counter() - began
+    print(f"\ntotal {wall:.0f} s wall")
+    summary = {"parts": sorted(parts), "speed": args.speed, "wall s": wall}
+    if standing is not None:
+        summary["part 1: tuned N (uniform)"] = standing.answer
+        summary["part 1: regret % (target at most 0.3)"] = 100 * standing.regret
+    save_run(__file__, args, summary, tables)
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

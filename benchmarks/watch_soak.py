@@ -46,11 +46,29 @@ def rss_kib(pid: int) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def memory_figures(samples: list[tuple[float, int]], every: float) -> dict[str, float] | None:
+    """The watcher's resident memory (MiB) after its first decision, at the end, at most, and
+    the growth between the first two (%); None without a sample after the first decision."""
+    after_first = [kib for t, kib in samples if t >= every + 30.0]
+    if not after_first:
+        return None
+    base, end, top = after_first[0], after_first[-1], max(after_first)
+    return {
+        "VmRSS after the first decision MiB": base / 1024,
+        "VmRSS at the end MiB": end / 1024,
+        "VmRSS max MiB": top / 1024,
+        "growth % (target: under 10)": 100 * (end / base - 1),
+    }
+
+
 def main() -> None:
+    from record import Table, record_arguments, save_run
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--every", type=float, default=120.0, help="seconds between decisions")
     parser.add_argument("--db", help="a database with a profile of the bench spec already")
+    record_arguments(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tuner-soak-"))
     env = tuner_env(work / "tuner.db", work / "cache")
@@ -136,15 +154,27 @@ def main() -> None:
     )
     print(f"env file now: {env_file.read_text().strip().splitlines()}")
     print(f"SIGTERM: exit {code}; last line: {lines[-1] if lines else '-'}")
-    after_first = [kib for t, kib in samples if t >= args.every + 30.0]
-    if after_first:
-        base, end, top = after_first[0], after_first[-1], max(after_first)
+    memory = memory_figures(samples, args.every)
+    if memory:
+        base, end, top, growth = memory.values()
         print(
-            f"VmRSS after the first decision {base / 1024:.1f} MiB, at the end {end / 1024:.1f} "
-            f"MiB (max {top / 1024:.1f}): growth {100 * (end / base - 1):+.1f} % "
+            f"VmRSS after the first decision {base:.1f} MiB, at the end {end:.1f} "
+            f"MiB (max {top:.1f}): growth {growth:+.1f} % "
             "(target: under 10 %)"
         )
     print(f"files kept in {work}")
+    summary = {
+        "minutes": args.minutes,
+        "every s": args.every,
+        "answers written in order": [int(a) for a in answers],
+        "changes after the first answer": max(0, len(answers) - 1),
+        "env-file writes": writes,
+        "on-change runs": ran,
+        "exit on SIGTERM": code,
+        **(memory or {}),
+    }
+    decided = [[line[:220]] for line in decisions]
+    save_run(__file__, args, summary, [Table("one line per interval", ["watch"], decided)])
 
 
 if __name__ == "__main__":

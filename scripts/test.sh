@@ -27,6 +27,8 @@ else
 fi
 .venv/bin/ruff check tuner tests benchmarks db scripts
 .venv/bin/ruff format --check tuner tests benchmarks db scripts
+# docs/results.md is rendered from the benchmarks' results files: it must be current
+.venv/bin/python benchmarks/record.py render --check
 
 if $fast; then
     # No bench for this tier even where one is built: a test that needs it without its marker

@@ -101,6 +101,7 @@ def test_soak_two_profile_workers_lose_and_duplicate_nothing(db_url: str) -> Non
             "--levels",
             "1,2,4",
             "--json",
+            "--no-record",
         ],
         capture_output=True,
         text=True,

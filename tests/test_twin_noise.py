@@ -1,9 +1,10 @@
 """The twin's noise (tuner.twin.noise): the "vm" preset gives the round CVs measured on the
 project's 2-core VM, "quiet" about 1 %, and the noise moves no long-run average.
 
-Rounds are measured as BENCH.md's noise runs were: one engine per launch, 128-token rounds of
-1 and 8 streams alternating, 8 rounds of each per launch, plain server, on the bench-like world.
-Measured there: 13.3 % at 1 stream, 5.3 % at 8.
+Rounds are measured as the bench's noise was on the VM (a plain llama-server -np 8 -kvu -t 2 on
+the 2-core AMD EPYC VM, 3-4 launches): one engine per launch, 128-token rounds of 1 and 8 streams
+alternating, 8 rounds of each per launch, plain server, on the bench-like world. The VM's round
+CV: 13.3 % at 1 stream, 5.3 % at 8; a launch's 8-round mean spread 4.7 % and 1.7 %.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def test_the_vm_preset_gives_the_round_cvs_of_the_vm() -> None:
     by_level = rounds(world, launches=60)
     one = cv([v for launch in by_level[1] for v in launch])
     eight = cv([v for launch in by_level[8] for v in launch])
-    # measured: 13.3 % and 5.3 % (BENCH.md); 60 launches of this world land within about 1.5
-    # points of the preset's long-run 13.4 % and 5.4 %
+    # the VM's: 13.3 % and 5.3 % (the module docstring); 60 launches of this world land within
+    # about 1.5 points of the preset's long-run 13.4 % and 5.4 %
     assert 0.103 < one < 0.163, one
     assert 0.038 < eight < 0.068, eight
     assert one > 1.8 * eight  # short steps are noisier: the additive part

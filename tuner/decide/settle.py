@@ -21,7 +21,7 @@ same server could stop at different ends of one tie. Where a larger contender is
 estimate, that question is asked against it, the value the tie is measured from: asked against
 the answer, a smaller value shown equivalent to the answer but not yet to the best fell out of
 the tie unasked, and which values were contenders (N-2..N+2 of the answer of the moment)
-decided the tie (the demo's third run on the AMD VM, session 14: from N=4, N=3 was equivalent
+decided the tie (a run of the demo on the bench's 2-core VM: from N=4, N=3 was equivalent
 to N=4, -0.74 [-1.43, -0.05], not yet to the best estimate N=6, -1.07 [-2.56, +0.42], and the
 tie was [4, 5, 6]; runs that reached N=3 first, where N=6 is no contender, kept [3, 4, 5]). A
 difference at the tolerance itself would take pairs without end to place: once its bounds are
@@ -178,7 +178,7 @@ def assess(
     kept: larger values the answer held before a tie moved it down, kept as contenders: a tie
     is measured from the best estimate among the contenders, and from N=2 moved to N=1 the
     N=4 it left is no N+-2, so each move could take the answer another tolerance down the
-    slope with none of the values it left in view (the demo's second run of session 15: N=4,
+    slope with none of the values it left in view (a run of the demo on the 2-core VM: N=4,
     N=2, N=1, where N=1 against N=4 was -1.34 [-2.75, +0.06] against a tolerance of 2.39)."""
     tol = tolerance * abs(objective)
     comparisons = []

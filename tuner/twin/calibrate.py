@@ -29,7 +29,8 @@ What is fitted, and what is assumed because a table of tok/s alone cannot tell i
 
 `fit_world(template, plain, spec)` is the same solver on a hand-made template (its slots, depth,
 prefill and noise kept, its rows points beyond the plain levels kept): how the bench-like world
-profiles/twin/bench-smollm2-cpu.toml was set from BENCH.md's figures.
+profiles/twin/bench-smollm2-cpu.toml was set from the bench's plain and n-max 6 tok/s at 1, 2, 4
+and 8 streams (the table at the head of that file).
 """
 
 from __future__ import annotations
