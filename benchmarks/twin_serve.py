@@ -172,7 +172,7 @@ def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def best_tpot(figures: Mapping[Policy, OpenLoopTruth]) -> Policy:
-    """The truth's best drafting policy by mean TPOT (ties: the smaller N), as `tuner twin
+    """The truth's best drafting policy by mean TPOT (ties: the smaller N), as `tuner dev twin
     truth` picks it."""
     drafting = [p for p in figures if p.drafting]
     return min(drafting, key=lambda p: (figures[p].tpot_mean_ms, p.sort_key))

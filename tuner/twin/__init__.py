@@ -17,7 +17,7 @@ imported by their own module names:
   `method`: the tuner's methods run against a world (what `benchmarks/twin_regret.py` grades);
 - `server` (with `launch`, `live`, `http`, `answers`, `tokenizer`): `tuner-twin-server`, the
   twin as an HTTP llama-server taking llama-server's command line, in virtual time at
-  `--speed`; `summary`: what `tuner twin truth` prints;
+  `--speed`; `summary`: what `tuner dev twin truth` prints;
 - `frozen`: the frozen set of worlds the method is graded on.
 """
 
