@@ -21,14 +21,10 @@ from tuner.cli.options import (
     TuneNMaxOption,
     advanced,
     duration_option,
-    open_store,
     parsed_overrides,
     reports_errors,
-    settings,
-    terminate_as_interrupt,
-    this_host,
 )
-from tuner.cli.progress import ProgressDisplay
+from tuner.cli.progress import measure_live
 
 BudgetOption = Annotated[
     str,
@@ -101,25 +97,21 @@ def tune(
     """
     from tuner.decide.tune import tune as run_tune
 
-    with terminate_as_interrupt(), ProgressDisplay() as display:
-        report = run_tune(
-            open_store(),
-            model,
-            this_host(),
-            settings().log_dir,
-            display,
-            budget_s=duration_option(budget, "--budget"),
-            tie_budget_s=duration_option(tie_budget, "--tie-budget"),
-            plain_budget_s=duration_option(plain_budget, "--plain-budget"),
-            tolerance=tolerance,
-            switch=switch.value,
-            tune_n_max=tune_n_max,
-            resume=resume,
-            overrides=parsed_overrides(overrides),
-            skip_preflight=skip_preflight,
-            seed=seed,
-            plain_live=plain_live,
-        )
+    report = measure_live(
+        run_tune,
+        model,
+        budget_s=duration_option(budget, "--budget"),
+        tie_budget_s=duration_option(tie_budget, "--tie-budget"),
+        plain_budget_s=duration_option(plain_budget, "--plain-budget"),
+        tolerance=tolerance,
+        switch=switch.value,
+        tune_n_max=tune_n_max,
+        resume=resume,
+        overrides=parsed_overrides(overrides),
+        skip_preflight=skip_preflight,
+        seed=seed,
+        plain_live=plain_live,
+    )
     if output is TableFormat.JSON:
         typer.echo(json.dumps(report.as_dict(), default=str))
     else:

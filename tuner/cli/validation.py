@@ -19,15 +19,11 @@ from tuner.cli.options import (
     TableFormat,
     TableFormatOption,
     duration_option,
-    open_store,
     parsed_overrides,
     refuse,
     reports_errors,
-    settings,
-    terminate_as_interrupt,
-    this_host,
 )
-from tuner.cli.progress import ProgressDisplay
+from tuner.cli.progress import measure_live
 
 if TYPE_CHECKING:
     from tuner.decide.openloop import OpenLoopReport
@@ -92,18 +88,14 @@ def validate(
     refuse(ctx, "it goes with --arrivals (open loop)", "window", "traffic")
     from tuner.decide.validate import validate as run_validation
 
-    with terminate_as_interrupt(), ProgressDisplay() as display:
-        report = run_validation(
-            open_store(),
-            model,
-            this_host(),
-            settings().log_dir,
-            display,
-            resume=resume,
-            max_slots=max_slots,
-            overrides=parsed_overrides(overrides),
-            skip_preflight=skip_preflight,
-        )
+    report = measure_live(
+        run_validation,
+        model,
+        resume=resume,
+        max_slots=max_slots,
+        overrides=parsed_overrides(overrides),
+        skip_preflight=skip_preflight,
+    )
     _emit(output, report, render.validation)
 
 
@@ -131,18 +123,14 @@ def _open_loop(
     rates, window_s = open_loop_options(
         arrivals, rate, duration_option(window, "--window"), traffic
     )
-    with terminate_as_interrupt(), ProgressDisplay() as display:
-        return validate_open_loop(
-            open_store(),
-            model,
-            this_host(),
-            settings().log_dir,
-            display,
-            rates=rates,
-            window_s=window_s,
-            seed=seed,
-            overrides=parsed_overrides(overrides),
-            skip_preflight=skip_preflight,
-            traffic=traffic if arrivals == "trace" else None,
-            max_slots=max_slots,
-        )
+    return measure_live(
+        validate_open_loop,
+        model,
+        rates=rates,
+        window_s=window_s,
+        seed=seed,
+        overrides=parsed_overrides(overrides),
+        skip_preflight=skip_preflight,
+        traffic=traffic if arrivals == "trace" else None,
+        max_slots=max_slots,
+    )
