@@ -7,7 +7,7 @@ In one run, into fresh databases, as a user runs it:
 2. the same spec at one depth and at three (--depths, default 0, 1024, 2048), both with
    `--budget 0` and a context big enough for the deepest, back to back: the cost ratio
    (target: at most 3);
-3. from the three-depth profile: the crossover at every depth (`tuner fit`) and the recommended
+3. from the three-depth profile: the crossover at every depth (`tuner dev fit`) and the recommended
    N at depth 0 and at the deepest (`tuner recommend --context D`);
 4. the held-out depth: fits at the other depths predict the middle one (interpolation, the
    model `tuner.model.depth` uses), against every measured repeat there; per point the median
@@ -220,7 +220,7 @@ def main() -> None:
             f"on passes sharing a launch; the rest: ratio {(three_s - prefill_s) / one_s:.2f})",
             flush=True,
         )
-        fitted = json.loads(tuner(env, "fit", "--model", model, "--format", "json"))
+        fitted = json.loads(tuner(env, "dev", "fit", "--model", model, "--format", "json"))
         crossings = crossover_rows(fitted["crossover_by_depth"])
         for depth, _, _, _, where in crossings:
             print(f"crossover at depth {depth}: {where}")

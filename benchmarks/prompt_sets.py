@@ -5,8 +5,8 @@ lookup (llama-server's ngram-simple), so what it accepts comes from the text, no
 --spec-synth-len. For each prompt set (profiles/prompts/code-edit.jsonl: "repeat this code with
 one change"; profiles/prompts/stories.jsonl: "write a new story") it runs, as a user would and
 into a fresh database, `tuner profile` (default budget: adaptive levels included) and reads back
-`tuner fit` and `tuner recommend`. It prints, per set: the measured acceptance (tokens per stream
-per step at n_max and the per-position rates), spec against plain at 1 and 8 streams, the
+`tuner dev fit` and `tuner recommend`. It prints, per set: the measured acceptance (tokens per
+stream per step at n_max and the per-position rates), spec against plain at 1 and 8 streams, the
 crossover with its 90 % interval, the recommended N and the profile's wall time.
 
 The sets run one after the other on one machine, so each set's spec/plain ratios are measured in
@@ -38,7 +38,7 @@ def one_set(name: str, workdir: Path, extra: list[str]) -> dict:
     started = time.monotonic()
     tuner(env, "profile", str(SPEC), "--set", f'workload.prompts="prompts/{name}.jsonl"', *extra)
     wall = time.monotonic() - started
-    fitted = json.loads(tuner(env, "fit", "--model", model, "--format", "json"))
+    fitted = json.loads(tuner(env, "dev", "fit", "--model", model, "--format", "json"))
     rec = json.loads(tuner(env, "recommend", "--model", model, "--format", "json"))
     points = {
         (p["policy"], p["concurrency"]): p["measured_tps"]

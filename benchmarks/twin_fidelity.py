@@ -5,7 +5,7 @@ A twin calibrated from a bench profile, held against bench measurements it never
 1. The profile: `tuner profile SPEC --budget 0` (plain, always draft and, on the live switch, the
    off arm at 1, 2, 4, 8 streams; no adaptive levels, so the closed levels below stay out of it)
    into a fresh database, or the newest completed profile run of `--db` (or `--run`). The
-   "profile twin" is calibrated from that run by the code `tuner twin calibrate --run` runs
+   "profile twin" is calibrated from that run by the code `tuner dev twin calibrate --run` runs
    (tuner.twin.from_run: plain and always-draft levels fitted, the threshold server's overhead
    over plain from the off arms). From
    it come the policy served open loop (the profile's recommended N, `recommend`'s standing
@@ -695,7 +695,7 @@ class Fidelity:
 def calibrated(
     args: argparse.Namespace, setup: Setup, work: Path, say: Callable[[str], None]
 ) -> tuple[RunData, Calibration, StoredFit, Policy, Work]:
-    """Part 1: the twin from the profile run (tuner.twin.from_run, as `tuner twin calibrate
+    """Part 1: the twin from the profile run (tuner.twin.from_run, as `tuner dev twin calibrate
     --run` calibrates), the policy, the fit."""
     data = run_levels(setup.store, setup.run_id)
     started = time.monotonic()

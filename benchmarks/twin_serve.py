@@ -180,7 +180,7 @@ def shown(kept: list, title: str, head: Sequence[str], rows: Sequence[Sequence[o
 
 
 def best_tpot(figures: Mapping[Policy, OpenLoopTruth]) -> Policy:
-    """The truth's best drafting policy by mean TPOT (ties: the smaller N), as `tuner twin
+    """The truth's best drafting policy by mean TPOT (ties: the smaller N), as `tuner dev twin
     truth` picks it."""
     drafting = [p for p in figures if p.drafting]
     return min(drafting, key=lambda p: (figures[p].tpot_mean_ms, p.sort_key))

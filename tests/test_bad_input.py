@@ -260,6 +260,43 @@ def test_attach_to_nothing_says_so() -> None:
     assert "http://127.0.0.1:9" in line
 
 
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (["--switch", "live"], "--switch"),
+        (["--resume"], "--resume"),
+        (["--budget", "5m"], "--budget"),
+        (["--skip-preflight"], "--skip-preflight"),
+    ],
+)
+def test_attach_refuses_what_it_would_ignore(given: list[str], flag: str) -> None:
+    """Attach mode measures the server once, as it is: an option of the launched profile is an
+    error naming it, not accepted and ignored (the server at port 9 is never reached)."""
+    fails_with_one_line(
+        ["profile", "--url", "http://127.0.0.1:9", "--label", "x", *given],
+        f"{flag} does not apply here",
+        "attach mode",
+    )
+
+
+def test_a_spec_profile_refuses_attach_options(files: dict[str, Path]) -> None:
+    fails_with_one_line(
+        ["profile", str(spec_file(files)), "--label", "x"], "--label does not apply here"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (["--window", "30s"], "--window"),
+        (["--traffic", "seen"], "--traffic"),
+        (["--arrivals", "poisson", "--rate", "1", "--resume"], "--resume"),
+    ],
+)
+def test_validate_refuses_options_of_the_other_mode(given: list[str], flag: str) -> None:
+    fails_with_one_line(["validate", "--model", "m", *given], f"{flag} does not apply here")
+
+
 # --- the database URL ----------------------------------------------------------------------------
 
 

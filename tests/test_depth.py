@@ -84,7 +84,7 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     # Each pass's launch measured both depths: the same pass at both.
     for config in ("plain", "spec"):
         assert passes[(config, 2, 0)] == passes[(config, 2, DEEP)]
-    data = tuner_json(env, "fit", "--model", MODEL)
+    data = tuner_json(env, "dev", "fit", "--model", MODEL)
     assert data["inputs"]["context_tokens"] == 0 and data["inputs"]["depths"] == [0, DEEP]
     assert set(data["crossover_by_depth"]) == {"0", str(DEEP)}
 
@@ -97,6 +97,6 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     assert f"predicted from the fits at depths 0, {DEEP}" in between.stderr
     assert "not stored" in between.stderr
     # fit answers for measured depths only, and names them.
-    missing = run_tuner(["fit", "--model", MODEL, "--context", "1000"], env)
+    missing = run_tuner(["dev", "fit", "--model", MODEL, "--context", "1000"], env)
     assert missing.returncode != 0
     assert f"measured: 0, {DEEP}" in missing.stderr and "Traceback" not in missing.stderr

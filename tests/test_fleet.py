@@ -176,7 +176,7 @@ def test_two_live_profiles_of_one_model_share_one_database(db_url: str, tmp_path
         == []
     )
 
-    listed = CliRunner().invoke(app, ["--db", db_url, "hosts"], env={"COLUMNS": "200"})
+    listed = CliRunner().invoke(app, ["--db", db_url, "dev", "hosts"], env={"COLUMNS": "200"})
     assert listed.exit_code == 0, listed.output
     rows = [line for line in listed.stdout.splitlines() if "host-" in line]
     assert len(rows) == 2 and all("1/1" in row for row in rows)  # one run, completed
@@ -223,13 +223,15 @@ def test_recommend_answers_per_host(db_url: str, monkeypatch: pytest.MonkeyPatch
     # The console's width is fixed when it is made if COLUMNS was set then (CI sets 80): wide
     # enough here for every column whole.
     monkeypatch.setattr(options.out, "width", 200)
-    listed = CliRunner().invoke(app, ["--db", db_url, "hosts"], env={"TUNER_HOST_NAME": "host-b"})
+    listed = CliRunner().invoke(
+        app, ["--db", db_url, "dev", "hosts"], env={"TUNER_HOST_NAME": "host-b"}
+    )
     assert listed.exit_code == 0, listed.output
     rows = [line for line in listed.stdout.splitlines() if "host-" in line]
     assert len(rows) == 2
     assert "host-a" in rows[0] and "smollm2-bench" in rows[0]
     assert "host-b (this host)" in rows[1] and "smollm2-bench" in rows[1]
-    only = CliRunner().invoke(app, ["--db", db_url, "hosts", "--model", "no-such-model"])
+    only = CliRunner().invoke(app, ["--db", db_url, "dev", "hosts", "--model", "no-such-model"])
     assert only.exit_code == 0 and "no hosts yet" in only.stderr
 
 
@@ -285,7 +287,7 @@ def test_concurrent_recommendations_share_one_study(db_url: str) -> None:
     store_profile(store, host="host-a")
     store.dispose()
     fitted = CliRunner().invoke(
-        app, ["--db", db_url, "fit", "--model", "smollm2-bench", "--host", "host-a"]
+        app, ["--db", db_url, "dev", "fit", "--model", "smollm2-bench", "--host", "host-a"]
     )
     assert fitted.exit_code == 0, fitted.output
 

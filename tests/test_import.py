@@ -138,13 +138,13 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
 def test_cli_import(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     runner = CliRunner()
-    result = runner.invoke(app, ["--db", db, "import", str(SEED)])
+    result = runner.invoke(app, ["--db", db, "dev", "import", str(SEED)])
     assert result.exit_code == 0, result.output
     assert "imported" in result.stderr and "run 1" in result.stderr
     assert "56.5" in result.stdout and "78.3" in result.stdout
-    again = runner.invoke(app, ["--db", db, "import", str(SEED)])
+    again = runner.invoke(app, ["--db", db, "dev", "import", str(SEED)])
     assert again.exit_code == 0 and "already imported" in again.stderr
-    bad = runner.invoke(app, ["--db", db, "import", str(tmp_path / "missing.toml")])
+    bad = runner.invoke(app, ["--db", db, "dev", "import", str(tmp_path / "missing.toml")])
     assert bad.exit_code == 2 and "not found" in bad.stderr
 
 

@@ -149,7 +149,7 @@ def test_validate_measures_the_neighbours_and_the_threshold_applies(
 
     # The validation's points feed the next fit.
     fitted = subprocess.run(
-        tuner_cmd("fit", "--model", MODEL, "--format", "json"),
+        tuner_cmd("dev", "fit", "--model", MODEL, "--format", "json"),
         env=env,
         capture_output=True,
         text=True,

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import typer
 from benchdata import store_profile
 from fleetkit import (
     REPO,
@@ -40,26 +41,40 @@ REFERENCE_MODEL = "Qwen3.8-Flash-Next"
 # Every command that opens the database, with an invocation against the imported reference
 # data; `profile` and `validate` run live below (and profile in test_fleet.py).
 COMMANDS: dict[str, list[str]] = {
-    "import": ["import", str(REFERENCE)],
+    "dev import": ["dev", "import", str(REFERENCE)],
     "runs": ["runs"],
     "show": ["show", "1"],
-    "hosts": ["hosts"],
-    "fit": ["fit", "--model", REFERENCE_MODEL],
-    "predict": ["predict", "--model", REFERENCE_MODEL, "--max-slots", "2"],
+    "dev hosts": ["dev", "hosts"],
+    "dev fit": ["dev", "fit", "--model", REFERENCE_MODEL],
+    "dev predict": ["dev", "predict", "--model", REFERENCE_MODEL, "--max-slots", "2"],
     "recommend": ["recommend", "--model", REFERENCE_MODEL, "-q"],
     "report": ["report", "--model", REFERENCE_MODEL, "--out", "{tmp}/report"],
 }
 LIVE = {"profile", "validate", "tune"}  # launch a server: test_live_commands_on_postgres
 # need a server; what they store: test_traffic_profiles_on_postgres, test_watch_state_on_postgres
 OBSERVED = {"observe", "watch"}
-NO_DATABASE = {"bench"}
-TWIN = {"twin"}  # `twin calibrate --run` reads a stored profile: test_twin_calibrates_from_postgres
+NO_DATABASE = {"bench setup", "bench where", "check"}  # check reads a server, stores nothing
+# `dev twin calibrate --run` reads a stored profile: test_twin_calibrates_from_postgres; serve
+# and truth read worlds (truth --traffic reads a traffic profile, as recommend --traffic does)
+TWIN = {"dev twin serve", "dev twin truth", "dev twin calibrate"}
+
+
+def command_paths() -> set[str]:
+    """Every command a user can run, as its words after `tuner` ("dev twin serve")."""
+
+    def walk(command, path: list[str]):
+        subcommands = getattr(command, "commands", None)
+        if subcommands is None:
+            yield " ".join(path)
+            return
+        for name, sub in subcommands.items():
+            yield from walk(sub, [*path, name])
+
+    return set(walk(typer.main.get_command(app), []))
 
 
 def test_every_command_is_covered_here() -> None:
-    names = {c.name or c.callback.__name__ for c in app.registered_commands}
-    names |= {g.name for g in app.registered_groups}
-    missing = names - set(COMMANDS) - LIVE - OBSERVED - NO_DATABASE - TWIN
+    missing = command_paths() - set(COMMANDS) - LIVE - OBSERVED - NO_DATABASE - TWIN
     assert not missing, f"add a PostgreSQL case for: {', '.join(sorted(missing))}"
 
 
@@ -89,12 +104,12 @@ def test_twin_calibrates_from_postgres(pg_url: str, tmp_path: Path) -> None:
     store.dispose()
     world = tmp_path / "world.toml"
     result = CliRunner().invoke(
-        app, ["--db", pg_url, "twin", "calibrate", "--run", "1", "--out", str(world)]
+        app, ["--db", pg_url, "dev", "twin", "calibrate", "--run", "1", "--out", str(world)]
     )
     assert result.exit_code == 0, result.output
     assert "N=0    c=8" in result.stdout and world.read_text().strip()
     missing = CliRunner().invoke(
-        app, ["--db", pg_url, "twin", "calibrate", "--run", "99", "--out", str(world)]
+        app, ["--db", pg_url, "dev", "twin", "calibrate", "--run", "99", "--out", str(world)]
     )
     assert missing.exit_code != 0 and "99" in missing.output, missing.output
 

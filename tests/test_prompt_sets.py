@@ -53,7 +53,7 @@ def profile_set(tmp_path: Path, name: str) -> tuple[str, dict]:
     prompts = f'workload.prompts="prompts/{name}.jsonl"'
     result = run_tuner(["profile", str(SPEC), "--set", prompts, *QUICK], env, timeout_s=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    return db_url, tuner_json(env, "fit", "--model", MODEL)
+    return db_url, tuner_json(env, "dev", "fit", "--model", MODEL)
 
 
 def test_acceptance_follows_the_prompt_set(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The seed table imported and fitted as `tuner fit` fits it (the fit every recommend of the
     seed reuses), once for this module: the fit is the slow part. Read it through seeded."""
     db = f"sqlite:///{tmp_path_factory.mktemp('seeded') / 'rec.db'}"
-    for args in (["import", str(SEED)], ["fit", "--model", SEED_MODEL]):
+    for args in (["dev", "import", str(SEED)], ["dev", "fit", "--model", SEED_MODEL]):
         result = cli(db, *args)
         assert result.exit_code == 0, result.output
     return db
@@ -76,7 +76,9 @@ def codes(reasons: list) -> list[ReasonCode]:
 
 
 def test_seed_threshold_2_prediction_within_3_percent(seeded: str) -> None:
-    result = cli(seeded, "predict", "--model", SEED_MODEL, "--max-slots", "2", "--format", "json")
+    result = cli(
+        seeded, "dev", "predict", "--model", SEED_MODEL, "--max-slots", "2", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["concurrency"] == list(range(1, 9))
@@ -91,7 +93,7 @@ def test_seed_threshold_2_prediction_within_3_percent(seeded: str) -> None:
         for lo, p, hi in zip(data["lower"], data["tokens_per_second"], data["upper"], strict=True)
     )
     # The threshold row was not fitted: the fit reports it as held out, predicted not fitted.
-    fit = json.loads(cli(seeded, "fit", "--model", SEED_MODEL, "--format", "json").stdout)
+    fit = json.loads(cli(seeded, "dev", "fit", "--model", SEED_MODEL, "--format", "json").stdout)
     checks = fit["quality"]["held_out"]
     # At 1 and 2 streams N=2 drafts: held out, predicted from the spec curve. At 4 and 8 it does
     # not: those rows are the threshold server's own curve (off), fitted, not held out.
@@ -159,7 +161,7 @@ def test_unknown_format_is_an_error(seeded: str) -> None:
     result = cli(seeded, "recommend", "--model", SEED_MODEL, "--format", "yaml")
     assert result.exit_code == 2 and "Invalid value for '--format'" in result.stderr
     assert result.stdout == ""
-    for command in (("fit",), ("predict", "--max-slots", "2")):  # table or json only
+    for command in (("dev", "fit"), ("dev", "predict", "--max-slots", "2")):  # table or json only
         wrong = cli(seeded, *command, "--model", SEED_MODEL, "--format", "env")
         assert wrong.exit_code == 2 and "Invalid value for '--format'" in wrong.stderr
 
@@ -171,7 +173,7 @@ def test_empty_database_exits_1_naming_the_fix(db: str) -> None:
     result = cli(db, "recommend", "--model", "nothing-here")
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert "tuner profile" in result.stderr and "tuner import" in result.stderr
+    assert "tuner profile" in result.stderr and "tuner dev import" in result.stderr
 
 
 def test_model_with_only_plain_levels_exits_1(db: str) -> None:
@@ -179,7 +181,7 @@ def test_model_with_only_plain_levels_exits_1(db: str) -> None:
     store_profile(store, levels=[lv for lv in BENCH_LEVELS if lv[0] == "plain"], kernel=[])
     result = cli(db, "recommend", "--model", "smollm2-bench")
     assert result.exit_code == 1 and "tuner profile" in result.stderr
-    for command in (("fit",), ("predict", "--max-slots", "2")):
+    for command in (("dev", "fit"), ("dev", "predict", "--max-slots", "2")):
         again = cli(db, *command, "--model", "smollm2-bench")
         assert again.exit_code == 1
 
@@ -333,22 +335,24 @@ def test_weights_from_the_profile_shape_the_objective(db: str) -> None:
 
 def test_predict_table_and_n_max(fitted_bench_db: str) -> None:
     db = fitted_bench_db  # store_profile()'s data, its fit made once per session
-    result = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "3")
+    result = cli(
+        db, "dev", "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "3"
+    )
     assert result.exit_code == 0, result.output
     assert "n_max 3" in result.stdout
-    bad = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "9")
+    bad = cli(db, "dev", "predict", "--model", "smollm2-bench", "--max-slots", "2", "--n-max", "9")
     assert bad.exit_code == 2 and "1..6" in bad.stderr
-    too_many = cli(db, "predict", "--model", "smollm2-bench", "--max-slots", "99")
+    too_many = cli(db, "dev", "predict", "--model", "smollm2-bench", "--max-slots", "99")
     assert too_many.exit_code == 2
 
 
 def test_fit_command_reports_quality(db: str) -> None:
     store_profile(Store(db))
-    result = cli(db, "fit", "--model", "smollm2-bench")
+    result = cli(db, "dev", "fit", "--model", "smollm2-bench")
     assert result.exit_code == 0, result.output
     for text in ("worst residual", "crossover", "step cost", "leave-one-out"):
         assert text in result.stdout
-    data = json.loads(cli(db, "fit", "--model", "smollm2-bench", "--format", "json").stdout)
+    data = json.loads(cli(db, "dev", "fit", "--model", "smollm2-bench", "--format", "json").stdout)
     assert data["quality"]["uncertainty"]["method"] == "repeats"
     assert len(data["quality"]["points"]) == 8
     assert data["n_values"] == [1, 2, 3, 4, 5, 6]

@@ -396,7 +396,7 @@ def test_default_out_is_tuner_report_in_the_working_folder(
 def test_seed_report_from_the_imported_table(
     db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    imported = cli(db, "import", str(SEED))
+    imported = cli(db, "dev", "import", str(SEED))
     assert imported.exit_code == 0, imported.output
     monkeypatch.chdir(tmp_path)
     before = tree(tmp_path)

@@ -416,7 +416,18 @@ def test_tuner_twin_truth_and_bad_worlds(tmp_path: Path) -> None:
     world = tmp_path / "small.toml"
     world.write_text(SMALL_WORLD)
     runner = CliRunner()
-    args = ["twin", "truth", str(world), "--weights", "1=1,2=1", "--rate", "2", "--duration", "60"]
+    args = [
+        "dev",
+        "twin",
+        "truth",
+        str(world),
+        "--weights",
+        "1=1,2=1",
+        "--rate",
+        "2",
+        "--duration",
+        "60",
+    ]
     result = runner.invoke(
         app, [*args, "--output-tokens", "32", "--rel-se", "0.02", "--format", "json"]
     )
@@ -430,10 +441,10 @@ def test_tuner_twin_truth_and_bad_worlds(tmp_path: Path) -> None:
     }
     assert report["best"]["policy"] in ("N=0", "N=1")
     assert set(report["open_loop"]["best"]) == {"tps", "tpot"}
-    missing = runner.invoke(app, ["twin", "truth", str(tmp_path / "none.toml")])
+    missing = runner.invoke(app, ["dev", "twin", "truth", str(tmp_path / "none.toml")])
     invalid = tmp_path / "bad.toml"
     invalid.write_text("name = 3\n")
-    broken = runner.invoke(app, ["twin", "truth", str(invalid)])
+    broken = runner.invoke(app, ["dev", "twin", "truth", str(invalid)])
     for failed in (missing, broken):
         assert failed.exit_code == 2
         assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
@@ -552,7 +563,7 @@ def _tuner_twin_calibrate_from_a_stored_run(
     db = f"sqlite:///{copy}"
     _add_kernel_rows(db, 1)
     out = tmp_path / "fitted.toml"
-    args = ["twin", "calibrate", "--run", "1", "--out", str(out), "--rel-se", "0.01"]
+    args = ["dev", "twin", "calibrate", "--run", "1", "--out", str(out), "--rel-se", "0.01"]
     result = finish(start_tuner(args, tuner_env(db, tmp_path / "cache")), 300)
     assert result.returncode == 0, result.stderr[-3000:]
     from tuner.twin.world import load_world

@@ -114,7 +114,7 @@ def _runs_import_and_recommend_from_the_wheel(installed: tuple[Path, dict[str, s
     table = work / "seed.toml"
     shutil.copy(SEED, table)
     run([tuner, "runs"], work, env)  # creates and migrates the database
-    imported = run([tuner, "import", str(table)], work, env)
+    imported = run([tuner, "dev", "import", str(table)], work, env)
     assert "Qwen3.8-Flash-Next" in imported
     listed = run([tuner, "runs"], work, env)
     assert "import" in listed and "Qwen3.8-Flash-Next" in listed

@@ -1,5 +1,7 @@
-"""What every command shares: settings (with --db), the database, this host's name, the options
-defined once (--model, --host, --format as enums), spec files with --set, and error handling.
+"""What every command shares: the consoles, settings (with --db), the database, this host's name,
+the options defined once (--model, --host, --format as enums, and every option more than one
+command takes), the advanced options (hidden from --help unless --advanced), options that do not
+apply, spec files with --set, and error handling.
 
 Only the CLI reads the environment (tuner.settings) and turns errors into exit codes; library
 functions are handed what they need.
@@ -8,7 +10,9 @@ functions are handed what they need.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -17,17 +21,44 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
+from typer.core import TyperCommand
 
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.recommendation import ObjectiveKind
 from tuner.settings import Settings, get_settings
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Wide enough for any table the commands print: rich lays a table out at its natural width and
+# only shrinks it (cutting headers and numbers to "…") when the console is narrower.
+UNBOUNDED_WIDTH = 4096
+
+
+class _Console(Console):
+    """A rich console that, writing to a file or a pipe (a CI log, `| tee`), is as wide as what
+    it prints, as pytest and hyperfine are, instead of rich's 80 columns; in a terminal, or with
+    COLUMNS set, it is as wide as that says."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal and not _columns_set():
+            return ConsoleDimensions(UNBOUNDED_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+def _columns_set() -> bool:
+    return os.environ.get("COLUMNS", "").strip().isdigit()
+
+
+out = _Console(soft_wrap=True)
+err = _Console(stderr=True, soft_wrap=True)
 
 
 class State:
@@ -74,6 +105,99 @@ def reports_errors(func: F) -> F:
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# --- advanced options: hidden from --help unless --advanced ----------------------------------
+
+ADVANCED = "Advanced"  # the help panel they are listed in
+_ADVANCED_FLAG = "--advanced"
+
+
+def advanced(*param_decls: str, **kwargs: Any) -> Any:
+    """typer.Option for an option most runs never need (budgets of the inner steps, seeds, the
+    switch mode, overrides of the spec): left out of --help, listed under "Advanced" by
+    `--help --advanced`. It is parsed like any other option."""
+    return typer.Option(*param_decls, hidden=True, rich_help_panel=ADVANCED, **kwargs)
+
+
+class TunerCommand(TyperCommand):
+    """A command whose --help leaves out its advanced options (those declared with advanced())
+    and whose `--help --advanced` (in either order, or --advanced alone) lists them too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown: list[Any] | None = None
+        if any(_is_advanced(param) for param in self.params):
+            self.epilog = "Advanced options: add --advanced to --help."
+        if self.help:  # a docstring's paragraphs rewrapped to the terminal, not at 100 columns
+            self.help = "\n\n".join(" ".join(part.split()) for part in self.help.split("\n\n"))
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        if _ADVANCED_FLAG in args[:end]:
+            ctx.meta[ADVANCED] = True
+            args = ["--help", *(a for i, a in enumerate(args) if i >= end or a != _ADVANCED_FLAG)]
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        epilog = self.epilog
+        if ctx.meta.get(ADVANCED):
+            self.epilog = None  # they are listed
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.epilog = epilog
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        params = super().get_params(ctx)
+        if not ctx.meta.get(ADVANCED):
+            return params
+        if self._shown is None:  # the same objects every call: click orders eager ones by them
+            self._shown = [_unhidden(p) if _is_advanced(p) else p for p in params]
+        return self._shown
+
+
+def _is_advanced(param: Any) -> bool:
+    return getattr(param, "hidden", False) and getattr(param, "rich_help_panel", None) == ADVANCED
+
+
+def _unhidden(param: Any) -> Any:
+    shown = copy.copy(param)
+    shown.hidden = False
+    return shown
+
+
+class Commands(typer.Typer):
+    """A Typer app whose commands are TunerCommands (so every command takes --help --advanced)."""
+
+    def command(self, name: str | None = None, *, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(name, cls=cls or TunerCommand, **kwargs)
+
+
+# --- options that do not apply -----------------------------------------------------------------
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave the option (parameter `name`) on the command line: not its default,
+    nor an environment variable."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "PROMPT")
+
+
+def refuse(ctx: typer.Context, why: str, *names: str) -> None:
+    """A ConfigError naming the first of the options `names` the user gave, where they do not
+    apply (`why`): an option accepted and then ignored misleads more than an error."""
+    for name in names:
+        if given(ctx, name):
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
+            raise ConfigError(f"{flag} does not apply here: {why}")
+
+
+def http_url(url: str) -> str:
+    """--url checked: an http:// or https:// URL."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")
+    return url
 
 
 @contextlib.contextmanager
@@ -164,8 +288,8 @@ HostOption = Annotated[
     str | None, typer.Option(help="host whose results to use (default: this machine)")
 ]
 TableFormatOption = Annotated[TableFormat, typer.Option("--format", help="table or json")]
-FitOption = Annotated[int | None, typer.Option("--fit", help="use this stored fit")]
-SeedOption = Annotated[int, typer.Option(help="seed of the fit's bootstrap (and the study)")]
+FitOption = Annotated[int | None, advanced("--fit", help="use this stored fit")]
+SeedOption = Annotated[int, advanced("--seed", help="seed of the fit's bootstrap (and the study)")]
 ContextOption = Annotated[
     int | None,
     typer.Option(
@@ -177,7 +301,7 @@ ContextOption = Annotated[
 ]
 OverridesOption = Annotated[
     list[str] | None,
-    typer.Option(
+    advanced(
         "--set",
         metavar="KEY=VALUE",
         help="override a spec value, e.g. --set workload.max_repeats=2",
@@ -202,7 +326,7 @@ class Switch(StrEnum):
 
 SwitchOption = Annotated[
     Switch,
-    typer.Option(
+    advanced(
         "--switch",
         help="how drafting policies are switched: live (one drafting launch, the threshold set "
         "through POST /props, needs the patched server; fails if it does not read back), "
@@ -212,7 +336,7 @@ SwitchOption = Annotated[
 ]
 SkipPreflightOption = Annotated[
     bool,
-    typer.Option(
+    advanced(
         "--skip-preflight",
         help="do not first launch each configuration for one short request (the preflight "
         "makes a server that cannot run here fail in seconds, with nothing stored)",
@@ -241,4 +365,23 @@ SloOption = Annotated[
 ApiKeyOption = Annotated[
     str | None,
     typer.Option(envvar="TUNER_API_KEY", show_envvar=True, help="bearer token (never stored)"),
+]
+TuneNMaxOption = Annotated[
+    bool,
+    advanced(
+        "--tune-n-max",
+        help="also choose --spec-draft-n-max (1..profiled): recommend searches (N, n_max), tune "
+        "settles N at the draft length that search chose",
+    ),
+]
+UrlOption = Annotated[
+    str, typer.Option(help="the running llama-server, e.g. http://127.0.0.1:8080")
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="continue the last unfinished run of this spec or model instead of starting over "
+        "(finished rounds are kept)",
+    ),
 ]

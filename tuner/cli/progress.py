@@ -1,10 +1,16 @@
-"""The progress display of long runs (profile, validate): a rich progress bar with configuration,
-level, repeat and ETA, and one line per finished repeat."""
+"""The progress display of long runs (profile, tune, validate): a rich progress bar with
+configuration, level, repeat and ETA, and one line per finished repeat; and measure_live, which
+runs a model's live measurement under it."""
 
 from __future__ import annotations
 
-from tuner.cli.options import err
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tuner.cli.options import err, open_store, settings, terminate_as_interrupt, this_host
 from tuner.measure.plan import ProgressEvent
+
+T = TypeVar("T")
 
 
 class ProgressDisplay:
@@ -76,3 +82,11 @@ class LogLines:
         if event.kind in ("server", "kernel", "message") and event.text:
             stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             err.print(f"{stamp} {event.text}", highlight=False, markup=False, soft_wrap=True)
+
+
+def measure_live(run: Callable[..., T], model: str, **options: Any) -> T:
+    """run(store, model, host, log_dir, display, **options): a live measurement of a model's
+    configurations (tune, validate) on the database, as this host, with its server logs in the
+    log folder, under the progress display; SIGTERM stops it as Ctrl-C does."""
+    with terminate_as_interrupt(), ProgressDisplay() as display:
+        return run(open_store(), model, this_host(), settings().log_dir, display, **options)

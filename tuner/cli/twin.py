@@ -1,4 +1,4 @@
-"""`tuner twin ...`: the twin's commands (registered in tuner.cli.app). Each parses its options,
+"""`tuner dev twin ...`: the twin's commands (registered in tuner.cli.dev). Each parses its options,
 calls one library function and renders the result; errors from the library become one line
 and an exit code (tuner.cli.options.reports_errors).
 
@@ -18,14 +18,22 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from tuner.cli.options import TableFormat, TableFormatOption, err, open_store, out, reports_errors
+from tuner.cli.options import (
+    Commands,
+    TableFormat,
+    TableFormatOption,
+    err,
+    open_store,
+    out,
+    reports_errors,
+)
 from tuner.errors import ConfigError, ServerError
 
 if TYPE_CHECKING:
     from tuner.twin.calibrate import Calibration
     from tuner.twin.truth_table import TruthReport
 
-twin_app = typer.Typer(
+twin_app = Commands(
     help="The twin: a simulated llama-server with known truth (serve it, read its truth, "
     "calibrate one).",
     no_args_is_help=True,

@@ -2,7 +2,7 @@
 their held-out errors, threshold levels predicted without being fitted, calibration, uncertainty,
 and what the threshold server above its N rests on (`threshold_regime`).
 
-Stored with every fit (as_dict / from_dict) and shown by `tuner fit` and `tuner report` through
+Stored with every fit (as_dict / from_dict) and shown by `tuner dev fit` and `tuner report` through
 one renderer (tuner.report.tables.fit_quality_table).
 """
 
@@ -100,7 +100,7 @@ class Uncertainty:
 
 @dataclass
 class FitQuality:
-    """Everything `tuner fit` shows about a fit, stored with it."""
+    """Everything `tuner dev fit` shows about a fit, stored with it."""
 
     points: list[PointFit]  # the fitted levels: plain, always draft and (with its curve) off
     held_out: list[PointFit]  # threshold levels not in the curves (drafting; off without a curve)

@@ -23,7 +23,7 @@ from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
 from tuner.storage.store import Store
 
 PROFILE_HINT = (
-    "run `tuner profile SPEC.toml` (or `tuner import FILE.toml` for a table measured elsewhere)"
+    "run `tuner profile SPEC.toml` (or `tuner dev import FILE.toml` for a table measured elsewhere)"
 )
 
 
@@ -321,7 +321,7 @@ class StoredFit:
         return self.inputs.get("measured", {})
 
     def as_dict(self) -> dict[str, Any]:
-        """What `tuner fit --format json` prints."""
+        """What `tuner dev fit --format json` prints."""
         return {
             "fit_id": self.id,
             "reused": self.reused,
@@ -364,7 +364,7 @@ def fit_model(
     replicates: int = fitting.DEFAULT_REPLICATES,
     context: int | None = None,
 ) -> StoredFit:
-    """`tuner fit`: fit the model's data (at one context depth) anew and store the fit."""
+    """`tuner dev fit`: fit the model's data (at one context depth) anew and store the fit."""
     data, selection = select_data(store, model, host, host_explicit, context)
     return _save_fit(store, data, selection, seed, replicates)
 
@@ -434,7 +434,7 @@ def current_fit(
             row = session.get(Fit, fit_id)
             if row is None:
                 raise NotFoundError(
-                    f"fit {fit_id} does not exist; `tuner fit --model NAME` makes one"
+                    f"fit {fit_id} does not exist; `tuner dev fit --model NAME` makes one"
                 )
             if row.model.name != model:
                 raise ConfigError(f"fit {fit_id} is of model {row.model.name!r}, not {model!r}")
@@ -469,7 +469,7 @@ def crossovers_by_depth(
 
 def acceptance_by_prompt_set(store: Store, model: str) -> dict[str, float]:
     """Tokens per stream per step of always-draft levels, median per prompt set the model's
-    runs measured (named as `tuner fit` names the workload): how acceptance follows the
+    runs measured (named as `tuner dev fit` names the workload): how acceptance follows the
     text. Empty when only one prompt set was measured."""
     by_set: dict[str, list[float]] = {}
     with store.session() as session:

@@ -1,4 +1,4 @@
-"""`tuner import`: a table measured elsewhere (TOML) becomes a run with source "imported".
+"""`tuner dev import`: a table measured elsewhere (TOML) becomes a run with source "imported".
 
 The format (documented with a commented example in profiles/reference/README.md):
 

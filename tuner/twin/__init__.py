@@ -16,7 +16,7 @@ imported by their own module names:
 - `inprocess`: the twin as a measurement backend of the schedule, in-process in virtual time;
 - `server` (with `cmdline`, `live`, `http`, `answers`, `tokenizer`): `tuner-twin-server`, the
   twin as an HTTP llama-server taking llama-server's command line, in virtual time at
-  `--speed`; `truth_table`: what `tuner twin truth` prints.
+  `--speed`; `truth_table`: what `tuner dev twin truth` prints.
 
 The twin sits below decide and imports nothing from it or from the CLI: what runs the tuner's
 methods against a world, and the frozen set of worlds they are graded on, are the tests' lab

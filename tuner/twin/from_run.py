@@ -1,5 +1,5 @@
 """A twin world calibrated to a stored profile run: its plain and always-draft levels fitted, its
-threshold levels held out (`tuner twin calibrate --run RUN`).
+threshold levels held out (`tuner dev twin calibrate --run RUN`).
 
 `run_levels(store, run_id)` reads what the fit needs from the database (tuner.storage): the
 run's completed levels at its shallowest depth (tok/s, tokens per step, the pooled per-position

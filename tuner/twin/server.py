@@ -5,7 +5,7 @@ switches live and observes exactly as it does the real one (issue 25).
 `--list-devices` as llama-server does, the flags --spec-draft-max-slots among them) takes
 llama-server's command line (tuner.twin.cmdline), the world file as `--model`, so a profile spec
 names it as `server.binary` and the world as `server.model` (example:
-profiles/twin/bench-twin.toml); `tuner twin serve WORLD` starts the same server by hand.
+profiles/twin/bench-twin.toml); `tuner dev twin serve WORLD` starts the same server by hand.
 
 Endpoints, shaped as llama-server 11434 with the tuner's patch shapes them: /health, GET /props
 (total_slots, model_path, default_generation_settings.n_ctx, build_info, endpoint_*,

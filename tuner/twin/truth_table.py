@@ -1,4 +1,4 @@
-"""What `tuner twin truth` shows: a world's noise-free truth, gathered into one report.
+"""What `tuner dev twin truth` shows: a world's noise-free truth, gathered into one report.
 
 `truth_report(world, ...)` runs tuner.twin.truth: every policy's windowed tok/s at every
 concurrency (closed levels), the tps objective per N under the given weights (uniform, or a

@@ -1,0 +1,171 @@
+"""`tuner observe` and `tuner watch`: a running server's traffic, learnt once
+(tuner.measure.observe.observe) or continuously with its N kept current (the service:
+tuner.decide.watch.watch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.cli import render
+from tuner.cli.options import (
+    ApiKeyOption,
+    ApplyWay,
+    HostOption,
+    ModelOption,
+    ObjectiveOption,
+    SloOption,
+    UrlOption,
+    advanced,
+    duration_option,
+    http_url,
+    model_host,
+    open_store,
+    reports_errors,
+    terminate_as_interrupt,
+)
+from tuner.cli.progress import LogLines, ProgressDisplay
+from tuner.recommendation import ObjectiveKind
+
+EnvFileOption = Annotated[
+    Path,
+    typer.Option(
+        help="KEY=VALUE file the server reads (systemd EnvironmentFile): its "
+        "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS line is replaced atomically, other lines kept"
+    ),
+]
+OnChangeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="shell command run after the env file changed, e.g. 'systemctl restart "
+        "llama-server' (at most once per --every; nothing is restarted without it)"
+    ),
+]
+ApplyOption = Annotated[
+    ApplyWay,
+    typer.Option(
+        help="env: write the env file (a restart, e.g. --on-change, applies it); live: also "
+        "set N on the running server through POST /props (needs the patched server started "
+        "with --props, and --api-key where it has one), read it back, and re-read it every "
+        "interval so a restarted server or a flag that overrides the env file is corrected"
+    ),
+]
+EveryOption = Annotated[str, typer.Option(help="decide this often: 600, 600s, 10m or 1h")]
+WindowOption = Annotated[
+    str | None,
+    typer.Option(help="rolling traffic profile: the last this long (default 3 x --every)"),
+]
+DriftOption = Annotated[
+    float,
+    advanced(
+        "--drift",
+        help="recommend again when the traffic's busy-time shares moved this far "
+        "(total-variation distance, 0..1) from what the standing answer was made for",
+    ),
+]
+MinBusyOption = Annotated[
+    str,
+    advanced(
+        "--min-busy",
+        help="decide nothing from a window with less busy time (any slot generating) than "
+        "this: an idle spell keeps the standing answer",
+    ),
+]
+StopAfterOption = Annotated[
+    str | None,
+    advanced("--duration", help="stop after this long (default: until SIGTERM)"),
+]
+
+
+@reports_errors
+def observe(
+    url: UrlOption,
+    duration: Annotated[
+        str, typer.Option(help="how long to observe: 600, 600s, 10m or 1h")
+    ] = "10m",
+    name: Annotated[
+        str | None,
+        typer.Option(help="traffic profile name (default host:port/model); again adds to it"),
+    ] = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Learn a running server's traffic: how many slots generate, over time, and request lengths.
+
+    Polls /slots (or /metrics where /slots is off) four times a second over one connection; never
+    changes the server; keeps what it has when the server goes away and goes on when it is back.
+    The profile is saved every 10 s; `tuner recommend --traffic NAME` weights the objective by it.
+    """
+    from tuner.measure.observe import observe as run_observe
+    from tuner.storage.traffic_profiles import TrafficSaver
+
+    http_url(url)
+    seconds = duration_option(duration, "--duration")
+    saver = TrafficSaver(open_store(), name)
+    with terminate_as_interrupt(), ProgressDisplay() as display:
+        view, profile = run_observe(url, seconds, saver, display, api_key=api_key)
+    render.traffic(saver.name or "", view, profile)
+
+
+@reports_errors
+def watch(
+    model: ModelOption,
+    url: UrlOption,
+    env_file: EnvFileOption,
+    on_change: OnChangeOption = None,
+    apply: ApplyOption = ApplyWay.ENV,
+    every: EveryOption = "1h",
+    window: WindowOption = None,
+    name: Annotated[
+        str | None, typer.Option(help="traffic profile name (default watch:host:port/model)")
+    ] = None,
+    host: HostOption = None,
+    objective: ObjectiveOption = ObjectiveKind.TPS,
+    slo_tpot_ms: SloOption = None,
+    api_key: ApiKeyOption = None,
+    drift: DriftOption = 0.1,
+    min_busy: MinBusyOption = "5s",
+    duration: StopAfterOption = None,
+) -> None:
+    """The service: observe a running server continuously and keep its N current.
+
+    Polls /slots (or /metrics) like `tuner observe`, keeps the traffic of the last --window
+    (saved every 10 s: a crash loses at most that), and at the end of every --every interval
+    runs `tuner recommend --traffic` when the traffic drifted. A new answer is written to the env
+    file atomically, set on the running server with --apply live, then --on-change runs once.
+    SIGTERM stops it cleanly.
+    """
+    from tuner.decide.watch import WatchOptions
+    from tuner.decide.watch import watch as run_watch
+
+    http_url(url)
+    every_s = duration_option(every, "--every")
+    name_of_host, explicit = model_host(host)
+    options = WatchOptions(
+        every_s=every_s,
+        window_s=duration_option(window, "--window") if window else 3 * every_s,
+        drift=drift,
+        on_change=on_change,
+        apply=apply.value,
+        min_busy_s=duration_option(min_busy, "--min-busy"),
+        recommend={
+            "objective": objective,
+            "slo_tpot_ms": slo_tpot_ms,
+            "host_explicit": explicit,
+        },
+    )
+    with terminate_as_interrupt():
+        summary = run_watch(
+            open_store(),
+            model,
+            name_of_host,
+            url,
+            env_file,
+            options,
+            LogLines(),
+            name=name,
+            api_key=api_key,
+            duration_s=duration_option(duration, "--duration") if duration else None,
+        )
+    render.watch_summary(summary)
