@@ -211,20 +211,7 @@ def assess(
             continue
         if model.off is not None and not lv.policy.drafts_at(lv.concurrency):
             continue  # fitted: the off curve's point
-        policy = lv.policy.with_n_max(None)
-        pred = model.predict(policy, concurrency=[lv.concurrency])
-        held_out.append(
-            PointFit(
-                policy=policy,
-                concurrency=lv.concurrency,
-                level_id=lv.level_id,
-                measured_tps=lv.tokens_per_second,
-                predicted_tps=pred.tokens_per_second[0],
-                lower=pred.lower[0],
-                upper=pred.upper[0],
-                repeats=len(lv.repeats),
-            )
-        )
+        held_out.append(PointFit(**_predicted(model, lv.policy.with_n_max(None), lv)))
     return FitQuality(
         points=points,
         held_out=held_out,
@@ -241,25 +228,33 @@ def assess(
     )
 
 
+def _predicted(model: CostModel, policy: Policy, lv: LevelObs) -> dict[str, Any]:
+    """A level's tok/s measured beside the model's, with its interval: PointFit's fields."""
+    pred = model.predict(policy, concurrency=[lv.concurrency])
+    return {
+        "policy": policy,
+        "concurrency": lv.concurrency,
+        "level_id": lv.level_id,
+        "measured_tps": lv.tokens_per_second,
+        "predicted_tps": pred.tokens_per_second[0],
+        "lower": pred.lower[0],
+        "upper": pred.upper[0],
+        "repeats": len(lv.repeats),
+    }
+
+
 def _point_fit(model: CostModel, curve: Curve, lv: LevelObs) -> PointFit:
     """A level the model was fitted on against the model: tok/s, step time and acceptance."""
     acc = model.acceptance
     c = lv.concurrency
     policy = lv.policy.with_n_max(None)
     drafts = policy.drafts_at(c)
-    pred = model.predict(policy, concurrency=[c])
+    predicted = _predicted(model, policy, lv)
     step_measured = level_step(lv, acc if drafts else None, lv.repeats)
     step_pred = float(curve(np.array([c]))[0])
     step_trend = float(curve.trend(np.array([c]))[0])
     return PointFit(
-        policy=policy,
-        concurrency=c,
-        level_id=lv.level_id,
-        measured_tps=lv.tokens_per_second,
-        predicted_tps=pred.tokens_per_second[0],
-        lower=pred.lower[0],
-        upper=pred.upper[0],
-        repeats=len(lv.repeats),
+        **predicted,
         measured_step_ms=step_measured,
         predicted_step_ms=step_pred,
         step_residual_pct=100 * (step_pred / step_measured - 1),
