@@ -24,7 +24,8 @@ from tuner.decide.paired import (
     t_quantile,
     verdict,
 )
-from tuner.decide.tune import _head_reason, sweep_text
+from tuner.decide.tune import sweep_text
+from tuner.decide.tune.describe import head_reason
 
 NP = 8
 UNIFORM = [1 / NP] * NP
@@ -178,7 +179,7 @@ def test_a_smaller_contender_slightly_behind_stays_open_until_it_ties() -> None:
     # open, the answer says which values the data do not keep apart yet, and why
     assert standing.may_tie == [4, 5]
     report = SimpleNamespace(gains=few, sweeps=3, seconds=90.0, way="live")
-    text = _head_reason(standing, 5, report).text  # type: ignore[arg-type]
+    text = head_reason(standing, 5, report).text  # type: ignore[arg-type]
     assert "N=4 may tie with it" in text and "not yet shown within +-1.00" in text
     assert "measure next at 5 streams" in text and "neither" not in text
     assert sweep_text(5, standing) == "N=5 against N=4 (equivalent?)"
@@ -201,7 +202,7 @@ def test_a_smaller_contender_slightly_behind_stays_open_until_it_ties() -> None:
     assert low < -1.0 < high < 0 and 0.25 < (high - low) / 2 <= 0.5
     assert placed.status == settle.SETTLED and placed.answer == 5 and placed.edge == [4]
     assert placed.tie == [5] and placed.may_tie == [4, 5]
-    text = _head_reason(placed, 5, report).text  # type: ignore[arg-type]
+    text = head_reason(placed, 5, report).text  # type: ignore[arg-type]
     assert "N=4 sits at the tolerance's edge" in text
     # shown more than the tolerance behind, the question is closed: no tie to ask about
     far = {**gains_with(small_gain), 5: diffs(12.0, 2.5, 30, seed=5)}
@@ -236,13 +237,13 @@ def test_a_tie_question_is_asked_against_the_best_estimate() -> None:
     assert few.may_tie == [3, 4, 5, 6]  # the tie shown so far, [4, 5, 6], and the open N=3
     assert sweep_text(4, few) == "N=4 against N=3 (equivalent to N=6, the best estimate?)"
     report = SimpleNamespace(gains=six, sweeps=3, seconds=90.0, way="live")
-    text = _head_reason(few, 4, report).text  # type: ignore[arg-type]
+    text = head_reason(few, 4, report).text  # type: ignore[arg-type]
     assert "N=3 may tie with it: -0.83 tok/s [-1.48, -0.17] against N=6, the best" in text
     # placed within half the tolerance without a side: at the edge, named, N=4 stands
     many = settle.assess(gains(40), UNIFORM, 4, NP, objective=100.0)
     assert many.status == settle.SETTLED and many.answer == 4 and many.tie == [4, 5, 6]
     assert many.edge == [3] and many.may_tie == [3, 4, 5, 6]
-    text = _head_reason(many, 4, report).text  # type: ignore[arg-type]
+    text = head_reason(many, 4, report).text  # type: ignore[arg-type]
     assert "N=3 sits at the tolerance's edge (-0.82 tok/s [-1.06, -0.59] against N=6" in text
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.decide.tune import live_gains, stored_policy, sweep_arms
-from tuner.policy import Policy
+from tuner.decide.tune import live_gains, sweep_arms
+from tuner.policy import Policy, stored_policy
 
 
 def test_stored_configs_name_their_policies() -> None:
@@ -266,8 +266,8 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
     (on the bench that took tune from about 230 to 357 s, the tuner's whole cost to 469 s): the
     verdict against the first answer stands, with its passes, and the reason says so."""
     from tuner.decide import settle
-    from tuner.decide import tune as tune_module
     from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
+    from tuner.decide.tune import machine
     from tuner.recommendation import ReasonCode
 
     start: list[int] = []
@@ -288,7 +288,7 @@ def test_one_plain_budget_for_every_answer_plain_is_measured_against(
             )
         return settle.Standing(answer, settle.SETTLED, [], tie=[answer, answer + 1], tolerance=1.0)
 
-    monkeypatch.setattr(tune_module, "verdict", lambda *a, **kw: UNRESOLVED)
+    monkeypatch.setattr(machine, "verdict", lambda *a, **kw: UNRESOLVED)
     report, events = _ordered_tune(
         tmp_path, monkeypatch, tie_budget_s=300.0, plain_budget_s=60.0, script=script
     )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tuner.decide import search
-from tuner.decide.choice import choose
+from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
 from tuner.errors import ConfigError
 from tuner.model import depth as depth_model
@@ -64,6 +64,78 @@ def recommend(
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
     """
+    where = _depths(store, model, host, host_explicit, context)
+    stored = current_fit(
+        store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed, context=where.fit
+    )
+    plain_question = objective is ObjectiveKind.TPS and rate is None and output_tokens is None
+    asks_more = tune_n_max or min_single_stream is not None or traffic is not None
+    if plain_question and not asks_more and not where.derived:
+        newest = recommendations.newest_for_fit(store, stored.id)
+        if newest is not None and newest.source == "live":
+            return newest
+    cm = stored.model
+    # Which N: spec against the threshold server not drafting (the off arm) where measured.
+    measured_gains = stored.quality.measured_gains(against="off")
+    measured_levels = stored.measured
+    reasons_first: list[Reason] = []
+    if where.derived:
+        cm, said = _derived_model(store, model, host, host_explicit, seed, where)
+        measured_gains, measured_levels = {}, {}
+        reasons_first.append(said)
+    weights, goal, said_how = _weighted_goal(
+        store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
+    )
+    reasons_first += said_how
+    options = _study_options(where, traffic, tune_n_max, min_single_stream, weights, seed, goal)
+    name = search.study_name(
+        model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
+    )
+    result = _search(
+        store, name, cm, goal, tune_n_max, min_single_stream, seed, model, stored.id, options
+    )
+    choice = choose(cm, result, measured_gains)
+    choice.reasons[:0] = reasons_first
+    if stored.host_note:
+        choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
+    table = prediction_table(cm, choice.policy, measured_levels)
+    rec = _recommendation(
+        model, stored, choice, name, result, goal, table, tune_n_max, min_single_stream
+    )
+    if where.interpolated:
+        rec.made_now = True
+        return rec
+    recommendations.save(
+        store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
+    )
+    return rec
+
+
+@dataclass(frozen=True)
+class _Depths:
+    """Which context depths an answer is for: the mix asked for (or the spec's), the depths
+    measured, whether the answer is derived from the fits at them (a mix, or a depth not
+    measured) and whether interpolated (some depth of the mix not measured)."""
+
+    mix: dict[int, float]
+    from_spec: bool
+    measured: list[int]
+    derived: bool
+    interpolated: bool
+
+    @property
+    def fit(self) -> int | None:
+        """The depth whose fit answers (None: the data's own, or a model derived from fits)."""
+        return None if self.derived or not self.mix else next(iter(self.mix))
+
+
+def _depths(
+    store: Store,
+    model: str,
+    host: str | None,
+    host_explicit: bool,
+    context: int | Mapping[int, float] | None,
+) -> _Depths:
     mix = {context: 1.0} if isinstance(context, int) else dict(context or {})
     from_spec = False
     if not mix:
@@ -74,64 +146,59 @@ def recommend(
     # A mix of measured depths rests on measured levels at each: it stands like any answer.
     # A depth that was not measured is interpolated: printed, never stored.
     interpolated = derived and any(d not in depths for d in mix)
-    stored = current_fit(
-        store,
-        model,
-        host,
-        host_explicit=host_explicit,
-        fit_id=fit_id,
-        seed=seed,
-        context=None if derived or not mix else next(iter(mix)),
-    )
-    plain_question = objective is ObjectiveKind.TPS and rate is None and output_tokens is None
-    if (
-        not tune_n_max
-        and min_single_stream is None
-        and traffic is None
-        and not derived
-        and plain_question
-    ):
-        newest = recommendations.newest_for_fit(store, stored.id)
-        if newest is not None and newest.source == "live":
-            return newest
-    cm = stored.model
-    # Which N: spec against the threshold server not drafting (the off arm) where measured.
-    measured_gains = stored.quality.measured_gains(against="off")
-    measured_levels = stored.measured
-    reasons_first: list[Reason] = []
-    if derived:
-        if len(depths) < 2:
-            raise ConfigError(
-                f"--context {format_mix(mix)}: model {model!r} was measured at one depth only "
-                f"({depths[0]}); a depth it did not measure needs two measured depths to "
-                f"interpolate between (`workload.context_tokens`)"
-            )
-        fits = {
-            d: current_fit(store, model, host, host_explicit=host_explicit, seed=seed, context=d)
-            for d in depths
-        }
-        cm = depth_model.mixed({d: f.model for d, f in fits.items()}, mix)
-        measured_gains, measured_levels = {}, {}
-        origin = " (workload.depth_weights of the profile)" if from_spec else ""
-        reasons_first.append(
-            Reason(
-                ReasonCode.DERIVED_DEPTH,
-                f"context {format_mix(mix)}{origin}: predicted from the fits at depths "
-                f"{', '.join(map(str, depths))} (time per token linear in depth between them)"
-                + (
-                    "; no level was measured at some of them, so this answer is not stored"
-                    if interpolated
-                    else "; each was measured"
-                ),
-            )
+    return _Depths(mix, from_spec, depths, derived, interpolated)
+
+
+def _derived_model(
+    store: Store, model: str, host: str | None, host_explicit: bool, seed: int, where: _Depths
+) -> tuple[CostModel, Reason]:
+    """The model of a context mix (or a depth not measured), combined from the fits at the
+    measured depths, and the reason that says so."""
+    mix, depths = where.mix, where.measured
+    if len(depths) < 2:
+        raise ConfigError(
+            f"--context {format_mix(mix)}: model {model!r} was measured at one depth only "
+            f"({depths[0]}); a depth it did not measure needs two measured depths to "
+            f"interpolate between (`workload.context_tokens`)"
         )
-    source = stored.weights
+    fits = {
+        d: current_fit(store, model, host, host_explicit=host_explicit, seed=seed, context=d)
+        for d in depths
+    }
+    cm = depth_model.mixed({d: f.model for d, f in fits.items()}, mix)
+    origin = " (workload.depth_weights of the profile)" if where.from_spec else ""
+    return cm, Reason(
+        ReasonCode.DERIVED_DEPTH,
+        f"context {format_mix(mix)}{origin}: predicted from the fits at depths "
+        f"{', '.join(map(str, depths))} (time per token linear in depth between them)"
+        + (
+            "; no level was measured at some of them, so this answer is not stored"
+            if where.interpolated
+            else "; each was measured"
+        ),
+    )
+
+
+def _weighted_goal(
+    store: Store,
+    model: str,
+    cm: CostModel,
+    source: Any,
+    traffic: str | None,
+    objective: ObjectiveKind,
+    slo_tpot_ms: float | None,
+    rate: float | None,
+    output_tokens: float | None,
+) -> tuple[np.ndarray, Objective, list[Reason]]:
+    """The objective's weights per level (the data's workload weights, or an observed traffic
+    profile's), the objective itself, and the reasons that say how."""
+    reasons: list[Reason] = []
     profile: TrafficProfile | None = None
     if traffic is not None:
         profile = traffic_store.load(store, traffic)
         source = {str(c): w for c, w in profile.weights(cm.n_parallel).items()}
     if traffic is not None and profile is not None and objective is ObjectiveKind.TPS:
-        reasons_first.append(
+        reasons.append(
             Reason(
                 ReasonCode.TRAFFIC,
                 f"weighted by traffic {traffic!r}: {profile.covered_s:.0f} s observed, mean "
@@ -151,9 +218,22 @@ def recommend(
         else arrival_objective(objective, profile, traffic, slo_tpot_ms, rate, output_tokens)
     )
     if goal.kind is not ObjectiveKind.TPS:
-        reasons_first.append(Reason(ReasonCode.OBJECTIVE, objective_reason(goal, traffic)))
+        reasons.append(Reason(ReasonCode.OBJECTIVE, objective_reason(goal, traffic)))
+    return weights, goal, reasons
+
+
+def _study_options(
+    where: _Depths,
+    traffic: str | None,
+    tune_n_max: bool,
+    min_single_stream: float | None,
+    weights: np.ndarray,
+    seed: int,
+    goal: Objective,
+) -> dict[str, Any]:
+    """What the study is of, as its name and user attributes keep it."""
     options = {
-        "context": {str(d): w for d, w in sorted(mix.items())} if derived else None,
+        "context": {str(d): w for d, w in sorted(where.mix.items())} if where.derived else None,
         "traffic": traffic,
         "tune_n_max": tune_n_max,
         "min_single_stream": min_single_stream,
@@ -163,9 +243,22 @@ def recommend(
     }
     if goal.kind is not ObjectiveKind.TPS:
         options |= goal.options()
-    name = search.study_name(
-        model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
-    )
+    return options
+
+
+def _search(
+    store: Store,
+    name: str,
+    cm: CostModel,
+    goal: Objective,
+    tune_n_max: bool,
+    min_single_stream: float | None,
+    seed: int,
+    model: str,
+    fit_id: int,
+    options: dict[str, Any],
+) -> search.SearchResult:
+    """The Optuna study over the model; one clear error where no setting meets a constraint."""
     try:
         result = search.run_study(
             store.url,
@@ -175,7 +268,7 @@ def recommend(
             tune_n_max=tune_n_max,
             min_single_stream=min_single_stream,
             seed=seed,
-            user_attrs={"model": model, "fit_id": stored.id, **options},
+            user_attrs={"model": model, "fit_id": fit_id, **options},
         )
     except ValueError as exc:
         best_single = max(
@@ -192,11 +285,21 @@ def recommend(
             f"{1000.0 / max(c.single_stream for c in result.candidates):.1f} ms per token): "
             "raise --slo-tpot-ms"
         )
-    choice = choose(cm, result, measured_gains)
-    choice.reasons[:0] = reasons_first
-    if stored.host_note:
-        choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
-    rec = Recommendation(
+    return result
+
+
+def _recommendation(
+    model: str,
+    stored: StoredFit,
+    choice: Choice,
+    name: str,
+    result: search.SearchResult,
+    goal: Objective,
+    table: list[TableRow],
+    tune_n_max: bool,
+    min_single_stream: float | None,
+) -> Recommendation:
+    return Recommendation(
         id=0,
         model=model,
         host=stored.inputs.get("host"),
@@ -212,20 +315,13 @@ def recommend(
         trials=result.trials,
         reasons=choice.reasons,
         measure_next=choice.measure_next,
-        table=prediction_table(cm, choice.policy, measured_levels),
+        table=table,
         alternatives=choice.alternatives,
         objective_kind=goal.kind.value,
         objective_text=goal.describe(choice.objective),
         plain_advantage=choice.plain.advantage,
         drafting_pays=not choice.plain.plain_ahead,
     )
-    if interpolated:
-        rec.made_now = True
-        return rec
-    recommendations.save(
-        store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
-    )
-    return rec
 
 
 def arrival_objective(

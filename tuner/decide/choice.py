@@ -80,29 +80,11 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
     best = result.best
     unit = result.objective.unit if result.objective else "tok/s"
     n = best.policy.n_max or model.n_max
-    reasons: list[Reason] = []
     values: dict[int, Evaluation] = {N: e for N, e in result.row(n).items() if e.feasible}
-
-    def eff(N: int) -> int:
-        return values[N].policy.effective(npar)
-
+    eff = {N: e.policy.effective(npar) for N, e in values.items()}
     # 1. Keep to what the measurements show (they were taken at the profiled n_max).
-    allowed = set(values)
-    bracket = _bracket(gains_measured, npar) if n == model.n_max and gains_measured else None
-    if n == model.n_max and gains_measured and bracket is None:
-        reasons.append(
-            Reason(
-                ReasonCode.NOISY_GAINS,
-                "the measured gains change sign more than once ("
-                + ", ".join(f"{c}: {_pct(g)}" for c, g in gains_measured.items())
-                + "): noisy measurements? the model decides alone",
-            )
-        )
-    if bracket is not None:
-        lo, hi = bracket
-        inside = {N for N in allowed if max(lo, 1) <= eff(N) <= max(hi - 1, 1)}
-        if inside:
-            allowed = inside
+    measured = gains_measured if n == model.n_max else {}
+    allowed, bracket, reasons = _keep_to_measurements(values, eff, measured, model, best)
     pick = min(
         allowed, key=lambda N: (-values[N].value, preference(values[N].policy, npar, model.n_max))
     )
@@ -115,18 +97,91 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                 f"keeping N={pick}, the best the measurements allow",
             )
         )
+    chosen = _one_standard_error(values, eff, allowed, pick, unit, reasons)
+    # 3. Why, in terms of levels.
+    # Thresholds N and N+1 differ only at N+1, where one drafts and the other does not: the
+    # gain that places N is spec against the threshold server not drafting (plain at 1 stream).
+    gain = model.gain(n, against="off")
+    reasons.insert(0, _level_reason(model, n, gain, gains_measured, eff[chosen]))
+    if n != model.n_max:
+        reasons.append(_n_max_reason(model, n))
+    measure_next = _measure_next(gain, bracket, npar, gains_measured, eff[chosen], reasons)
+    plain = _plain_verdict(model, result, values[chosen])
+    said = plain.reason(values[chosen].value, unit)
+    if said is not None:
+        reasons.insert(0, said)
+    samples = np.asarray(values[chosen].samples)
+    if len(samples):
+        obj_lo, obj_hi = model.bounds(samples[:, None])
+        interval = (float(np.ravel(obj_lo)[0]), float(np.ravel(obj_hi)[0]))
+    else:
+        interval = (values[chosen].value, values[chosen].value)
+    alternatives = [
+        {
+            "max_slots": N,
+            "objective": values[N].value,
+            "difference_from_chosen": values[chosen].value - values[N].value,
+        }
+        for N in sorted(values, key=eff.__getitem__)
+    ]
+    return Choice(
+        values[chosen].policy,
+        values[chosen].value,
+        interval,
+        best.policy.max_slots,
+        reasons,
+        measure_next,
+        alternatives,
+        plain,
+    )
 
-    # 2. One-standard-error rule: the smallest N whose objective is within the model's
-    #    uncertainty of the pick.
-    chosen = pick
-    for N in sorted(allowed, key=eff):
-        if eff(N) >= eff(pick):
+
+def _keep_to_measurements(
+    values: dict[int, Evaluation],
+    eff: dict[int, int],
+    gains_measured: dict[int, float],
+    model: CostModel,
+    best: Evaluation,
+) -> tuple[set[int], tuple[int, int] | None, list[Reason]]:
+    """Rule 1: the values of N the measured gains (at the profiled n_max; {} at another)
+    allow, their bracket, and the reason where they change sign more than once."""
+    allowed = set(values)
+    reasons: list[Reason] = []
+    bracket = _bracket(gains_measured, model.n_parallel) if gains_measured else None
+    if gains_measured and bracket is None:
+        reasons.append(
+            Reason(
+                ReasonCode.NOISY_GAINS,
+                "the measured gains change sign more than once ("
+                + ", ".join(f"{c}: {_pct(g)}" for c, g in gains_measured.items())
+                + "): noisy measurements? the model decides alone",
+            )
+        )
+    if bracket is not None:
+        lo, hi = bracket
+        inside = {N for N in allowed if max(lo, 1) <= eff[N] <= max(hi - 1, 1)}
+        if inside:
+            allowed = inside
+    return allowed, bracket, reasons
+
+
+def _one_standard_error(
+    values: dict[int, Evaluation],
+    eff: dict[int, int],
+    allowed: set[int],
+    pick: int,
+    unit: str,
+    reasons: list[Reason],
+) -> int:
+    """Rule 2: the smallest N whose objective is within the model's uncertainty of the pick
+    (its reason added to `reasons`), else the pick."""
+    for N in sorted(allowed, key=eff.__getitem__):
+        if eff[N] >= eff[pick]:
             break
         diff = np.asarray(values[pick].samples) - np.asarray(values[N].samples)
         point = values[pick].value - values[N].value
         sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
         if point <= sd:
-            chosen = N
             reasons.append(
                 Reason(
                     ReasonCode.WITHIN_UNCERTAINTY,
@@ -135,66 +190,70 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                     f"difference {point:.3g} ± {sd:.3g}): preferring the smaller N",
                 )
             )
-            break
+            return N
+    return pick
 
-    # 3. Why, in terms of levels.
-    # Thresholds N and N+1 differ only at N+1, where one drafts and the other does not: the
-    # gain that places N is spec against the threshold server not drafting (plain at 1 stream).
-    gain = model.gain(n, against="off")
-    cross = model.crossover(n, against="off")
-    chosen_eff = eff(chosen)
-    levels = list(range(1, npar + 1))
+
+def _level_reason(
+    model: CostModel, n: int, gain: Gain, gains_measured: dict[int, float], chosen_eff: int
+) -> Reason:
+    """Why the chosen N, in terms of levels: plain everywhere, drafting everywhere, or where
+    drafting stops paying."""
+    npar = model.n_parallel
     if gain.point[0] < 0 and (not gains_measured or gains_measured.get(1, -1) < 0):
-        reasons.insert(
-            0,
-            Reason(
-                ReasonCode.PLAIN_EVERYWHERE,
-                "plain beats spec even at 1 stream: N=1 drafts the least a threshold can; "
-                "consider running without drafting",
-            ),
+        return Reason(
+            ReasonCode.PLAIN_EVERYWHERE,
+            "plain beats spec even at 1 stream: N=1 drafts the least a threshold can; "
+            "consider running without drafting",
         )
-    elif chosen_eff >= npar:
-        reasons.insert(
-            0,
-            Reason(
-                ReasonCode.SPEC_EVERYWHERE,
-                f"drafting is ahead of not drafting at every level up to {_streams(npar)}: "
-                "N=0 (no limit, the server's default)",
-            ),
+    if chosen_eff >= npar:
+        return Reason(
+            ReasonCode.SPEC_EVERYWHERE,
+            f"drafting is ahead of not drafting at every level up to {_streams(npar)}: "
+            "N=0 (no limit, the server's default)",
         )
-    else:
-        where = (
-            f"crossover near {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
-            if cross.streams is not None
-            else "no crossover inside 1..n_parallel"
-        )
-        reasons.insert(
-            0,
-            Reason(
-                ReasonCode.CROSSOVER,
-                f"N={chosen_eff}: drafting up to {_streams(chosen_eff)}, not above; drafting vs "
-                "the threshold server not drafting "
-                f"{_level_gain(gain, gains_measured, chosen_eff)}, "
-                f"{_level_gain(gain, gains_measured, chosen_eff + 1)}; {where}",
-            ),
-        )
+    cross = model.crossover(n, against="off")
+    where = (
+        f"crossover near {cross.streams:.1f} streams [{cross.lower:.1f}, {cross.upper:.1f}]"
+        if cross.streams is not None
+        else "no crossover inside 1..n_parallel"
+    )
+    return Reason(
+        ReasonCode.CROSSOVER,
+        f"N={chosen_eff}: drafting up to {_streams(chosen_eff)}, not above; drafting vs "
+        "the threshold server not drafting "
+        f"{_level_gain(gain, gains_measured, chosen_eff)}, "
+        f"{_level_gain(gain, gains_measured, chosen_eff + 1)}; {where}",
+    )
 
-    if n != model.n_max:
-        reasons.append(
-            Reason(
-                ReasonCode.UNMEASURED_N_MAX,
-                f"n_max {n} was not measured (the profile used {model.n_max}): its predictions "
-                + (
-                    "take the verify cost from the kernel rows"
-                    if len(model.verify) > 1
-                    else "assume the step cost linear in the draft length (no kernel rows)"
-                )
-                + f" and acceptance {model.acceptance.source} per position; "
-                f"`tuner validate` measures it",
-            )
-        )
 
-    # 4. Levels worth measuring: unmeasured levels the choice rests on, whose sign is uncertain.
+def _n_max_reason(model: CostModel, n: int) -> Reason:
+    """The draft length chosen was not the one measured: what its predictions rest on."""
+    return Reason(
+        ReasonCode.UNMEASURED_N_MAX,
+        f"n_max {n} was not measured (the profile used {model.n_max}): its predictions "
+        + (
+            "take the verify cost from the kernel rows"
+            if len(model.verify) > 1
+            else "assume the step cost linear in the draft length (no kernel rows)"
+        )
+        + f" and acceptance {model.acceptance.source} per position; "
+        f"`tuner validate` measures it",
+    )
+
+
+def _measure_next(
+    gain: Gain,
+    bracket: tuple[int, int] | None,
+    npar: int,
+    gains_measured: dict[int, float],
+    chosen_eff: int,
+    reasons: list[Reason],
+) -> list[int]:
+    """Rule 3's levels worth measuring: unmeasured levels the choice rests on, whose sign is
+    uncertain; a reason for each unmeasured level and for what to measure next added to
+    `reasons`."""
+    levels = list(range(1, npar + 1))
     measure_next: list[int] = []
     if bracket is not None:
         lo, hi = bracket
@@ -223,34 +282,7 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
                 f"(`tuner profile SPEC.toml --levels {levels_arg}`), then recommend again",
             )
         )
-    plain = _plain_verdict(model, result, values[chosen])
-    said = plain.reason(values[chosen].value, unit)
-    if said is not None:
-        reasons.insert(0, said)
-    samples = np.asarray(values[chosen].samples)
-    if len(samples):
-        obj_lo, obj_hi = model.bounds(samples[:, None])
-        interval = (float(np.ravel(obj_lo)[0]), float(np.ravel(obj_hi)[0]))
-    else:
-        interval = (values[chosen].value, values[chosen].value)
-    alternatives = [
-        {
-            "max_slots": N,
-            "objective": values[N].value,
-            "difference_from_chosen": values[chosen].value - values[N].value,
-        }
-        for N in sorted(values, key=eff)
-    ]
-    return Choice(
-        values[chosen].policy,
-        values[chosen].value,
-        interval,
-        best.policy.max_slots,
-        reasons,
-        measure_next,
-        alternatives,
-        plain,
-    )
+    return measure_next
 
 
 def _plain_verdict(model: CostModel, result: SearchResult, chosen: Evaluation) -> PlainVerdict:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from tuner.decide.objective import Objective, as_objective
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.storage.store import optuna_storage
+
+if TYPE_CHECKING:
+    import optuna
 
 MAX_SLOTS_PARAM = "spec_draft_max_slots"
 N_MAX_PARAM = "spec_draft_n_max"
@@ -221,21 +224,7 @@ def run_study(
     n_values = model.n_values() if tune_n_max else [model.n_max]
     size = space_size(model.n_parallel, n_values)
     floor = min_single_stream
-
-    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
-        return [float(trial.user_attrs.get("floor_violation", 0.0))]
-
-    if size <= brute_force_limit:
-        sampler: optuna.samplers.BaseSampler = optuna.samplers.BruteForceSampler(seed=seed)
-        sampler_name, budget = "BruteForceSampler", size
-    else:
-        sampler = optuna.samplers.TPESampler(
-            seed=seed,
-            multivariate=True,
-            n_startup_trials=min(50, tpe_trials // 4),
-            constraints_func=constraints if floor is not None else None,
-        )
-        sampler_name, budget = "TPESampler", tpe_trials
+    sampler, sampler_name, budget = _sampler(size, brute_force_limit, tpe_trials, seed, floor)
     study = optuna.create_study(
         study_name=name,
         storage=optuna_storage(storage_url) if storage_url else None,
@@ -246,16 +235,7 @@ def run_study(
     if not study.user_attrs:
         for key, value in {**(user_attrs or {}), "sampler": sampler_name, "seed": seed}.items():
             study.set_user_attr(key, value)
-
-    def objective(trial: optuna.trial.Trial) -> float:
-        max_slots = trial.suggest_int(MAX_SLOTS_PARAM, 0, model.n_parallel)
-        n = trial.suggest_int(N_MAX_PARAM, n_values[0], n_values[-1]) if tune_n_max else n_values[0]
-        found = evaluate(model, Policy.of_max_slots(max_slots, n), goal, floor)
-        for key, value in found.attrs().items():
-            trial.set_user_attr(key, value)
-        violation = (floor - found.single_stream) if floor is not None else 0.0
-        trial.set_user_attr("floor_violation", violation)
-        return found.value
+    objective = _trial_objective(model, goal, floor, n_values, tune_n_max)
 
     def complete() -> list[optuna.trial.FrozenTrial]:
         return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -289,6 +269,52 @@ def run_study(
         list(goal.weights),
         goal,
     )
+
+
+def _sampler(
+    size: int, brute_force_limit: int, tpe_trials: int, seed: int, floor: float | None
+) -> tuple[optuna.samplers.BaseSampler, str, int]:
+    """Every point where the space is small (BruteForceSampler), else TPE (constrained to the
+    floor where there is one); its name and the trials it takes."""
+    import optuna
+
+    if size <= brute_force_limit:
+        return optuna.samplers.BruteForceSampler(seed=seed), "BruteForceSampler", size
+    sampler = optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        n_startup_trials=min(50, tpe_trials // 4),
+        constraints_func=_floor_violation if floor is not None else None,
+    )
+    return sampler, "TPESampler", tpe_trials
+
+
+def _floor_violation(trial: optuna.trial.FrozenTrial) -> list[float]:
+    """The constraint TPE keeps to with a floor: how far below it a trial's single stream is."""
+    return [float(trial.user_attrs.get("floor_violation", 0.0))]
+
+
+def _trial_objective(
+    model: CostModel,
+    goal: Objective,
+    floor: float | None,
+    n_values: list[int],
+    tune_n_max: bool,
+) -> Callable[[optuna.trial.Trial], float]:
+    """A trial's value: the objective of the (N, n_max) it suggests, its figures kept as the
+    trial's user attributes."""
+
+    def objective(trial: optuna.trial.Trial) -> float:
+        max_slots = trial.suggest_int(MAX_SLOTS_PARAM, 0, model.n_parallel)
+        n = trial.suggest_int(N_MAX_PARAM, n_values[0], n_values[-1]) if tune_n_max else n_values[0]
+        found = evaluate(model, Policy.of_max_slots(max_slots, n), goal, floor)
+        for key, value in found.attrs().items():
+            trial.set_user_attr(key, value)
+        violation = (floor - found.single_stream) if floor is not None else 0.0
+        trial.set_user_attr("floor_violation", violation)
+        return found.value
+
+    return objective
 
 
 def _row(candidates: list[Evaluation], best: Evaluation) -> set[int]:

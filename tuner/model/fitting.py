@@ -251,20 +251,100 @@ def fit(
 
     Raises ValueError when plain or spec has fewer than two concurrency levels.
     """
-    plain_levels, spec_levels = data.plain, data.always
-    for name, levels in (("plain", plain_levels), ("spec", spec_levels)):
+    for name, levels in (("plain", data.plain), ("spec", data.always)):
         if len({lv.concurrency for lv in levels}) < 2:
             raise ValueError(f"a fit needs {name} measurements at two or more concurrency levels")
+    x_max = float(data.n_parallel)
+    acceptance = estimate_acceptance(data, data.always)
+    verify, kernel_report = _kernel_curves(data, x_max)
+    f = _fit_curves(data, acceptance, verify, forms, x_max)
+    overhead_obs, overhead, rows = _threshold_overhead(data, f)
+    model = CostModel(
+        data.n_parallel,
+        data.n_max,
+        f.curves["plain"],
+        f.curves["spec"],
+        acceptance,
+        verify,
+        [],
+        interval,
+        threshold_overhead=overhead,
+        threshold_rows=rows,
+        off=f.curves.get("off"),
+    )
+    averaging = {
+        key: form_weights(choice, len(f.points[key][0]))
+        if form_uncertainty
+        else {choice.curve.form: 1.0}
+        for key, choice in f.choices.items()
+    }
+    has_repeats, model.replicates = _bootstrap(
+        data,
+        f,
+        acceptance,
+        averaging,
+        overhead_obs,
+        x_max,
+        seed,
+        replicates,
+        launch_noise,
+        form_uncertainty,
+    )
+    quality = assess(
+        model,
+        data,
+        f.choices,
+        calibration={
+            key: Calibration(
+                f.weight[key], 100 * math.sqrt(f.noise[key]) if f.noise[key] is not None else None
+            )
+            for key in f.fitted
+        },
+        uncertainty=Uncertainty(
+            "repeats" if has_repeats else "residuals",
+            replicates,
+            interval,
+            seed,
+            100 * launch_noise,
+            {key: dict(w) for key, w in averaging.items()},
+        ),
+        kernel=kernel_report,
+    )
+    if f.unfitted_off:
+        quality.threshold_regime["unfitted_levels"] = f.unfitted_off
+    return FitResult(model, quality)
+
+
+@dataclass
+class _Curves:
+    """Each regime's fitted curve and what made it: its levels (and acceptance), points,
+    chosen form, noise, calibration weight; the off levels no form fitted."""
+
+    fitted: dict[str, tuple[list[LevelObs], Acceptance | None]]
+    points: dict[str, tuple[np.ndarray, np.ndarray]]
+    choices: dict[str, FormChoice]
+    noise: dict[str, float | None]
+    weight: dict[str, float]
+    curves: dict[str, Curve]
+    off_levels: list[LevelObs]
+    unfitted_off: list[int]
+
+
+def _fit_curves(
+    data: FitData,
+    acceptance: Acceptance | None,
+    verify: dict[int, Curve],
+    forms: Sequence[str],
+    x_max: float,
+) -> _Curves:
+    """Plain's, spec's and (from two off levels on) the off regime's curve: the form each
+    selects, calibrated to the medians as far as their noise allows."""
     # The threshold server not drafting gets a curve of its own from two levels on; fewer off
     # levels leave it to the overhead (or to plain).
     off_levels = data.off if len({lv.concurrency for lv in data.off}) >= 2 else []
-    x_max = float(data.n_parallel)
-    acceptance = estimate_acceptance(data, spec_levels)
-    verify, kernel_report = _kernel_curves(data, x_max)
-
     fitted: dict[str, tuple[list[LevelObs], Acceptance | None]] = {
-        "plain": (plain_levels, None),
-        "spec": (spec_levels, acceptance),
+        "plain": (data.plain, None),
+        "spec": (data.always, acceptance),
     }
     if off_levels:
         fitted["off"] = (off_levels, None)
@@ -302,42 +382,43 @@ def fit(
         key: _calibrate(choices[key].curve, *points[key], weight[key]).supported_on(points[key][0])
         for key in fitted
     }
+    return _Curves(fitted, points, choices, noise, weight, curves, off_levels, unfitted_off)
+
+
+def _threshold_overhead(data: FitData, f: _Curves) -> tuple[list[float], float, int]:
+    """What the threshold server costs against plain when it does not draft: the observations
+    (none where off has a curve of its own), their median (share of a step) and the rows."""
+    curves = f.curves
     if "off" in curves:
         # For display: the fitted curves' ratio at the levels off was measured at.
-        xo = points["off"][0]
-        overhead_obs: list[float] = []
+        xo = f.points["off"][0]
         overhead = float(np.median(curves["plain"](xo) / curves["off"](xo)) - 1.0)
-        rows = len(off_levels)
-    else:
-        overhead_obs = threshold_observations(
-            data, lambda c: 1000.0 * c / float(curves["plain"](np.array([c]))[0])
-        )
-        overhead = float(np.median(overhead_obs)) if overhead_obs else 0.0
-        rows = len(overhead_obs)
-    model = CostModel(
-        data.n_parallel,
-        data.n_max,
-        curves["plain"],
-        curves["spec"],
-        acceptance,
-        verify,
-        [],
-        interval,
-        threshold_overhead=overhead,
-        threshold_rows=rows,
-        off=curves.get("off"),
+        return [], overhead, len(f.off_levels)
+    overhead_obs = threshold_observations(
+        data, lambda c: 1000.0 * c / float(curves["plain"](np.array([c]))[0])
     )
+    overhead = float(np.median(overhead_obs)) if overhead_obs else 0.0
+    return overhead_obs, overhead, len(overhead_obs)
 
-    # -- bootstrap: over repeats where levels were repeated, else over residuals --
+
+def _bootstrap(
+    data: FitData,
+    f: _Curves,
+    acceptance: Acceptance | None,
+    averaging: dict[str, dict[str, float]],
+    overhead_obs: list[float],
+    x_max: float,
+    seed: int,
+    replicates: int,
+    launch_noise: float,
+    form_uncertainty: bool,
+) -> tuple[bool, list[dict[str, Any]]]:
+    """The replicates: over repeats where levels were repeated (whether they were, first),
+    else over residuals."""
+    plain_levels, spec_levels, off_levels = data.plain, data.always, f.off_levels
     rng = np.random.default_rng(seed)
     has_repeats = any(len(lv.repeats) >= 2 for lv in plain_levels + spec_levels + off_levels)
-    pools = {key: _residual_pool(choices[key].curve, *points[key]) for key in fitted}
-    averaging = {
-        key: form_weights(choice, len(points[key][0]))
-        if form_uncertainty
-        else {choice.curve.form: 1.0}
-        for key, choice in choices.items()
-    }
+    pools = {key: _residual_pool(f.choices[key].curve, *f.points[key]) for key in f.fitted}
     reps: list[dict[str, Any]] = []
     for _ in range(replicates):
         drawn: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -353,20 +434,20 @@ def fit(
                 drawn["off"] = _points_from(_bootstrap_inputs(rng, off_levels, passes), None)
         else:
             acc_b = acceptance
-            for key in fitted:
-                x = points[key][0]
-                drawn[key] = (x, _perturb(rng, choices[key].curve.trend(x), pools[key]))
+            for key in f.fitted:
+                x = f.points[key][0]
+                drawn[key] = (x, _perturb(rng, f.choices[key].curve.trend(x), pools[key]))
         rep: dict[str, Any] = {}
         for key, (x_b, y_b) in drawn.items():
             rep |= _replicate_curve(
                 rng,
                 key,
-                choices[key],
+                f.choices[key],
                 averaging[key],
                 x_b,
                 y_b,
                 x_max,
-                weight[key],
+                f.weight[key],
                 launch_noise,
                 form_uncertainty,
             )
@@ -379,31 +460,7 @@ def fit(
             picked = rng.choice(np.asarray(overhead_obs), size=len(overhead_obs))
             rep["threshold_overhead"] = float(np.median(picked))
         reps.append(rep)
-    model.replicates = reps
-
-    quality = assess(
-        model,
-        data,
-        choices,
-        calibration={
-            key: Calibration(
-                weight[key], 100 * math.sqrt(noise[key]) if noise[key] is not None else None
-            )
-            for key in fitted
-        },
-        uncertainty=Uncertainty(
-            "repeats" if has_repeats else "residuals",
-            replicates,
-            interval,
-            seed,
-            100 * launch_noise,
-            {key: dict(w) for key, w in averaging.items()},
-        ),
-        kernel=kernel_report,
-    )
-    if unfitted_off:
-        quality.threshold_regime["unfitted_levels"] = unfitted_off
-    return FitResult(model, quality)
+    return has_repeats, reps
 
 
 def _with_base(choice: FormChoice, base: Curve | None) -> FormChoice:

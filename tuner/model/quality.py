@@ -204,54 +204,14 @@ def assess(
     if model.off is not None:
         fitted.append((model.off, data.off))
     for curve, levels in fitted:
-        for lv in levels:
-            c = lv.concurrency
-            policy = lv.policy.with_n_max(None)
-            drafts = policy.drafts_at(c)
-            pred = model.predict(policy, concurrency=[c])
-            step_measured = level_step(lv, acc if drafts else None, lv.repeats)
-            step_pred = float(curve(np.array([c]))[0])
-            step_trend = float(curve.trend(np.array([c]))[0])
-            points.append(
-                PointFit(
-                    policy=policy,
-                    concurrency=c,
-                    level_id=lv.level_id,
-                    measured_tps=lv.tokens_per_second,
-                    predicted_tps=pred.tokens_per_second[0],
-                    lower=pred.lower[0],
-                    upper=pred.upper[0],
-                    repeats=len(lv.repeats),
-                    measured_step_ms=step_measured,
-                    predicted_step_ms=step_pred,
-                    step_residual_pct=100 * (step_pred / step_measured - 1),
-                    form_step_residual_pct=100 * (step_trend / step_measured - 1),
-                    measured_accept_len=(
-                        1.0 if policy.is_plain else _mean_length([(c, r) for r in lv.repeats])
-                    ),
-                    model_accept_len=acc.mean_length if drafts else 1.0,
-                )
-            )
+        points += [_point_fit(model, curve, lv) for lv in levels]
     held_out = []
     for lv in sorted(data.thresholds, key=lambda lv: (lv.policy.max_slots, lv.concurrency)):
         if lv.concurrency > model.n_parallel:
             continue
         if model.off is not None and not lv.policy.drafts_at(lv.concurrency):
             continue  # fitted: the off curve's point
-        policy = lv.policy.with_n_max(None)
-        pred = model.predict(policy, concurrency=[lv.concurrency])
-        held_out.append(
-            PointFit(
-                policy=policy,
-                concurrency=lv.concurrency,
-                level_id=lv.level_id,
-                measured_tps=lv.tokens_per_second,
-                predicted_tps=pred.tokens_per_second[0],
-                lower=pred.lower[0],
-                upper=pred.upper[0],
-                repeats=len(lv.repeats),
-            )
-        )
+        held_out.append(PointFit(**_predicted(model, lv.policy.with_n_max(None), lv)))
     return FitQuality(
         points=points,
         held_out=held_out,
@@ -265,6 +225,44 @@ def assess(
         | {"length_by_n": {str(n): acc.length(n) for n in model.n_values()}},
         kernel=kernel,
         threshold_regime=threshold_regime(model),
+    )
+
+
+def _predicted(model: CostModel, policy: Policy, lv: LevelObs) -> dict[str, Any]:
+    """A level's tok/s measured beside the model's, with its interval: PointFit's fields."""
+    pred = model.predict(policy, concurrency=[lv.concurrency])
+    return {
+        "policy": policy,
+        "concurrency": lv.concurrency,
+        "level_id": lv.level_id,
+        "measured_tps": lv.tokens_per_second,
+        "predicted_tps": pred.tokens_per_second[0],
+        "lower": pred.lower[0],
+        "upper": pred.upper[0],
+        "repeats": len(lv.repeats),
+    }
+
+
+def _point_fit(model: CostModel, curve: Curve, lv: LevelObs) -> PointFit:
+    """A level the model was fitted on against the model: tok/s, step time and acceptance."""
+    acc = model.acceptance
+    c = lv.concurrency
+    policy = lv.policy.with_n_max(None)
+    drafts = policy.drafts_at(c)
+    predicted = _predicted(model, policy, lv)
+    step_measured = level_step(lv, acc if drafts else None, lv.repeats)
+    step_pred = float(curve(np.array([c]))[0])
+    step_trend = float(curve.trend(np.array([c]))[0])
+    return PointFit(
+        **predicted,
+        measured_step_ms=step_measured,
+        predicted_step_ms=step_pred,
+        step_residual_pct=100 * (step_pred / step_measured - 1),
+        form_step_residual_pct=100 * (step_trend / step_measured - 1),
+        measured_accept_len=(
+            1.0 if policy.is_plain else _mean_length([(c, r) for r in lv.repeats])
+        ),
+        model_accept_len=acc.mean_length if drafts else 1.0,
     )
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tuner.model.costmodel import Crossover
-    from tuner.model.quality import FitQuality, PointFit
+    from tuner.model.quality import FitQuality, PointFit, Uncertainty
 
 
 @dataclass(frozen=True)
@@ -65,58 +65,9 @@ def _row(p: PointFit, held_out: bool) -> list[str]:
 def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
     """The forms, acceptance and intervals; per point measured against predicted; the worst
     residual, the held-out threshold levels and the crossover."""
-    head = []
-    for key in ("plain", "spec", "off"):
-        if key not in quality.forms:
-            continue
-        form = quality.forms[key]
-        loo = form.chosen_loo_pct
-        loo_text = f"leave-one-out error {loo:.1f}%" if loo is not None else "no point to hold out"
-        head.append(f"{key} step cost: {form.chosen} ({loo_text})")
-    acc = quality.acceptance
-    if acc.get("source") == "folded":
-        head.append("acceptance: unknown (tok/s only): folded into the spec curve, n_max fixed")
-    else:
-        head.append(
-            f"acceptance ({acc.get('source')}): {acc.get('mean_length', 0):.2f} tokens per "
-            f"stream per step at n_max {acc.get('n_max')}"
-        )
     unc = quality.uncertainty
-    extra = ""
-    if unc.launch_noise_pct is not None:
-        averaged = "; ".join(
-            f"{key} " + ", ".join(f"{form} {w:.0%}" for form, w in weights.items())
-            for key, weights in unc.form_weights.items()
-        )
-        extra = (
-            f", launch-to-launch floor {unc.launch_noise_pct:.0f}%, forms averaged "
-            f"({averaged}) with their leave-one-out errors between levels"
-        )
-    head.append(
-        f"intervals: {100 * unc.interval:.0f}%, bootstrap over {unc.method} "
-        f"({unc.replicates} replicates){extra}"
-    )
     regime = quality.threshold_regime
-    if regime.get("source") == "curve":
-        levels = ", ".join(str(c) for c in regime.get("levels", []))
-        head.append(
-            f"threshold server above N: its own curve ({quality.forms['off'].chosen}) from off "
-            f"rows at {levels} streams; {pct(100 * regime['overhead'])} against plain (median "
-            "over those levels)"
-        )
-    elif regime.get("rows"):
-        unfitted = regime.get("unfitted_levels")
-        why = (
-            f"; no curve fits the off rows at {', '.join(map(str, unfitted))} streams"
-            if unfitted
-            else ""
-        )
-        head.append(
-            f"threshold server above N: {pct(100 * regime['overhead'])} against plain "
-            f"(median of {regime['rows']} measured row(s){why})"
-        )
-    elif regime:
-        head.append("threshold server above N: assumed equal to plain (no threshold rows above N)")
+    head = [*_forms_lines(quality), _intervals_line(unc), *_threshold_lines(quality)]
     worst = quality.worst_point
     notes = [
         f"worst residual: {pct(worst.residual_pct)} ({worst.policy.config_name} at "
@@ -147,6 +98,72 @@ def fit_quality_table(quality: FitQuality, crossover: Crossover) -> Table:
         head=head,
         notes=notes,
     )
+
+
+def _forms_lines(quality: FitQuality) -> list[str]:
+    """Each regime's step-cost form with its leave-one-out error, and the acceptance."""
+    head = []
+    for key in ("plain", "spec", "off"):
+        if key not in quality.forms:
+            continue
+        form = quality.forms[key]
+        loo = form.chosen_loo_pct
+        loo_text = f"leave-one-out error {loo:.1f}%" if loo is not None else "no point to hold out"
+        head.append(f"{key} step cost: {form.chosen} ({loo_text})")
+    acc = quality.acceptance
+    if acc.get("source") == "folded":
+        head.append("acceptance: unknown (tok/s only): folded into the spec curve, n_max fixed")
+    else:
+        head.append(
+            f"acceptance ({acc.get('source')}): {acc.get('mean_length', 0):.2f} tokens per "
+            f"stream per step at n_max {acc.get('n_max')}"
+        )
+    return head
+
+
+def _intervals_line(unc: Uncertainty) -> str:
+    """What the intervals are: their level, the bootstrap, the floor and the forms averaged."""
+    extra = ""
+    if unc.launch_noise_pct is not None:
+        averaged = "; ".join(
+            f"{key} " + ", ".join(f"{form} {w:.0%}" for form, w in weights.items())
+            for key, weights in unc.form_weights.items()
+        )
+        extra = (
+            f", launch-to-launch floor {unc.launch_noise_pct:.0f}%, forms averaged "
+            f"({averaged}) with their leave-one-out errors between levels"
+        )
+    return (
+        f"intervals: {100 * unc.interval:.0f}%, bootstrap over {unc.method} "
+        f"({unc.replicates} replicates){extra}"
+    )
+
+
+def _threshold_lines(quality: FitQuality) -> list[str]:
+    """How the threshold server above N was modelled: its own curve, a measured overhead
+    against plain, or plain's (nothing where the fit says nothing of it)."""
+    regime = quality.threshold_regime
+    if regime.get("source") == "curve":
+        levels = ", ".join(str(c) for c in regime.get("levels", []))
+        return [
+            f"threshold server above N: its own curve ({quality.forms['off'].chosen}) from off "
+            f"rows at {levels} streams; {pct(100 * regime['overhead'])} against plain (median "
+            "over those levels)"
+        ]
+    if regime.get("rows"):
+        unfitted = regime.get("unfitted_levels")
+        why = (
+            f"; no curve fits the off rows at {', '.join(map(str, unfitted))} streams"
+            if unfitted
+            else ""
+        )
+        return [
+            f"threshold server above N: {pct(100 * regime['overhead'])} against plain "
+            f"(median of {regime['rows']} measured row(s){why})"
+        ]
+    if regime:
+        return ["threshold server above N: assumed equal to plain (no threshold rows above N)"]
+    return []
 
 
 def markdown(table: Table) -> list[str]:

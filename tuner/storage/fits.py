@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
 from tuner.model import fitting
@@ -183,37 +184,9 @@ def select_data(
     newest host's is used, with a note, unless host_explicit.
     """
     with store.session() as session:
-        model_row = session.scalars(select(Model).where(Model.name == model)).first()
-        if model_row is None:
-            known = ", ".join(session.scalars(select(Model.name).order_by(Model.name))) or "none"
-            raise NothingToDoError(
-                f"no data for model {model!r} (models with data: {known}); {PROFILE_HINT}"
-            )
-        every_run = list(
-            session.scalars(select(Run).where(Run.model_id == model_row.id).order_by(Run.id.desc()))
-        )
-        runs = [run for run in every_run if _complete(run)]
-        if not runs:
-            raise NothingToDoError(
-                f"model {model!r} has no completed plain and spec levels to fit; {PROFILE_HINT}"
-            )
+        model_row, every_run, runs = _runs_of(session, model)
         chosen_host, note = _resolve_host(runs, model, host, host_explicit)
-        runs = [run for run in runs if _host_label(run) == chosen_host]
-        # The newest profile or import sets the build, -np, n_max and prompt set; validations
-        # and sweeps like it add their levels, and so do finished live trials (which measure no
-        # plain). Another prompt set drafts differently, so its runs are not mixed in.
-        basis = next((run for run in runs if run.kind in ("profile", "import")), runs[0])
-        key = (basis.build_id, basis.n_parallel, basis.n_max, prompt_set_of(basis))
-        trials = [run for run in every_run if run.kind == "tune" and run.status == "completed"]
-        group = sorted(
-            (
-                run
-                for run in {*runs, *trials}
-                if _host_label(run) == chosen_host
-                and (run.build_id, run.n_parallel, run.n_max, prompt_set_of(run)) == key
-            ),
-            key=lambda run: run.id,
-        )
+        basis, group = _group(runs, every_run, chosen_host)
         depths = sorted(
             {lv.context_tokens for run in group for lv in run.levels if lv.status == "completed"}
         ) or [0]
@@ -224,24 +197,7 @@ def select_data(
                 f"(measured: {', '.join(map(str, depths))}); profile it there with "
                 f"--set 'workload.context_tokens=[{depth}]'"
             )
-        levels: list[LevelObs] = []
-        level_ids: list[int] = []
-        digest_rows: list[Any] = []
-        measured: dict[str, set[int]] = {}
-        for run in group:
-            for level in run.levels:
-                policy = level.policy
-                if level.status != "completed" or policy is None or level.context_tokens != depth:
-                    continue
-                if policy.drafting and level.n_max not in (None, basis.n_max):
-                    continue
-                reps = _repeats(level)
-                if not reps:
-                    continue
-                levels.append(LevelObs(policy, level.concurrency, reps, level.id, run.id))
-                level_ids.append(level.id)
-                digest_rows.append([level.id, level.repeats, level.tokens_per_second])
-                measured.setdefault(level.config, set()).add(level.concurrency)
+        levels, level_ids, digest_rows, measured = _levels(group, depth, basis.n_max)
         run_ids = [run.id for run in group]
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
@@ -254,12 +210,6 @@ def select_data(
         weights = (spec.get("workload") or {}).get("weights")
         accept_rates = spec.get("accept_rates") if basis.source == "imported" else None
         accept_len = spec.get("accept_len") if basis.source == "imported" else None
-        build = None
-        if basis.build_id is not None:
-            build_row = session.get(Build, basis.build_id)
-            build = build_row.binary_sha256 if build_row else None
-        elif basis.source == "imported":
-            build = spec.get("build") or None
         n_parallel = int(basis.n_parallel or max(lv.concurrency for lv in levels))
         n_max = int(basis.n_max or 1)
         digest = hashlib.sha256(
@@ -271,7 +221,7 @@ def select_data(
             host=chosen_host,
             host_id=basis.host_id,
             build_id=basis.build_id,
-            build=build,
+            build=_build_of(session, basis),
             n_parallel=n_parallel,
             n_max=n_max,
             run_ids=run_ids,
@@ -295,6 +245,83 @@ def select_data(
         accept_len=float(accept_len) if accept_len else None,
     )
     return data, selection
+
+
+def _runs_of(session: Session, model: str) -> tuple[Model, list[Run], list[Run]]:
+    """The model's row, its runs newest first, and those complete enough to fit."""
+    model_row = session.scalars(select(Model).where(Model.name == model)).first()
+    if model_row is None:
+        known = ", ".join(session.scalars(select(Model.name).order_by(Model.name))) or "none"
+        raise NothingToDoError(
+            f"no data for model {model!r} (models with data: {known}); {PROFILE_HINT}"
+        )
+    every_run = list(
+        session.scalars(select(Run).where(Run.model_id == model_row.id).order_by(Run.id.desc()))
+    )
+    runs = [run for run in every_run if _complete(run)]
+    if not runs:
+        raise NothingToDoError(
+            f"model {model!r} has no completed plain and spec levels to fit; {PROFILE_HINT}"
+        )
+    return model_row, every_run, runs
+
+
+def _group(runs: list[Run], every_run: list[Run], chosen_host: str) -> tuple[Run, list[Run]]:
+    """The run that sets the build, -np, n_max and prompt set, and the runs like it on the
+    host, oldest first."""
+    runs = [run for run in runs if _host_label(run) == chosen_host]
+    # The newest profile or import sets the build, -np, n_max and prompt set; validations
+    # and sweeps like it add their levels, and so do finished live trials (which measure no
+    # plain). Another prompt set drafts differently, so its runs are not mixed in.
+    basis = next((run for run in runs if run.kind in ("profile", "import")), runs[0])
+    key = (basis.build_id, basis.n_parallel, basis.n_max, prompt_set_of(basis))
+    trials = [run for run in every_run if run.kind == "tune" and run.status == "completed"]
+    group = sorted(
+        (
+            run
+            for run in {*runs, *trials}
+            if _host_label(run) == chosen_host
+            and (run.build_id, run.n_parallel, run.n_max, prompt_set_of(run)) == key
+        ),
+        key=lambda run: run.id,
+    )
+    return basis, group
+
+
+def _levels(
+    group: list[Run], depth: int, n_max: int | None
+) -> tuple[list[LevelObs], list[int], list[Any], dict[str, set[int]]]:
+    """The completed levels of the group at the depth (drafting ones at the basis's n_max):
+    as observations, their ids, the rows the data's hash is of, the levels per config."""
+    levels: list[LevelObs] = []
+    level_ids: list[int] = []
+    digest_rows: list[Any] = []
+    measured: dict[str, set[int]] = {}
+    for run in group:
+        for level in run.levels:
+            policy = level.policy
+            if level.status != "completed" or policy is None or level.context_tokens != depth:
+                continue
+            if policy.drafting and level.n_max not in (None, n_max):
+                continue
+            reps = _repeats(level)
+            if not reps:
+                continue
+            levels.append(LevelObs(policy, level.concurrency, reps, level.id, run.id))
+            level_ids.append(level.id)
+            digest_rows.append([level.id, level.repeats, level.tokens_per_second])
+            measured.setdefault(level.config, set()).add(level.concurrency)
+    return levels, level_ids, digest_rows, measured
+
+
+def _build_of(session: Session, basis: Run) -> str | None:
+    """The build's binary hash (an import's as its spec names it)."""
+    if basis.build_id is not None:
+        build_row = session.get(Build, basis.build_id)
+        return build_row.binary_sha256 if build_row else None
+    if basis.source == "imported":
+        return (basis.spec or {}).get("build") or None
+    return None
 
 
 # --- fits -----------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from scipy.optimize import brentq
 from tuner.policy import Policy
 from tuner.storage.importer import ImportDoc, load_import
 from tuner.twin.engine import Workload, simulate
-from tuner.twin.truth import closed_truth
+from tuner.twin.truth import ClosedTruth, closed_truth
 from tuner.twin.world import Curve, World, synth_rates
 
 
@@ -318,30 +318,9 @@ def calibrate_table(
     """A world for an imported table (see the module docstring)."""
     doc = source if isinstance(source, ImportDoc) else load_import(Path(source))
     levels = doc.concurrency
-    rows_by_config: dict[str, dict[int, float]] = {}
-    thresholds: list[tuple[Policy, dict[int, float]]] = []
-    for row in doc.rows:
-        pairs = zip(levels, row.tokens_per_second, strict=True)
-        values = {c: v for c, v in pairs if not math.isnan(v)}
-        if row.config == "threshold":
-            thresholds.append((Policy.threshold(row.max_slots or 1, doc.n_max), values))
-        else:
-            rows_by_config[row.config] = values
-    if "plain" not in rows_by_config or "spec" not in rows_by_config:
-        raise ValueError("calibration needs a plain row and a spec row")
-    plain, spec = rows_by_config["plain"], rows_by_config["spec"]
+    plain, spec, thresholds = _table_rows(doc)
     notes: list[str] = []
-    if doc.accept_len is not None:
-        length, source_text = doc.accept_len, "the table's accept_len"
-    elif synth_len is not None:
-        length, source_text = synth_len, "given"
-    else:
-        length = estimate_synth_len(plain, spec, doc.n_max, reeval_share, min_draft_share)
-        length = math.ceil(length * 100) / 100
-        source_text = (
-            f"estimated: smallest leaving every spec level draft calls of at least "
-            f"{100 * min_draft_share:.0f} % of its plain step"
-        )
+    length, source_text = _synth_len_of(doc, plain, spec, synth_len, reeval_share, min_draft_share)
     synth_rates(length, doc.n_max)  # checks the range
     slug = name or f"table-{doc.model_name.lower().replace(' ', '-')}"
     first = min(plain)
@@ -375,16 +354,9 @@ def calibrate_table(
         rel_se=rel_se,
         concurrency=sorted(set(levels)),
     )
-
-    def fits(policy: Policy, values: dict[int, float]) -> list[LevelFit]:
-        out = []
-        for c, v in sorted(values.items()):
-            cell = truth.cell(policy, c)
-            out.append(LevelFit(policy, c, v, cell.tps, cell.se))
-        return out
-
-    fitted = fits(Policy.plain(), plain) + fits(Policy.always(doc.n_max), spec)
-    held = [f for policy, values in thresholds for f in fits(policy, values)]
+    fitted = level_fits(truth, Policy.plain(), plain)
+    fitted += level_fits(truth, Policy.always(doc.n_max), spec)
+    held = [f for policy, values in thresholds for f in level_fits(truth, policy, values)]
     return Calibration(
         world=world,
         synth_len=length,
@@ -394,3 +366,52 @@ def calibrate_table(
         held_out=tuple(held),
         notes=tuple(notes),
     )
+
+
+def _table_rows(
+    doc: ImportDoc,
+) -> tuple[dict[int, float], dict[int, float], list[tuple[Policy, dict[int, float]]]]:
+    """The table's plain and spec rows (tok/s per level), and its threshold rows."""
+    rows_by_config: dict[str, dict[int, float]] = {}
+    thresholds: list[tuple[Policy, dict[int, float]]] = []
+    for row in doc.rows:
+        pairs = zip(doc.concurrency, row.tokens_per_second, strict=True)
+        values = {c: v for c, v in pairs if not math.isnan(v)}
+        if row.config == "threshold":
+            thresholds.append((Policy.threshold(row.max_slots or 1, doc.n_max), values))
+        else:
+            rows_by_config[row.config] = values
+    if "plain" not in rows_by_config or "spec" not in rows_by_config:
+        raise ValueError("calibration needs a plain row and a spec row")
+    return rows_by_config["plain"], rows_by_config["spec"], thresholds
+
+
+def _synth_len_of(
+    doc: ImportDoc,
+    plain: dict[int, float],
+    spec: dict[int, float],
+    synth_len: float | None,
+    reeval_share: float,
+    min_draft_share: float,
+) -> tuple[float, str]:
+    """The world's mean acceptance length and where it comes from: the table's, given, or
+    estimated."""
+    if doc.accept_len is not None:
+        return doc.accept_len, "the table's accept_len"
+    if synth_len is not None:
+        return synth_len, "given"
+    length = estimate_synth_len(plain, spec, doc.n_max, reeval_share, min_draft_share)
+    length = math.ceil(length * 100) / 100
+    return length, (
+        f"estimated: smallest leaving every spec level draft calls of at least "
+        f"{100 * min_draft_share:.0f} % of its plain step"
+    )
+
+
+def level_fits(truth: ClosedTruth, policy: Policy, values: dict[int, float]) -> list[LevelFit]:
+    """Each measured level (tok/s) beside the world's truth there."""
+    out = []
+    for c, v in sorted(values.items()):
+        cell = truth.cell(policy, c)
+        out.append(LevelFit(policy, c, v, cell.tps, cell.se))
+    return out

@@ -684,87 +684,20 @@ class Engine:
         return admitted
 
     def _step(self, record: bool) -> StepResult | bool | None:
-        admitted = self._admit()
-        slots = self._slots
-        busy = [s for s in slots if s is not None]
-        if not busy:
-            if not self._pending:
-                return None
-            self.advance_to(self._pending[0][0])
-            admitted = self._admit()
-            busy = [s for s in slots if s is not None]
-
+        """One llama-server scheduling step: admit, pick the drafts, fill the batch with prompt
+        rows, cost it, advance the clock, then verify the drafts and emit. record: return
+        the step's StepResult (else True); None when there is nothing to do."""
+        took = self._take_slots()
+        if took is None:
+            return None
+        admitted, busy = took
         # The threshold is counted at the step's start: slots in state generating.
         gen = [s for s in busy if s.state == _GEN]
         n_gen = len(gen)
-        spec = self._spec
-        can_start = spec and (self._max_slots == 0 or n_gen <= self._max_slots)
-        n_max = self._n_max
-        rows = 0
-        kv_rows = 0
-        lens: list[int] = []
-        catch = 0
-        slot_context = self._slot_context
-        if not can_start and not self._replay_mode:
-            # Nothing drafts in this step (plain, or the threshold holds): one row a slot.
-            for s in gen:
-                s.draft = 0
-                kv_rows += s.kv
-            rows = n_gen
-        else:
-            for s in gen:
-                if s.replay:
-                    d = s.replay
-                elif can_start:
-                    d = min(n_max, s.left - 1, slot_context - s.kv - 2)
-                    if d > 0:
-                        lens.append(d)
-                        catch += s.behind
-                        s.behind = 0
-                        s.res.draft_n += d
-                    else:
-                        d = 0
-                else:
-                    d = 0
-                s.draft = d
-                rows += 1 + d
-                kv_rows += (1 + d) * s.kv
-
-        # Prompt rows fill the batch up to n_batch, slot by slot.
-        prompt_rows = 0
-        budget = self._n_batch - rows
-        prefilled: list[_Slot] = []
-        if budget > 0:
-            for s in busy:
-                if s.state != _PREFILL:
-                    continue
-                take = min(s.prompt_left, budget - prompt_rows)
-                if take <= 0:
-                    break
-                s.prompt_left -= take
-                s.kv += take
-                prompt_rows += take
-                prefilled.append(s)
-
-        # Cost, then noise.
-        rows_cost = self._rows
-        # A batch of prompt rows alone still runs one forward: rows_ms(1) stands for its part.
-        cost = rows_cost[rows or 1] if rows < len(rows_cost) else self._tables.rows_s(rows)
-        cost += self._slots_cost[n_gen]
-        cost += self._depth * kv_rows + self._prefill * prompt_rows
-        if spec:
-            reeval = self._reeval
-            cost += self._overhead + self._prefill_draft * prompt_rows + catch * self._catch_up
-            cost += reeval[rows] if rows < len(reeval) else self._tables.reeval_s(rows)
-            if lens:
-                call = self._call
-                d_left = len(lens)
-                ends = [0] * (n_max + 1)
-                for d in lens:
-                    ends[d] += 1
-                for i in range(max(lens)):
-                    cost += call[d_left]
-                    d_left -= ends[i + 1]
+        can_start = self._spec and (self._max_slots == 0 or n_gen <= self._max_slots)
+        rows, kv_rows, lens, catch = self._draft(gen, can_start)
+        prompt_rows, prefilled = self._fill_prompts(busy, rows)
+        cost = self._cost(rows, n_gen, kv_rows, prompt_rows, catch, lens)
         start = self.now
         duration = self._noise.duration(cost) if self._noise is not None else cost
         end = start + duration
@@ -775,80 +708,11 @@ class Engine:
         m.n_busy_slots_total += len(busy)
         m.prompt_tokens_total += prompt_rows
 
-        # Verify, emit, finish.
-        probs = self._probs
-        replay_mode = self._replay_mode
         emitted: list[Emission] = []
         finished: list[int] = []
-        verified = accepted_step = 0
-        for s in gen:
-            d = s.draft
-            res = s.res
-            if d == 0:
-                res.token_times.append(end)
-                s.left -= 1
-                s.kv += 1
-                s.behind += 1
-                if record:
-                    emitted.append(Emission(res.id, 1, end))
-                if s.left <= 0 or s.kv + 1 >= slot_context:
-                    finished.append(res.id)
-                    self._finish(s, end)
-                continue
-            if s.replay:
-                # A checkpointed draft replayed: all of it accepted, one more token sampled.
-                k = s.replay - 1
-                s.replay = 0
-                n_out = k + 2
-                res.draft_log.append((s.draft_len, k))
-                verified += 1
-                accepted_step += k
-                res.drafts += 1
-                res.draft_accepted += k
-                per_pos = s.per_pos
-                for i in range(k):
-                    per_pos[i] += 1
-            else:
-                rng = s.rng
-                k = 0
-                while k < d and rng.random() < probs[k]:
-                    k += 1
-                res.draft_marks.append((end, res.draft_n))
-                if replay_mode and k < d:
-                    s.replay = k + 1
-                    s.draft_len = d
-                    n_out = 0
-                else:
-                    n_out = k + 1
-                    res.draft_log.append((d, k))
-                    verified += 1
-                    accepted_step += k
-                    res.drafts += 1
-                    res.draft_accepted += k
-                    per_pos = s.per_pos
-                    for i in range(k):
-                        per_pos[i] += 1
-            if n_out:
-                res.token_times.extend([end] * n_out)
-                s.left -= n_out
-                s.kv += n_out
-                if record:
-                    emitted.append(Emission(res.id, n_out, end))
-                if s.left <= 0 or s.kv + 1 >= slot_context:
-                    finished.append(res.id)
-                    self._finish(s, end)
-        for s in prefilled:
-            if s.prompt_left == 0:
-                s.state = _GEN
-                res = s.res
-                res.token_times.append(end)
-                s.left -= 1
-                if record:
-                    emitted.append(Emission(res.id, 1, end))
-                if s.left <= 0:
-                    finished.append(res.id)
-                    self._finish(s, end)
-
+        verified, accepted_step = self._verify(gen, end, record, emitted, finished)
+        if prefilled:
+            self._first_tokens(prefilled, end, record, emitted, finished)
         if not record:
             return True
         return StepResult(
@@ -868,6 +732,179 @@ class Engine:
             emitted=tuple(emitted),
             finished=tuple(finished),
         )
+
+    def _take_slots(self) -> tuple[list[int], list[_Slot]] | None:
+        """The requests admitted at the step's start and the busy slots; with none busy the
+        clock first jumps to the next arrival (None: there is none)."""
+        admitted = self._admit()
+        slots = self._slots
+        busy = [s for s in slots if s is not None]
+        if not busy:
+            if not self._pending:
+                return None
+            self.advance_to(self._pending[0][0])
+            admitted = self._admit()
+            busy = [s for s in slots if s is not None]
+        return admitted, busy
+
+    def _draft(self, gen: list[_Slot], can_start: bool) -> tuple[int, int, list[int], int]:
+        """Each generating slot's draft for this step: the decode rows, their context rows,
+        the lengths of the drafts started and the tokens they catch up."""
+        n_max = self._n_max
+        rows = 0
+        kv_rows = 0
+        lens: list[int] = []
+        catch = 0
+        slot_context = self._slot_context
+        if not can_start and not self._replay_mode:
+            # Nothing drafts in this step (plain, or the threshold holds): one row a slot.
+            for s in gen:
+                s.draft = 0
+                kv_rows += s.kv
+            return len(gen), kv_rows, lens, catch
+        for s in gen:
+            if s.replay:
+                d = s.replay
+            elif can_start:
+                d = min(n_max, s.left - 1, slot_context - s.kv - 2)
+                if d > 0:
+                    lens.append(d)
+                    catch += s.behind
+                    s.behind = 0
+                    s.res.draft_n += d
+                else:
+                    d = 0
+            else:
+                d = 0
+            s.draft = d
+            rows += 1 + d
+            kv_rows += (1 + d) * s.kv
+        return rows, kv_rows, lens, catch
+
+    def _fill_prompts(self, busy: list[_Slot], rows: int) -> tuple[int, list[_Slot]]:
+        """Prompt rows fill the batch up to n_batch, slot by slot: the rows taken and the
+        slots that took them."""
+        prompt_rows = 0
+        budget = self._n_batch - rows
+        prefilled: list[_Slot] = []
+        if budget > 0:
+            for s in busy:
+                if s.state != _PREFILL:
+                    continue
+                take = min(s.prompt_left, budget - prompt_rows)
+                if take <= 0:
+                    break
+                s.prompt_left -= take
+                s.kv += take
+                prompt_rows += take
+                prefilled.append(s)
+        return prompt_rows, prefilled
+
+    def _cost(
+        self, rows: int, n_gen: int, kv_rows: int, prompt_rows: int, catch: int, lens: list[int]
+    ) -> float:
+        """The step's noise-free duration (seconds)."""
+        rows_cost = self._rows
+        # A batch of prompt rows alone still runs one forward: rows_ms(1) stands for its part.
+        cost = rows_cost[rows or 1] if rows < len(rows_cost) else self._tables.rows_s(rows)
+        cost += self._slots_cost[n_gen]
+        cost += self._depth * kv_rows + self._prefill * prompt_rows
+        if self._spec:
+            reeval = self._reeval
+            cost += self._overhead + self._prefill_draft * prompt_rows + catch * self._catch_up
+            cost += reeval[rows] if rows < len(reeval) else self._tables.reeval_s(rows)
+            if lens:
+                call = self._call
+                d_left = len(lens)
+                ends = [0] * (self._n_max + 1)
+                for d in lens:
+                    ends[d] += 1
+                for i in range(max(lens)):
+                    cost += call[d_left]
+                    d_left -= ends[i + 1]
+        return cost
+
+    def _verify(
+        self,
+        gen: list[_Slot],
+        end: float,
+        record: bool,
+        emitted: list[Emission],
+        finished: list[int],
+    ) -> tuple[int, int]:
+        """Verify each generating slot's draft at the step's end and emit what it gives (its
+        request's end where its tokens, or its context, are used up): the drafts verified and
+        used, and the draft tokens they accepted."""
+        probs = self._probs
+        replay_mode = self._replay_mode
+        slot_context = self._slot_context
+        verified = accepted_step = 0
+        for s in gen:
+            d = s.draft
+            res = s.res
+            k = -1  # the draft tokens accepted where a draft is verified and used
+            if d == 0:
+                s.behind += 1
+                n_out = 1
+            elif s.replay:
+                # A checkpointed draft replayed: all of it accepted, one more token sampled.
+                k = s.replay - 1
+                s.replay = 0
+                n_out = k + 2
+                d = s.draft_len
+            else:
+                rng = s.rng
+                k = 0
+                while k < d and rng.random() < probs[k]:
+                    k += 1
+                res.draft_marks.append((end, res.draft_n))
+                if replay_mode and k < d:
+                    s.replay = k + 1
+                    s.draft_len = d
+                    n_out, k = 0, -1
+                else:
+                    n_out = k + 1
+            if k >= 0:
+                res.draft_log.append((d, k))
+                verified += 1
+                accepted_step += k
+                res.drafts += 1
+                res.draft_accepted += k
+                per_pos = s.per_pos
+                for i in range(k):
+                    per_pos[i] += 1
+            if n_out:
+                res.token_times.extend([end] * n_out)
+                s.left -= n_out
+                s.kv += n_out
+                if record:
+                    emitted.append(Emission(res.id, n_out, end))
+                if s.left <= 0 or s.kv + 1 >= slot_context:
+                    finished.append(res.id)
+                    self._finish(s, end)
+        return verified, accepted_step
+
+    def _first_tokens(
+        self,
+        prefilled: list[_Slot],
+        end: float,
+        record: bool,
+        emitted: list[Emission],
+        finished: list[int],
+    ) -> None:
+        """A slot whose prompt is all in generates from here: its first token at the step's
+        end (the prompt's last row made it)."""
+        for s in prefilled:
+            if s.prompt_left == 0:
+                s.state = _GEN
+                res = s.res
+                res.token_times.append(end)
+                s.left -= 1
+                if record:
+                    emitted.append(Emission(res.id, 1, end))
+                if s.left <= 0:
+                    finished.append(res.id)
+                    self._finish(s, end)
 
     def _finish(self, s: _Slot, end: float) -> None:
         res = s.res

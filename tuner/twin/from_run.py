@@ -54,7 +54,13 @@ from tuner.errors import NotFoundError, NothingToDoError
 from tuner.policy import Policy
 from tuner.storage.orm import KernelRow, Level, Run, Sample
 from tuner.storage.store import Store
-from tuner.twin.calibrate import Calibration, LevelFit, fit_world, with_reeval_share
+from tuner.twin.calibrate import (
+    Calibration,
+    LevelFit,
+    fit_world,
+    level_fits,
+    with_reeval_share,
+)
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import Curve, World
 
@@ -262,21 +268,7 @@ def calibrate_run(
         )
     acceptance, length, source = acceptance_of(data)
     shares = threshold_shares(data)
-    if reeval_share is not None:
-        share, share_note = reeval_share, f"threshold server's overhead {reeval_share:.3f}: given"
-    elif shares:
-        share = max(0.0, statistics.fmean(shares.values()))
-        each = ", ".join(f"{100 * v:+.1f} % at {c}" for c, v in sorted(shares.items()))
-        share_note = (
-            f"threshold server's overhead over plain {100 * share:.1f} %: the mean over the "
-            f"run's threshold levels that do not draft ({each})"
-        )
-    else:
-        share = DEFAULT_REEVAL_SHARE
-        share_note = (
-            f"threshold server's overhead {share:.3f} of the target's forward: assumed (the run "
-            "has no threshold level above its N)"
-        )
+    share, share_note = _share_of(reeval_share, shares)
     prefill, prefill_note = prefill_of(data)
     template = World.model_validate(
         {
@@ -308,13 +300,6 @@ def calibrate_run(
     thresholds = data.of("threshold")
     levels = sorted(set(plain) | set(spec) | set(thresholds))
     truth = closed_truth(world, rel_se=rel_se, concurrency=levels, **work)
-
-    def fits(policy: Policy, values: dict[int, float]) -> list[LevelFit]:
-        return [
-            LevelFit(policy, c, v, truth.cell(policy, c).tps, truth.cell(policy, c).se)
-            for c, v in sorted(values.items())
-        ]
-
     held: list[LevelFit] = []
     for c, lv in sorted(thresholds.items()):
         policy = lv.policy.with_n_max(data.n_max)
@@ -327,9 +312,43 @@ def calibrate_run(
             ).cell(policy, c)
             held.append(LevelFit(policy, c, lv.tokens_per_second, cell.tps, cell.se))
         else:
-            held += fits(policy, {c: lv.tokens_per_second})
-    notes.append(share_note)
-    notes.append(prefill_note)
+            held += level_fits(truth, policy, {c: lv.tokens_per_second})
+    notes += [share_note, prefill_note, *_shape_notes(data, rows_shape, call_shape)]
+    fitted = level_fits(truth, Policy.plain(), plain)
+    fitted += level_fits(truth, Policy.always(data.n_max), spec)
+    return Calibration(
+        world=world,
+        synth_len=length,
+        synth_len_source=source,
+        reeval_share=share,
+        fitted=tuple(fitted),
+        held_out=tuple(held),
+        notes=tuple(notes),
+    )
+
+
+def _share_of(reeval_share: float | None, shares: dict[int, float]) -> tuple[float, str]:
+    """The threshold server's overhead (a share of the target's forward) and the note that
+    says where it comes from: given, measured from the run's threshold levels, or assumed."""
+    if reeval_share is not None:
+        return reeval_share, f"threshold server's overhead {reeval_share:.3f}: given"
+    if shares:
+        share = max(0.0, statistics.fmean(shares.values()))
+        each = ", ".join(f"{100 * v:+.1f} % at {c}" for c, v in sorted(shares.items()))
+        return share, (
+            f"threshold server's overhead over plain {100 * share:.1f} %: the mean over the "
+            f"run's threshold levels that do not draft ({each})"
+        )
+    share = DEFAULT_REEVAL_SHARE
+    return share, (
+        f"threshold server's overhead {share:.3f} of the target's forward: assumed (the run "
+        "has no threshold level above its N)"
+    )
+
+
+def _shape_notes(data: RunData, rows_shape: Curve | None, call_shape: Curve | None) -> list[str]:
+    """What the world's curves follow between the run's levels, and the depth it stands for."""
+    notes = []
     for what, shape, rows in (
         ("rows_ms", rows_shape, "the target's decode rows"),
         ("call_ms", call_shape, "the draft model's generation rows"),
@@ -338,12 +357,4 @@ def calibrate_run(
         notes.append(f"between its levels {what} {between} {rows} from llama-batched-bench")
     if data.depth:
         notes.append(f"levels at depth {data.depth} (the run's shallowest); the world's depth is 0")
-    return Calibration(
-        world=world,
-        synth_len=length,
-        synth_len_source=source,
-        reeval_share=share,
-        fitted=tuple(fits(Policy.plain(), plain) + fits(Policy.always(data.n_max), spec)),
-        held_out=tuple(held),
-        notes=tuple(notes),
-    )
+    return notes

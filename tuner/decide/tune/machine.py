@@ -1,0 +1,286 @@
+"""`tuner tune`'s decision loop as a state machine: the answer that stands, the answers it held,
+its moves, whether it came back to one, the plain budget spent; and the steps between them
+(assess the stored pairs, follow a move, stop, sweep; plain against the answer side by side).
+The rules it follows are the package's (tuner/decide/tune/__init__.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.decide import settle
+from tuner.decide.paired import Contrast, verdict
+from tuner.decide.tune.describe import moved_text, sweep_text
+from tuner.decide.tune.gains import live_gains, plain_gains
+from tuner.decide.tune.outcome import PlainLive, TuneReport
+from tuner.decide.tune.sweeps import SWEEP_PAIRS, model_objective, sweep_arms
+from tuner.measure.plan import Observer, ProgressEvent
+from tuner.measure.profiler import Profiler
+from tuner.model.costmodel import CostModel
+from tuner.policy import Policy, drafts_at
+from tuner.storage.queries import paired_rounds
+from tuner.storage.store import Store
+
+MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
+DONE, TIES_LEFT = "done", "ties left"  # how a run of threshold sweeps ends
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What tune may spend and how near is equivalent (see tune's arguments)."""
+
+    budget_s: float
+    tie_budget_s: float
+    plain_budget_s: float
+    tolerance: float
+    plain_live: bool
+
+
+@dataclass
+class Tuning:
+    """One tune between its steps: what it measures on and against, and the state the steps
+    change (the answer and its model objective, the answers visited, the moves, whether it
+    came back to an answer it left, the seconds plain took)."""
+
+    store: Store
+    model_name: str
+    host: str
+    observer: Observer
+    profiler: Profiler
+    report: TuneReport
+    cm: CostModel
+    weights: np.ndarray
+    n_max: int
+    workload: Any  # the workload the pairs are of, as stored with the runs
+    limits: Limits
+    answer: int
+    started: float  # the backend's clock when measuring began
+    objective: float = field(init=False)
+    w: list[float] = field(init=False)
+    visited: set[int] = field(init=False)
+    moves: int = 0
+    returned: bool = False
+    plain_spent: float = 0.0  # seconds of measuring plain took, every settle_plain together
+
+    def __post_init__(self) -> None:
+        self.objective = model_objective(self.cm, self.answer, self.n_max, self.weights)
+        self.w = [float(x) for x in self.weights]
+        self.visited = {self.answer}
+
+    @property
+    def elapsed(self) -> float:
+        assert self.profiler.backend is not None
+        return self.profiler.backend.elapsed
+
+    def say(self, text: str) -> None:
+        self.observer(ProgressEvent("message", text=text))
+
+    def run(self) -> None:
+        # The contenders that could cost more than the tolerance first, then whether to draft
+        # at all (plain against the best threshold found: against a worse one plain can sit
+        # at the tolerance's edge), then the tie questions, which only choose among values
+        # within the tolerance, with the tie budget: a lesser question never starves a greater.
+        plain_live = self.limits.plain_live
+        left = self.settle_thresholds(ties=False)
+        if plain_live:
+            self.settle_plain()
+        if left == TIES_LEFT:
+            self.settle_thresholds(ties=True)
+        if (
+            plain_live
+            and self.report.plain is not None
+            and self.report.plain.against != self.answer
+        ):
+            self.settle_plain()  # a tie moved the answer: plain against it, if the budget allows
+
+    # --- the thresholds ---------------------------------------------------------------------
+
+    def settle_thresholds(self, ties: bool) -> str:
+        """Sweep until the standing settles, stops, or (ties false) only tie questions are
+        left: DONE, or TIES_LEFT."""
+        while True:
+            standing = self.assess()
+            spent = self.elapsed - self.started
+            if standing.status == settle.MOVED:
+                ended = self.move(standing)
+                if ended is None:
+                    continue
+                return ended
+            stop = self.stop(standing, ties, spent)
+            if stop is not None:
+                return stop
+            self.sweep(standing)
+
+    def assess(self) -> settle.Standing:
+        """The standing of the answer on every stored pair, noted in the report."""
+        report = self.report
+        rounds = paired_rounds(
+            self.store, self.model_name, self.host, self.profiler.depth, self.n_max, self.workload
+        )
+        gains = live_gains(rounds)
+        above = [v for v in self.visited if v > self.answer]  # larger answers it held before
+        standing = settle.assess(
+            gains,
+            self.w,
+            self.answer,
+            self.cm.n_parallel,
+            self.objective,
+            self.limits.tolerance,
+            kept=above,
+        )
+        report.settled, report.gains = standing, gains
+        report.history.append(standing.answer)
+        return standing
+
+    def move(self, standing: settle.Standing) -> str | None:
+        """The answer moved: follow it (None), or DONE where it went back a second time or
+        keeps moving."""
+        self.moves += 1
+        self.say(moved_text(self.answer, standing, self.report.sweeps))
+        back = self.answer
+        self.answer = standing.answer
+        answer = self.answer
+        self.objective = model_objective(self.cm, answer, self.n_max, self.weights)
+        if answer in self.visited:
+            # Back to an answer it left. The latest data, which hold every pair the earlier
+            # step saw, overturn that step: follow them once. A second return is the data
+            # going back and forth at the edge of the tolerance: the latest answer stands,
+            # unresolved, the levels between the two to measure.
+            if self.returned:
+                self.report.settled = dataclasses.replace(
+                    standing,
+                    answer=answer,
+                    status=settle.OPEN,
+                    measure_next=settle.between(back, answer),
+                )
+                self.say(
+                    f"the answer went back to N={answer} a second time: the data do not keep "
+                    f"N={back} and N={answer} apart; N={answer} stands, unresolved"
+                )
+                return DONE
+            self.returned = True
+        self.visited.add(answer)
+        if self.moves < MAX_MOVES:
+            return None
+        self.say("the answer keeps moving: stopping")
+        return DONE
+
+    def stop(self, standing: settle.Standing, ties: bool, spent: float) -> str | None:
+        """Whether the sweeps end here (DONE, TIES_LEFT) or go on (None)."""
+        limits = self.limits
+        if standing.status == settle.SETTLED:
+            return DONE
+        if not ties and not standing.unresolved:
+            return TIES_LEFT
+        if spent >= limits.budget_s:
+            self.say(
+                f"budget of {limits.budget_s:.0f} s spent with "
+                f"{len(standing.measuring)} comparison(s) unresolved"
+            )
+            return DONE
+        if ties and not standing.unresolved and spent >= limits.tie_budget_s:
+            self.say(
+                f"{limits.tie_budget_s:.0f} s of measuring spent: the tie question(s) "
+                f"left open ({sweep_text(self.answer, standing)}) are named, not measured on"
+            )
+            return DONE
+        return None
+
+    def sweep(self, standing: settle.Standing) -> None:
+        """One sweep: on and off side by side at the levels unresolved comparisons rest on."""
+        profiler = self.profiler
+        live = profiler.way == "live" or profiler.way == "twin"
+        arms = sweep_arms(standing.measure_next, profiler.depth, self.n_max, live)
+        levels = ", ".join(str(c) for c in sorted(standing.measure_next))
+        self.say(
+            f"sweep {self.report.sweeps + 1}: {sweep_text(self.answer, standing)}; "
+            f"on and off in turn at {levels} streams"
+        )
+        profiler.run_pass(arms, pairs=SWEEP_PAIRS)
+        self.report.sweeps += 1
+
+    # --- plain against the answer -------------------------------------------------------------
+
+    def settle_plain(self) -> None:
+        began = self.elapsed
+        try:
+            self.measure_plain(began)
+        finally:
+            self.plain_spent += self.elapsed - began
+
+    def measure_plain(self, began: float) -> None:
+        """Plain and the answer in turn at every level the traffic weighs until their weighted
+        difference resolves or a budget ends."""
+        # a verdict against an earlier answer stands until one against this answer resolves
+        earlier = self.report.plain
+        policy = Policy.of_max_slots(self.answer, self.n_max)
+        w = self.w
+        coef = {c: w[c - 1] for c in range(1, self.cm.n_parallel + 1) if w[c - 1] > 0}
+        cells = [(self.profiler.depth, c) for c in coef]
+        pool = self.drafting_pool()
+        while True:
+            said = self.plain_standing(policy, coef, pool, earlier)
+            if said.verdict != settle.UNRESOLVED:
+                return
+            if self.plain_out_of_budget(began, said.passes):
+                return
+            self.say(
+                f"plain against N={self.answer}: pass {said.passes + 1}, side by side at every "
+                "level the traffic weighs"
+            )
+            self.profiler.run_pass({cell: [Policy.plain(), policy] for cell in cells}, pairs=1)
+
+    def drafting_pool(self) -> list[Any]:
+        """The sweeps' drafting rounds at this n_max: more seeds for the mean acceptance."""
+        rounds = paired_rounds(
+            self.store, self.model_name, self.host, self.profiler.depth, self.n_max, self.workload
+        )
+        return [r for (_, config, c), reps in rounds.items() if drafts_at(config, c) for r in reps]
+
+    def plain_standing(
+        self,
+        policy: Policy,
+        coef: dict[int, float],
+        pool: list[Any],
+        earlier: PlainLive | None,
+    ) -> PlainLive:
+        """Plain against the answer on the pairs so far, noted in the report where it says
+        more than the verdict there."""
+        profiler = self.profiler
+        levels = plain_gains(profiler.repeats_by_cell(), profiler.level_name(policy), pool)
+        advantage = Contrast.of(levels, coef)
+        passes = min((levels[c].n if c in levels else 0 for c in coef), default=0)
+        tolerance = self.limits.tolerance * self.objective
+        said = PlainLive(advantage, verdict(advantage, tolerance), passes, self.answer)
+        # an unresolved verdict against an earlier answer gives way only to one with passes of
+        # its own against this answer
+        if (
+            said.verdict != settle.UNRESOLVED
+            or earlier is None
+            or (earlier.verdict == settle.UNRESOLVED and said.passes > 0)
+        ):
+            self.report.plain = said
+        return said
+
+    def plain_out_of_budget(self, began: float, passes: int) -> bool:
+        """Whether the budget or the plain budget is spent, said where it is."""
+        now = self.elapsed
+        # one plain budget for every answer plain is measured against: a tie that moves the
+        # answer gets what the first answer left of it, not a budget of its own
+        over = now - self.started >= self.limits.budget_s
+        if not over and not self.plain_spent + now - began >= self.limits.plain_budget_s:
+            return False
+        kept = self.report.plain
+        stands = (
+            f"the verdict against N={kept.against} stands"
+            if kept is not None and kept.verdict != settle.UNRESOLVED
+            else "the model's verdict stands"
+        )
+        self.say(
+            f"{'budget' if over else 'plain budget'} spent with plain against N={self.answer} "
+            f"unresolved after {passes} pass(es): {stands}"
+        )
+        return True
