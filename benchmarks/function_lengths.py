@@ -5,6 +5,7 @@ decorators not); a nested function counts in its own row and in its parent's. It
 does not judge: the exit status is 0 whatever it finds.
 
     .venv/bin/python benchmarks/function_lengths.py [--limit 80] [--top 20] [--root tuner]
+        [--no-record]
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import ast
 from pathlib import Path
+
+from record import Table, record_arguments, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,13 +46,36 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=80, help="count functions longer than this")
     parser.add_argument("--top", type=int, default=20, help="how many of the longest to print")
     parser.add_argument("--root", default=str(REPO / "tuner"), help="the package to walk")
+    record_arguments(parser)
     args = parser.parse_args()
     rows = function_lengths(Path(args.root).resolve())
     for length, where, name in rows[: args.top]:
         print(f"{length:5d}  {where}  {name}")
-    over = sum(1 for length, _, _ in rows if length > args.limit)
-    print(f"{over} of {len(rows)} functions are longer than {args.limit} lines")
+    summary, tables = figures(rows, args.limit, args.top)
+    print(
+        f"{summary['over_limit']} of {summary['functions']} functions are longer than "
+        f"{args.limit} lines"
+    )
+    save_run(__file__, args, summary, tables)
     return 0
+
+
+def figures(
+    rows: list[tuple[int, str, str]], limit: int, top: int
+) -> tuple[dict[str, int], list[Table]]:
+    """The run's headline figures and its table of the longest functions."""
+    summary = {
+        "functions": len(rows),
+        "over_limit": sum(1 for length, _, _ in rows if length > limit),
+        "limit": limit,
+        "longest": rows[0][0] if rows else 0,
+    }
+    table = Table(
+        f"the {top} longest functions",
+        ["lines", "where", "function"],
+        [list(r) for r in rows[:top]],
+    )
+    return summary, [table]
 
 
 if __name__ == "__main__":

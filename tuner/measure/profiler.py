@@ -30,6 +30,7 @@ from tuner.measure.fingerprint import probe_host
 from tuner.measure.foreign import foreign_summary
 from tuner.measure.interference import RoundLoad, busy_summary
 from tuner.measure.load import (
+    LevelFigures,
     Workload,
     accept_by_stream,
     drafts_in_flight,
@@ -259,27 +260,7 @@ class Profiler:
                 policy, concurrency, stall,
                 f"it stalled {STALL_TRIES} times in a row, so this one is kept as measured",
             )  # fmt: skip
-        if isinstance(policy, Policy) and policy.drafting and policy.drafts_at(concurrency):
-            # each request's tokens a step: a function of its seed alone, so tune can scale
-            # the round to the workload's mean acceptance (tune.live_gains)
-            extra["accept_by_stream"] = accept_by_stream(measured.samples, concurrency)
-        if measured.max_slots is not None:
-            extra["max_slots_set"] = measured.max_slots
-        warning = self._drafted_off(policy, concurrency, figures.window_drafted)
-        if warning is not None:
-            extra["drafted_off"] = True  # the count is the round's window_drafted
-            self.observer(ProgressEvent("message", text=warning))
-        if never_together(measured.samples, concurrency):
-            extra["apart"] = True
-            self.observer(
-                ProgressEvent(
-                    "message",
-                    text=f"warning: {self.level_name(policy)} at {concurrency} streams: the "
-                    "streams never all generated at once (one started after another had "
-                    "finished), so the round's figure is the sum of the streams' own rates; "
-                    "live comparisons leave it out",
-                )
-            )
+        extra.update(self._round_marks(policy, concurrency, measured, figures))
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
@@ -303,6 +284,36 @@ class Profiler:
             )
         )
         return level.id
+
+    def _round_marks(
+        self, policy: Target, concurrency: int, measured: Measured, figures: LevelFigures
+    ) -> dict[str, Any]:
+        """What a round is stored with beside its figure: its requests' acceptance (drafting),
+        the threshold set, and the marks that keep it out of tune's pairs (drafted_off, apart),
+        each said as a warning."""
+        extra: dict[str, Any] = {}
+        if isinstance(policy, Policy) and policy.drafting and policy.drafts_at(concurrency):
+            # each request's tokens a step: a function of its seed alone, so tune can scale
+            # the round to the workload's mean acceptance (tune.live_gains)
+            extra["accept_by_stream"] = accept_by_stream(measured.samples, concurrency)
+        if measured.max_slots is not None:
+            extra["max_slots_set"] = measured.max_slots
+        warning = self._drafted_off(policy, concurrency, figures.window_drafted)
+        if warning is not None:
+            extra["drafted_off"] = True  # the count is the round's window_drafted
+            self.observer(ProgressEvent("message", text=warning))
+        if never_together(measured.samples, concurrency):
+            extra["apart"] = True
+            self.observer(
+                ProgressEvent(
+                    "message",
+                    text=f"warning: {self.level_name(policy)} at {concurrency} streams: the "
+                    "streams never all generated at once (one started after another had "
+                    "finished), so the round's figure is the sum of the streams' own rates; "
+                    "live comparisons leave it out",
+                )
+            )
+        return extra
 
     def _stall(
         self, step: Step, paused: tuple[float, float] | None, rate: float | None
