@@ -26,6 +26,7 @@ class ReasonCode(StrEnum):
     PLAIN_EVERYWHERE = "plain-everywhere"  # plain ahead even at 1 stream
     PLAIN_AHEAD = "plain-ahead"  # plain shown ahead of the chosen N: drafting does not pay
     PLAIN_UNRESOLVED = "plain-unresolved"  # plain predicted ahead, not shown: draft at all?
+    PLAIN_UNMEASURED = "plain-unmeasured"  # no plain server measured: only the threshold settled
     SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
     CROSSOVER = "crossover"  # spec up to N, plain above
     NOISY_GAINS = "noisy-gains"  # measured gains change sign more than once

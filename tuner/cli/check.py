@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from tuner.cli.options import ApiKeyOption, err, out, reports_errors
+from tuner.cli.options import ApiKeyOption, err, out, reports_errors, settings
 from tuner.errors import ConfigError, InterruptedRun
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def check(
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")
     try:
-        report = check_server(url, api_key, observer=_progress)
+        report = check_server(url, api_key, observer=_progress, state_dir=settings().state_dir)
     except KeyboardInterrupt:
         raise InterruptedRun("tuner check interrupted") from None
     render(report)

@@ -125,6 +125,7 @@ def _attach(
             api_key=api_key,
             host_name=this_host(),
             overrides=None if spec_path else parsed_overrides(extra),
+            state_dir=settings().state_dir,
         )
     return store, run_id
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # types only: every `tuner` command imports this module befor
     from tuner.decide.advice import PredictReport
     from tuner.decide.openloop import OpenLoopReport
     from tuner.decide.regret import ValidationReport
+    from tuner.decide.running import RunningReport
     from tuner.decide.settle import Standing
     from tuner.decide.tune import TuneReport
     from tuner.decide.watch import WatchSummary
@@ -348,3 +349,58 @@ def open_loop(report: OpenLoopReport) -> None:
                 f"{f.mean_generating:.2f}",
             )
         out.print(table)
+
+
+def running(report: RunningReport) -> None:
+    """`tune --url`: what the server is, what the tune found (its comparisons, as `tune`
+    shows them), and how to apply the answer; with one slot, plain against drafting."""
+    server = report.server
+    out.print(
+        f"{server.url}: {server.model}, {server.slots} slot(s), n_max {server.n_max}"
+        + (f"; waited {report.waited_s:.0f} s for others' requests" if report.waited_s > 1 else ""),
+        highlight=False,
+        markup=False,
+    )
+    for note in report.notes:
+        out.print(note, highlight=False, markup=False)
+    if report.one_slot is not None:
+        out.print(report.one_slot.text(), highlight=False, markup=False)
+    if report.tune is None:
+        return
+    tuning(report.tune)
+    standing = report.tune.standing
+    if standing is None:
+        return
+    line = standing.env_line.replace("\n", " ")
+    out.print(
+        f"to apply: set {line} in the server's environment (or --spec-draft-max-slots "
+        f"{standing.max_slots} on its command line) and restart it, or switch it live: "
+        f"`tuner watch --model {server.model} --url {server.url} --env-file FILE --apply live` "
+        "sets it and keeps it current; `tuner recommend --model "
+        f"{server.model}` prints it again",
+        highlight=False,
+        markup=False,
+    )
+
+
+def running_dict(report: RunningReport) -> dict:
+    """`tune --url --format json`."""
+    one = report.one_slot
+    return {
+        "url": report.server.url,
+        "model": report.server.model,
+        "slots": report.server.slots,
+        "n_max": report.server.n_max,
+        "waited_s": report.waited_s,
+        "notes": report.notes,
+        "profile_run": report.profile.run_id if report.profile else None,
+        "tune": report.tune.as_dict() if report.tune else None,
+        "one_slot": None
+        if one is None
+        else {
+            "plain_minus_drafting": one.advantage.estimate,
+            "bounds": list(one.advantage.bounds(0.95)),
+            "verdict": one.verdict,
+            "tolerance": one.tolerance,
+        },
+    }

@@ -24,6 +24,7 @@ from tuner.cli.options import (
     model_host,
     open_store,
     reports_errors,
+    settings,
     terminate_as_interrupt,
 )
 from tuner.cli.progress import LogLines, ProgressDisplay
@@ -104,7 +105,9 @@ def observe(
     seconds = duration_option(duration, "--duration")
     saver = TrafficSaver(open_store(), name)
     with terminate_as_interrupt(), ProgressDisplay() as display:
-        view, profile = run_observe(url, seconds, saver, display, api_key=api_key)
+        view, profile = run_observe(
+            url, seconds, saver, display, api_key=api_key, state_dir=settings().state_dir
+        )
     render.traffic(saver.name or "", view, profile)
 
 
@@ -167,5 +170,6 @@ def watch(
             name=name,
             api_key=api_key,
             duration_s=duration_option(duration, "--duration") if duration else None,
+            state_dir=settings().state_dir,
         )
     render.watch_summary(summary)

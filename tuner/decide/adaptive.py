@@ -104,6 +104,7 @@ def profile_adaptively(
     seed: int = 0,
     switch: str = "auto",
     backend: Backend | None = None,
+    plain: bool = True,
 ) -> AdaptiveProfile:
     """`tuner profile`: the base levels, then the levels the decision needs, within budget_s
     (on the backend's clock where one is given: the twin's virtual seconds)."""
@@ -122,6 +123,7 @@ def profile_adaptively(
         skip_preflight=skip_preflight,
         switch=switch,
         backend=backend,
+        plain=plain,
     )
     base_s = clock() - started
     report = AdaptiveProfile(run_id, budget_s, base_s)
@@ -132,7 +134,7 @@ def profile_adaptively(
         report.outcome = "off"
         return report
     per_level = base_s / max(1, len(spec.levels))
-    policies = profile_policies(spec)
+    policies = profile_policies(spec, plain)
     tried: set[int] = set(spec.levels)
     while True:
         now = decision(store, spec.model_name, host_name, seed)

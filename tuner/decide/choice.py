@@ -306,6 +306,10 @@ class PlainVerdict:
     # where the policy drafts and spec is behind plain there: (c, point, low, high) per level,
     # empty unless spec is shown behind at every such level
     behind: tuple[tuple[int, float, float, float], ...] = ()
+    measured: bool = True  # False: no plain server was measured (CostModel.plain_measured)
+    # not measured: what is known instead, always draft against the drafting server not
+    # drafting (the off arm) per level above one: (c, point, low, high) as shares
+    off_gain: tuple[tuple[int, float, float, float], ...] = ()
 
     @property
     def plain_ahead(self) -> bool:
@@ -313,7 +317,10 @@ class PlainVerdict:
 
     def reason(self, objective: float, unit: str = "tok/s") -> Reason | None:
         """Plain shown ahead (drafting does not pay) or predicted ahead but not shown
-        (unresolved); None where drafting is predicted ahead."""
+        (unresolved); None where drafting is predicted ahead; where plain was not measured,
+        that only the threshold was settled, and what is known."""
+        if not self.measured:
+            return self._unmeasured()
         figures = ""
         if self.advantage is not None:
             point, low, high = self.advantage
@@ -350,6 +357,28 @@ class PlainVerdict:
             "(`--set workload.min_repeats=4`) measures plain and drafting launches again",
         )
 
+    def _unmeasured(self) -> Reason:
+        known = ", ".join(
+            f"{_streams(c)}: {_pct(p)} [{_pct(lo)}, {_pct(hi)}]" for c, p, lo, hi in self.off_gain
+        )
+        return Reason(
+            ReasonCode.PLAIN_UNMEASURED,
+            "only the threshold was settled: whether to draft at all needs plain (the same "
+            "model without a draft model) measured beside it, and it was not (tune --url "
+            "--plain-url URL2 measures a second server started without --model-draft)"
+            + (
+                f"; what is known: always draft against the drafting server not drafting, {known}"
+                if known
+                else ""
+            ),
+        )
+
+
+def _off_gains(model: CostModel, policy: Policy) -> tuple[tuple[int, float, float, float], ...]:
+    """Always draft against the drafting server not drafting, per level above one stream."""
+    gain = model.gain(policy.n_max, against="off")
+    return tuple((c, *gain.at(c)[:3]) for c in range(2, model.n_parallel + 1))
+
 
 def plain_verdict(
     model: CostModel, goal: Objective | np.ndarray, chosen: Evaluation | Policy
@@ -357,6 +386,8 @@ def plain_verdict(
     """The chosen policy against plain in the objective goal (see PlainVerdict)."""
     policy = chosen if isinstance(chosen, Policy) else chosen.policy
     n = policy.max_slots or 0
+    if not model.plain_measured:
+        return PlainVerdict(n, None, (), measured=False, off_gain=_off_gains(model, policy))
     advantage: tuple[float, float, float] | None = None
     if isinstance(goal, Objective) or len(goal):
         try:

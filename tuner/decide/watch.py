@@ -32,6 +32,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
+from tuner.measure.hold import recover_left_hold
 from tuner.measure.observe import FLUSH_S, SAMPLE_INTERVAL_S, Poller
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.recommendation import ENV_MAX_SLOTS, Recommendation
@@ -474,12 +475,16 @@ def watch(
     duration_s: float | None = None,
     interval_s: float = SAMPLE_INTERVAL_S,
     recommender: Recommender | None = None,
+    state_dir: Path | None = None,
 ) -> WatchSummary:
     """Check the options and the env file, attach to the server and watch it; answers come
-    from `recommend --traffic` on model's data for host (or recommender, in tests)."""
+    from `recommend --traffic` on model's data for host (or recommender, in tests). With
+    state_dir, a threshold a tuner that died left switched is given back first."""
     from tuner.decide.advice import recommend
 
     options.check()
+    if state_dir is not None:
+        recover_left_hold(url, api_key, state_dir, observer)
     env = EnvFile(env_path)
     env.check_writable()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from tuner.measure.client import LlamaClient
 from tuner.measure.fingerprint import probe_host, probe_model
+from tuner.measure.hold import recover_left_hold
 from tuner.measure.plan import Attached, Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec, attached_spec
@@ -28,12 +29,16 @@ def attach(
     api_key: str | None = None,
     host_name: str | None = None,
     overrides: list[tuple[str, Any]] | None = None,
+    state_dir: Path | None = None,
 ) -> int:
     """Measure one already-running server as it is configured (it cannot be restarted).
 
     Without a spec, overrides (`--set workload.max_tokens=32`, `--levels`) shape the workload.
-    The API key is only ever sent as a bearer token: it is not part of the stored spec.
+    The API key is only ever sent as a bearer token: it is not part of the stored spec. With
+    state_dir, a threshold a tuner that died left switched is given back first (measure/hold).
     """
+    if state_dir is not None:
+        recover_left_hold(url, api_key, state_dir, observer)
     with LlamaClient(url, api_key) as api:
         props = api.props()
     slots = int(props["total_slots"] or 1)

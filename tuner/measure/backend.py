@@ -54,6 +54,8 @@ from tuner.policy import Policy
 
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
 RELAUNCH, LIVE, ATTACHED = "relaunch", "live", "attached"
+ATTACHED_LIVE = "attached-live"  # a running server the tuner did not start, switched live
+LIVE_WAYS = (LIVE, ATTACHED_LIVE, "twin")  # ways whose drafting policies share one server
 SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
 SIDE_BY_SIDE = ("side-by-side",)  # the one launch group of a side-by-side backend's policies
 # Tokens per stream of the two streamed rounds that check the live switch. The check counts the
@@ -516,17 +518,21 @@ class AttachedBackend:
     def explain(self, where: str, detail: str) -> str:
         return f"the server stopped answering {where}: {detail}"
 
+    def serve(self, policy: Target) -> tuple[str, str | None]:
+        """The URL (and its API key) that measures the policy: the one server, as it is."""
+        return self.url, self.api_key
+
     def prefill(self, policy: Target, depth: int, streams: int, workload: Workload) -> float:
-        return prefill_server(self.url, depth, streams, workload, self.explain, self.api_key)
+        url, key = self.serve(policy)
+        return prefill_server(url, depth, streams, workload, self.explain, key)
 
     def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
         where = f"during {policy.config_name} at concurrency {cell[1]}" + (
             f", depth {cell[0]}" if cell[0] else ""
         )
+        url, key = self.serve(policy)
         return watched(
-            lambda: measure_round(
-                self.url, cell, round_key, workload, self.explain, where, self.api_key
-            ),
+            lambda: measure_round(url, cell, round_key, workload, self.explain, where, key),
             self._watcher(),
             lambda: self._pids or [],
         )
@@ -547,6 +553,60 @@ class AttachedBackend:
 
     def close(self) -> None:
         return None
+
+
+@dataclass
+class RunningBackend(AttachedBackend):
+    """A running patched llama-server the tuner did not start (`tune --url`): every drafting
+    policy on it, the threshold switched live between rounds through `switch` (a ServerHold's,
+    which records the threshold found before the first switch and gives it back on the way
+    out), and checked after each round (`check`: a server that restarted is back at its command
+    line's threshold and must not be measured as another). Plain, which has no draft model,
+    only on a second running server started without one (`plain_url`, `--plain-url`). Both
+    servers are up all along: every policy is in one launch group, so the schedule alternates
+    them round by round at a cell, as the live switch's policies do on a launch of the tuner's.
+    """
+
+    switch: Callable[[int], None] | None = None
+    check: Callable[[int], None] | None = None
+    plain_url: str | None = None
+    plain_api_key: str | None = None
+    way: str = ATTACHED_LIVE
+    _set: int | None = None  # the threshold switched to last
+
+    def launch_key(self, policy: Target) -> Hashable:
+        return ("running",)
+
+    def check_switch(self, policies: list[Policy]) -> str:
+        """`tuner check` judged the switch before the tune began (doctor.check)."""
+        return self.way
+
+    def serve(self, policy: Target) -> tuple[str, str | None]:
+        """Plain on the plain server; a drafting policy on the drafting one, its threshold
+        switched there first where it is not what was set last."""
+        if not isinstance(policy, Policy):
+            return self.url, self.api_key
+        if policy.is_plain:
+            if self.plain_url is None:
+                raise ConfigError(
+                    "plain (no draft model) needs a second server started without a draft "
+                    "model: --plain-url URL"
+                )
+            return self.plain_url, self.plain_api_key
+        wanted = policy.max_slots or 0
+        if self._set != wanted:
+            assert self.switch is not None, "a running server is switched through its hold"
+            self.switch(wanted)
+            self._set = wanted
+        return self.url, self.api_key
+
+    def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
+        measured = super().measure(policy, cell, round_key, workload)
+        if isinstance(policy, Policy) and policy.drafting and self._set is not None:
+            measured.max_slots = self._set
+            if self.check is not None:
+                self.check(self._set)
+        return measured
 
 
 # --- what a round does on any llama-server ---------------------------------------------------

@@ -26,12 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from tuner.errors import ApiKeyError, EndpointMissingError, NotLlamaServerError, ServerError
 from tuner.measure import metrics as drafting
 from tuner.measure.backend import CHECK_TOKENS, check_live_switch
 from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, Metrics
+from tuner.measure.hold import recover_left_hold
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 
 PATCH = "patches/spec-draft-max-slots.patch"
@@ -73,6 +75,8 @@ class CheckReport:
 
     url: str
     findings: list[Finding] = field(default_factory=list)
+    props: dict[str, Any] | None = None  # GET /props as read before anything was tried
+    n_max: int | None = None  # the draft length its /metrics showed (None: not seen)
 
     def add(self, name: str, status: Status, seen: str, fix: str = "") -> None:
         self.findings.append(Finding(name, status, seen, fix))
@@ -91,12 +95,19 @@ class CheckReport:
 
 
 def check(
-    url: str, api_key: str | None = None, observer: Observer = quiet, timeout_s: float = 10.0
+    url: str,
+    api_key: str | None = None,
+    observer: Observer = quiet,
+    timeout_s: float = 10.0,
+    state_dir: Path | None = None,
 ) -> CheckReport:
-    """What the server at url can do for the tuner (see the module docstring)."""
+    """What the server at url can do for the tuner (see the module docstring); with state_dir,
+    a threshold a tuner that died left switched there is given back first (measure/hold)."""
+    if state_dir is not None:
+        recover_left_hold(url, api_key, state_dir, observer)
     report = CheckReport(url.rstrip("/"))
     with LlamaClient(url, api_key, timeout=timeout_s) as api:
-        props = _who_answers(api, report)
+        props = report.props = _who_answers(api, report)
         if props is not None:
             _Checker(api, props, report, observer).run()
     return report
@@ -303,7 +314,7 @@ class _Checker:
             self.report.add("speculative", Status.FAIL, seen, DRAFT_FLAGS)
             return
         types = _types(slots or [])
-        n_max = drafting.draft_length(scrape) if scrape is not None else None
+        n_max = self.report.n_max = drafting.draft_length(scrape) if scrape is not None else None
         if n_max is not None:
             length = f"n_max {n_max}"
         elif scrape is None:

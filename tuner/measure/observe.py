@@ -32,12 +32,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
 
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
 from tuner.measure.client import LlamaClient
+from tuner.measure.hold import recover_left_hold
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.traffic import (
     SOURCE_METRICS,
@@ -395,11 +397,15 @@ def observe(
     interval_s: float = SAMPLE_INTERVAL_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    state_dir: Path | None = None,
 ) -> tuple[ServerView, TrafficProfile]:
     """Poll the server for duration_s (or until Ctrl-C); save(view, profile, final) every
-    FLUSH_S and at the end."""
+    FLUSH_S and at the end. With state_dir, a threshold a tuner that died left switched on the
+    server is given back first (measure/hold)."""
     if duration_s <= 0:
         raise ConfigError("--duration must be above 0")
+    if state_dir is not None:
+        recover_left_hold(url, api_key, state_dir, observer)
     with Poller(
         url, observer, api_key=api_key, interval_s=interval_s, clock=clock, sleep=sleep
     ) as poller:

@@ -30,9 +30,10 @@ class Attached:
 Target = Policy | Attached  # what one level measures
 
 
-def profile_policies(spec: ProfileSpec) -> list[Policy]:
-    """plain and always draft, and the spec's threshold when it names one."""
-    policies = [Policy.plain(), Policy.always()]
+def profile_policies(spec: ProfileSpec, plain: bool = True) -> list[Policy]:
+    """plain (unless not: a running server tuned without a plain server beside it) and always
+    draft, and the spec's threshold when it names one."""
+    policies = [Policy.plain(), Policy.always()] if plain else [Policy.always()]
     if spec.speculative.threshold:
         policies.append(Policy.threshold(spec.speculative.threshold))
     return policies

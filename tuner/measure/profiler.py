@@ -712,13 +712,14 @@ def profile(
     skip_preflight: bool = False,
     switch: str = "auto",
     backend: Backend | None = None,
+    plain: bool = True,
 ) -> int:
     """`tuner profile`: measure plain, spec (and a threshold) at every level; returns the run id.
 
     switch: how drafting policies are switched (auto: live where the server reads the threshold
     back, else relaunch; relaunch; live: fail when the live switch does not work). backend:
     measure on it (the twin's) instead of launching the spec's server: nothing is probed or
-    preflighted."""
+    preflighted; plain false: no plain (a running server tuned without a plain server)."""
     if backend is not None:
         context = Context(spec.model_name, None, None, probe_host(None, host_name))
     else:
@@ -736,7 +737,7 @@ def profile(
                     f"{spec.server.binary} does not list it in --help"
                 )
             switch = "relaunch"
-    policies = profile_policies(spec)
+    policies = profile_policies(spec, plain)
     if not skip_preflight and backend is None:
         preflight(spec, policies, log_dir, observer)
     profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)

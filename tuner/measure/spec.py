@@ -451,3 +451,42 @@ def attached_spec(
         return ProfileSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message(source, exc)) from exc
+
+
+RUNNING_BINARY = "(running)"  # a running server's spec names no binary: the tuner starts none
+
+
+def running_spec(
+    name: str,
+    model_name: str,
+    model_path: Path,
+    slots: int,
+    n_max: int,
+    source: str,
+    overrides: list[tuple[str, Any]] | None = None,
+    slot_context: int | None = None,
+) -> ProfileSpec:
+    """The spec a running patched server is tuned under (`tune --url`): its own slots, context
+    per slot, model and draft length, the default workload at levels 1, 2, 4, ... up to its
+    slots (`--set workload.KEY=VALUE` overrides come last)."""
+    server: dict[str, Any] = {
+        "binary": RUNNING_BINARY,
+        "model": str(model_path),
+        "n_parallel": slots,
+    }
+    if slot_context:
+        server["ctx_size"] = slot_context * slots
+    data: dict[str, Any] = {
+        "name": name,
+        "model_name": model_name,
+        "server": server,
+        "speculative": {"args": [], "n_max": n_max},
+        "kernel": {"enabled": False},
+        "workload": {"concurrency": default_levels(slots)},
+    }
+    for key, value in overrides or []:
+        set_dotted(data, key, value)
+    try:
+        return ProfileSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(source, exc)) from exc

@@ -152,6 +152,9 @@ class CostModel:
     threshold_overhead: float = 0.0
     threshold_rows: int = 0  # how many measured rows set it (0: assumed to equal plain)
     off: Curve | None = None  # T_off(c): the threshold server not drafting, fitted from off rows
+    # False where plain was not measured and the off rows stand in for it (FitData.plain): the
+    # model then compares thresholds and cannot say whether to draft at all
+    plain_measured: bool = True
     # level_tps's curves at levels 1..n_parallel, per regime: a search scores every policy on
     # the same model and its replicates, and the curves are the whole cost of a score
     _at_levels: dict[tuple[str, int], np.ndarray] = field(
@@ -401,6 +404,7 @@ class CostModel:
             "threshold_overhead": self.threshold_overhead,
             "threshold_rows": self.threshold_rows,
             "off": self.off.to_dict() if self.off is not None else None,
+            "plain_measured": self.plain_measured,
         }
 
     @classmethod
@@ -420,4 +424,5 @@ class CostModel:
             threshold_overhead=float(data.get("threshold_overhead", 0.0)),
             threshold_rows=int(data.get("threshold_rows", 0)),
             off=Curve.from_dict(data["off"]) if data.get("off") else None,
+            plain_measured=bool(data.get("plain_measured", True)),
         )

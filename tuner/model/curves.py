@@ -79,6 +79,16 @@ FORMS: dict[str, Form] = {
     ),
 }
 GENERIC_FORMS = ("linear", "power", "knee", "quadratic")
+# A regime measured at one level only (a running server of two slots tuned without plain: its
+# non-drafting rows sit at 2 streams alone) gets the step cost measured there at every level:
+# an assumption the fit says so, used only where nothing else can be fitted.
+FORMS["flat"] = Form(
+    "flat",
+    1,
+    "a: the step cost of the one measured level, assumed at every level",
+    lambda x, _t: np.ones((len(np.atleast_1d(x)), 1)),
+)
+FLAT_FORMS = ("flat",)
 
 
 @dataclass(frozen=True)

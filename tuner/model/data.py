@@ -70,8 +70,18 @@ class FitData:
         )
 
     @property
+    def plain_measured(self) -> bool:
+        """Whether plain (no draft model) was measured: a running server tuned live without a
+        plain server beside it (`tune --url` without `--plain-url`) has no plain rows."""
+        return bool(self.of(lambda p: p.is_plain))
+
+    @property
     def plain(self) -> list[LevelObs]:
-        return self.of(lambda p: p.is_plain)
+        """Plain's levels; where plain was not measured, the drafting server's off rows (the
+        draft loaded, not drafting) stand in: the threshold question compares a drafting
+        server with itself and needs nothing else, and whether to draft at all is then not
+        answered (CostModel.plain_measured)."""
+        return self.of(lambda p: p.is_plain) or self.off
 
     @property
     def always(self) -> list[LevelObs]:

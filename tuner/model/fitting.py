@@ -40,6 +40,7 @@ from tuner.model.acceptance import (
 )
 from tuner.model.costmodel import DEFAULT_INTERVAL, CostModel
 from tuner.model.curves import (
+    FLAT_FORMS,
     GENERIC_FORMS,
     Curve,
     FormChoice,
@@ -249,11 +250,10 @@ def fit(
     replicates beyond a bootstrap of the data; both off is the plain bootstrap of costmodel-2,
     kept for side-by-side benchmarks.
 
-    Raises ValueError when plain or spec has fewer than two concurrency levels.
+    Raises ValueError when plain or spec has fewer than two concurrency levels (plain's stand-in,
+    the off arm, one: FitData.plain).
     """
-    for name, levels in (("plain", data.plain), ("spec", data.always)):
-        if len({lv.concurrency for lv in levels}) < 2:
-            raise ValueError(f"a fit needs {name} measurements at two or more concurrency levels")
+    _check_levels(data)
     x_max = float(data.n_parallel)
     acceptance = estimate_acceptance(data, data.always)
     verify, kernel_report = _kernel_curves(data, x_max)
@@ -271,6 +271,7 @@ def fit(
         threshold_overhead=overhead,
         threshold_rows=rows,
         off=f.curves.get("off"),
+        plain_measured=data.plain_measured,
     )
     averaging = {
         key: form_weights(choice, len(f.points[key][0]))
@@ -313,6 +314,21 @@ def fit(
     if f.unfitted_off:
         quality.threshold_regime["unfitted_levels"] = f.unfitted_off
     return FitResult(model, quality)
+
+
+def _check_levels(data: FitData) -> None:
+    """Spec at two levels or more; plain too, or its stand-in where plain was not measured (the
+    off arm) at one or more, a flat step cost then (FLAT_FORMS)."""
+    if len({lv.concurrency for lv in data.always}) < 2:
+        raise ValueError("a fit needs spec measurements at two or more concurrency levels")
+    plain_levels = len({lv.concurrency for lv in data.plain})
+    if data.plain_measured and plain_levels < 2:
+        raise ValueError("a fit needs plain measurements at two or more concurrency levels")
+    if plain_levels < 1:
+        raise ValueError(
+            "a fit needs plain measurements, or the drafting server not drafting (the off arm: "
+            "a threshold below the level), at one concurrency level or more"
+        )
 
 
 @dataclass
@@ -359,10 +375,11 @@ def _fit_curves(
     choices: dict[str, FormChoice] = {}
     unfitted_off: list[int] = []
     for key in list(fitted):
+        forms_here = spec_forms if key == "spec" else decode_forms
+        if len(set(points[key][0].tolist())) == 1:
+            forms_here = list(FLAT_FORMS)  # one level: no shape can be told (FLAT_FORMS)
         try:
-            choice = select_form(
-                *points[key], x_max, spec_forms if key == "spec" else decode_forms, bases[key]
-            )
+            choice = select_form(*points[key], x_max, forms_here, bases[key])
         except ValueError:
             if key != "off":
                 raise

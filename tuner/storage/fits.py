@@ -24,7 +24,8 @@ from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
 from tuner.storage.store import Store
 
 PROFILE_HINT = (
-    "run `tuner profile SPEC.toml` (or `tuner dev import FILE.toml` for a table measured elsewhere)"
+    "run `tuner tune --url URL` on a running server, or `tuner profile SPEC.toml` (or `tuner dev "
+    "import FILE.toml` for a table measured elsewhere)"
 )
 
 
@@ -86,9 +87,14 @@ class Selection:
 
 
 def _complete(run: Run) -> bool:
-    """Whether a run has completed plain and always-draft levels, the two a fit needs."""
-    policies = [lv.policy for lv in run.levels if lv.status == "completed" and lv.policy]
-    return any(p.is_plain for p in policies) and any(p.is_always for p in policies)
+    """Whether a run has completed always-draft levels and a non-drafting regime, the two a
+    fit needs: plain, or (a running server tuned without a plain server) the off arm, the
+    drafting server at a threshold that does not draft at the level."""
+    levels = [
+        (lv.policy, lv.concurrency) for lv in run.levels if lv.status == "completed" and lv.policy
+    ]
+    plain_or_off = any(p.is_plain or (p.is_threshold and not p.drafts_at(c)) for p, c in levels)
+    return plain_or_off and any(p.is_always for p, _ in levels)
 
 
 def _host_label(run: Run) -> str | None:

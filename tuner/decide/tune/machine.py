@@ -17,6 +17,7 @@ from tuner.decide.tune.describe import moved_text, sweep_text
 from tuner.decide.tune.gains import live_gains, plain_gains
 from tuner.decide.tune.outcome import PlainLive, TuneReport
 from tuner.decide.tune.sweeps import SWEEP_PAIRS, model_objective, sweep_arms
+from tuner.measure.backend import LIVE_WAYS
 from tuner.measure.plan import Observer, ProgressEvent
 from tuner.measure.profiler import Profiler
 from tuner.model.costmodel import CostModel
@@ -192,7 +193,7 @@ class Tuning:
     def sweep(self, standing: settle.Standing) -> None:
         """One sweep: on and off side by side at the levels unresolved comparisons rest on."""
         profiler = self.profiler
-        live = profiler.way == "live" or profiler.way == "twin"
+        live = profiler.way in LIVE_WAYS
         arms = sweep_arms(standing.measure_next, profiler.depth, self.n_max, live)
         levels = ", ".join(str(c) for c in sorted(standing.measure_next))
         self.say(
