@@ -99,7 +99,10 @@ def test_validate_measures_the_neighbours_and_the_threshold_applies(
         tuner_cmd("recommend", "--model", MODEL), env=env, capture_output=True, text=True
     )
     assert answer.returncode == 0, answer.stderr[-3000:]
-    match = re.fullmatch(r"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", answer.stdout)
+    # (an answer the model cannot settle carries a comment line before it saying so)
+    match = re.fullmatch(
+        r"(# unresolved: [^\n]*\n)?LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=(\d+)\n", answer.stdout
+    )
     assert match, f"stdout must be exactly one env line, got {answer.stdout!r}"
     assert "streams" in answer.stderr  # the explanation table
     report = tuner_json(
@@ -113,7 +116,7 @@ def test_validate_measures_the_neighbours_and_the_threshold_applies(
         "workload.max_tokens=32",
     )
     n = report["recommended"]
-    assert n == int(match.group(1))
+    assert n == int(match.group(2))
     expected = {"plain", "N=0"} | {f"N={k}" for k in (n - 1, n, n + 1) if 1 <= k <= 8}
     assert {n, n + 1} & set(range(1, 9)) <= set(report["levels"])  # where neighbours differ
     assert report["regret_pct"] is not None and report["regret_pct"] >= 0
@@ -265,7 +268,8 @@ def test_tune_settles_live_at_draft_lengths_and_its_answer_stands(tmp_path: Path
         check=True,
         capture_output=True,
         text=True,
-    ).stdout.split()
+    ).stdout.splitlines()
+    line = [x for x in line if not x.startswith("# ")]  # an unresolved answer's comment line
     assert line == [
         f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={n}",
         f"LLAMA_ARG_SPEC_DRAFT_N_MAX={n_max}",

@@ -20,6 +20,9 @@ class ObjectiveKind(StrEnum):
     CAPACITY = "capacity"
 
 
+SETTLED, UNRESOLVED, MODEL = "settled", "unresolved", "model"  # Recommendation.status
+
+
 class ReasonCode(StrEnum):
     """What a reason says, for programs and tests (the text is for people)."""
 
@@ -27,6 +30,7 @@ class ReasonCode(StrEnum):
     PLAIN_AHEAD = "plain-ahead"  # plain shown ahead of the chosen N: drafting does not pay
     PLAIN_UNRESOLVED = "plain-unresolved"  # plain predicted ahead, not shown: draft at all?
     PLAIN_UNMEASURED = "plain-unmeasured"  # no plain server measured: only the threshold settled
+    DISTURBED = "disturbed"  # data measured while others competed for the machine or server
     SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
     CROSSOVER = "crossover"  # spec up to N, plain above
     NOISY_GAINS = "noisy-gains"  # measured gains change sign more than once
@@ -133,6 +137,39 @@ class Recommendation:
         return self.policy.max_slots
 
     @property
+    def status(self) -> str:
+        """settled: live comparisons put every contender behind or within the tolerance, on
+        undisturbed data; unresolved: they did not, or the data rest on rounds others disturbed
+        (a busy machine, others' requests), or the model names levels it cannot decide; model:
+        the cost model's answer, not settled live (`tuner tune` settles it)."""
+        codes = {r.code for r in self.reasons}
+        if ReasonCode.DISTURBED in codes:
+            return UNRESOLVED
+        if self.source == "live":
+            return SETTLED if ReasonCode.SETTLED in codes else UNRESOLVED
+        return UNRESOLVED if self.measure_next else MODEL
+
+    def unresolved_text(self) -> str | None:
+        """Why the answer is not settled and what to measure, in one line; None where it is."""
+        if self.status != UNRESOLVED:
+            return None
+        why = next(
+            (r.text for r in self.reasons if r.code in (ReasonCode.DISTURBED,)),
+            "the comparisons did not settle it"
+            if self.source == "live"
+            else "the model cannot decide it from the levels measured",
+        )
+        where = (
+            f"; measure next at {', '.join(map(str, self.measure_next))} streams"
+            if self.measure_next
+            else ""
+        )
+        return (
+            f"unresolved: N={self.max_slots} is the best estimate so far, not a settled answer "
+            f"({why}){where}: `tuner tune --model {self.model}` measures it"
+        )
+
+    @property
     def n_max(self) -> int | None:
         return self.policy.n_max
 
@@ -151,7 +188,9 @@ class Recommendation:
         fmt = OutputFormat(fmt)  # a plain string names a format too; anything else is refused
         env = self.env()
         if fmt is OutputFormat.ENV:
-            return self.env_line
+            # an env file takes comment lines: an unresolved answer never reads as a settled one
+            said = self.unresolved_text()
+            return f"# {said}\n{self.env_line}" if said else self.env_line
         if fmt is OutputFormat.SHELL:
             return "export " + " ".join(f"{k}={v}" for k, v in env.items())
         if fmt is OutputFormat.SYSTEMD:
@@ -169,6 +208,8 @@ class Recommendation:
         head = f"N={self.max_slots}" + (f", n_max={self.n_max}" if self.tune_n_max else "")
         if not self.drafting_pays:
             head = f"plain (no draft model); {head} if the draft stays"
+        if self.status == UNRESOLVED:
+            head += " (unresolved: the best estimate so far)"
         lines = [
             f"recommendation {self.id}: {head} for {self.model}"
             f" (fit {self.fit_id}, study {self.study_name}, {self.trials} trials)"
@@ -215,6 +256,7 @@ class Recommendation:
             "tie": self.tie,
             "drafting_pays": self.drafting_pays,
             "plain_advantage": list(self.plain_advantage) if self.plain_advantage else None,
+            "status": self.status,
         }
 
     @classmethod

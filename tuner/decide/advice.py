@@ -313,7 +313,7 @@ def _recommendation(
         study_name=name,
         sampler=result.sampler,
         trials=result.trials,
-        reasons=choice.reasons,
+        reasons=[*disturbed_reason(stored), *choice.reasons],
         measure_next=choice.measure_next,
         table=table,
         alternatives=choice.alternatives,
@@ -322,6 +322,23 @@ def _recommendation(
         plain_advantage=choice.plain.advantage,
         drafting_pays=not choice.plain.plain_ahead,
     )
+
+
+def disturbed_reason(fit: StoredFit) -> list[Reason]:
+    """The reason an answer is not settled where the fit's data rest on rounds others disturbed
+    (kept as measured after their tries: the machine or the server was never free): the
+    levels, and what to do."""
+    levels = fit.inputs.get("disturbed") or []
+    if not levels:
+        return []
+    return [
+        Reason(
+            ReasonCode.DISTURBED,
+            f"{len(levels)} level(s) rest on rounds measured while other programs competed for "
+            f"the machine or others' requests shared the server ({', '.join(levels)}; the "
+            "runs' warnings name them): measure again when the machine and server are quiet",
+        )
+    ]
 
 
 def arrival_objective(

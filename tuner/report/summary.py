@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.decide.regret import ValidationReport
 from tuner.model.quality import FitQuality
+from tuner.recommendation import UNRESOLVED, Recommendation
 from tuner.report.dimensions import Dimensions, open_loop_lines
 from tuner.report.figure import PNG_NAME, SVG_NAME
 from tuner.report.series import ReportData
@@ -153,6 +154,13 @@ def _quality_lines(quality: FitQuality, data: ReportData) -> list[str]:
     return markdown(fit_quality_table(quality, data.crossover))
 
 
+def _recommendation_title(rec: Recommendation) -> str:
+    """The section's title: the answer, and never as settled where it is not."""
+    if rec.status == UNRESOLVED:
+        return f"Recommendation: unresolved (N={rec.max_slots} is the best estimate so far)"
+    return f"Recommendation: N={rec.max_slots}"
+
+
 def _recommendation_lines(data: ReportData) -> list[str]:
     rec = data.recommendation
     origin = (
@@ -160,7 +168,7 @@ def _recommendation_lines(data: ReportData) -> list[str]:
         if rec.made_now
         else f"stored recommendation {rec.id}, from fit {rec.fit_id}"
     )
-    lines = ["```", rec.env_line, "```", "", f"- {origin}"]
+    lines = ["```", rec.render("env"), "```", "", f"- {origin}"]
     lines.append(
         f"- {rec.policy.label}: {rec.policy.describe(data.n_parallel)}, "
         f"n_max {rec.n_max or data.n_max}"
@@ -261,7 +269,7 @@ def render_summary(
         ("Model", _model_lines(facts)),
         (f"Data used (fit {data.fit_id})", _data_lines(facts, inputs)),
         ("Fit quality", _quality_lines(quality, data)),
-        (f"Recommendation: N={data.recommendation.max_slots}", _recommendation_lines(data)),
+        (_recommendation_title(data.recommendation), _recommendation_lines(data)),
         ("Validation", _validation_lines(validation, data.model, validation_problem)),
         ("Open loop", open_loop_lines(dims or Dimensions())),
     ]

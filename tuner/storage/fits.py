@@ -65,6 +65,9 @@ class Selection:
     workload: str | None = None  # what the requests were: the synthetic prompt or a prompt file
     context_tokens: int = 0  # the context depth of the levels fitted
     depths: list[int] = field(default_factory=lambda: [0])  # every depth the runs measured
+    # levels whose figure rests on rounds others disturbed (busy machine, others' requests):
+    # "config@c" each; the answer made from them says it is not settled
+    disturbed: list[str] = field(default_factory=list)
 
     def inputs(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class Selection:
             "workload": self.workload,
             "context_tokens": self.context_tokens,
             "depths": self.depths,
+            "disturbed": self.disturbed,
         }
 
 
@@ -130,9 +134,25 @@ def _resolve_host(
     return chosen, note
 
 
-def _repeats(level: Level) -> tuple[Repeat, ...]:
+def disturbed(r: dict[str, Any]) -> bool:
+    """A round that others disturbed and that was kept as measured after its tries (the
+    profiler marks it: `busy`, other programs competed for the machine; `foreign`, others'
+    requests shared the server)."""
+    return bool(r.get("busy") or r.get("foreign"))
+
+
+def _repeats(level: Level) -> tuple[tuple[Repeat, ...], int]:
+    """A level's counted repeats as a fit reads them, and how many of those are disturbed: a
+    disturbed round is left out where the level has an undisturbed one, else the level rests
+    on disturbed rounds alone (counted, and said in the answer's reasons)."""
+    stored = (level.metrics or {}).get("repeats", [])
+    clean = [r for r in stored if not disturbed(r)]
+    return _as_repeats(level, clean or stored), 0 if clean else len(stored)
+
+
+def _as_repeats(level: Level, stored: list[dict[str, Any]]) -> tuple[Repeat, ...]:
     out = []
-    for r in (level.metrics or {}).get("repeats", []):
+    for r in stored:
         tps = r.get("tokens_per_second")
         if not tps:
             continue
@@ -203,7 +223,7 @@ def select_data(
                 f"(measured: {', '.join(map(str, depths))}); profile it there with "
                 f"--set 'workload.context_tokens=[{depth}]'"
             )
-        levels, level_ids, digest_rows, measured = _levels(group, depth, basis.n_max)
+        levels, level_ids, digest_rows, measured, spoilt = _levels(group, depth, basis.n_max)
         run_ids = [run.id for run in group]
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
@@ -241,6 +261,7 @@ def select_data(
             workload=workload_of(spec),
             context_tokens=depth,
             depths=depths,
+            disturbed=spoilt,
         )
     data = FitData(
         n_parallel=n_parallel,
@@ -296,13 +317,15 @@ def _group(runs: list[Run], every_run: list[Run], chosen_host: str) -> tuple[Run
 
 def _levels(
     group: list[Run], depth: int, n_max: int | None
-) -> tuple[list[LevelObs], list[int], list[Any], dict[str, set[int]]]:
+) -> tuple[list[LevelObs], list[int], list[Any], dict[str, set[int]], list[str]]:
     """The completed levels of the group at the depth (drafting ones at the basis's n_max):
-    as observations, their ids, the rows the data's hash is of, the levels per config."""
+    as observations, their ids, the rows the data's hash is of, the levels per config, and
+    those resting on disturbed rounds alone ("config@c")."""
     levels: list[LevelObs] = []
     level_ids: list[int] = []
     digest_rows: list[Any] = []
     measured: dict[str, set[int]] = {}
+    disturbed_levels: list[str] = []
     for run in group:
         for level in run.levels:
             policy = level.policy
@@ -310,14 +333,17 @@ def _levels(
                 continue
             if policy.drafting and level.n_max not in (None, n_max):
                 continue
-            reps = _repeats(level)
+            reps, spoilt = _repeats(level)
             if not reps:
                 continue
+            if spoilt:
+                disturbed_levels.append(f"{level.config}@{level.concurrency}")
             levels.append(LevelObs(policy, level.concurrency, reps, level.id, run.id))
             level_ids.append(level.id)
-            digest_rows.append([level.id, level.repeats, level.tokens_per_second])
+            row = [level.id, level.repeats, level.tokens_per_second]
+            digest_rows.append([*row, spoilt] if spoilt else row)
             measured.setdefault(level.config, set()).add(level.concurrency)
-    return levels, level_ids, digest_rows, measured
+    return levels, level_ids, digest_rows, measured, disturbed_levels
 
 
 def _build_of(session: Session, basis: Run) -> str | None:

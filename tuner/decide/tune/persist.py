@@ -98,7 +98,7 @@ def store_live(
     )
     if said is not None:
         reasons.insert(0, said)
-    reasons += _comparison_reasons(standing, answer)
+    reasons = [*advice.disturbed_reason(fit), *reasons, *_comparison_reasons(standing, answer)]
     rec = Recommendation(
         id=0,
         model=model_name,
