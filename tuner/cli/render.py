@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
+from tuner.recommendation import ReasonCode
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
@@ -144,7 +145,10 @@ def recommendation(rec: Recommendation, console: Console) -> None:
         title=f"{rec.model}: predicted tok/s, chosen = --spec-draft-max-slots {rec.max_slots}"
         + (f", n_max {rec.n_max}" if rec.tune_n_max else "")
     )
-    for column in ("streams", "measured", "plain", "spec", "chosen", "vs plain", "vs spec"):
+    # plain not measured (tune --url without --plain-url): its column is the drafting server
+    # not drafting, which stands in for it
+    plain = "off" if any(r.code == ReasonCode.PLAIN_UNMEASURED for r in rec.reasons) else "plain"
+    for column in ("streams", "measured", plain, "spec", "chosen", f"vs {plain}", "vs spec"):
         table.add_column(column, justify="right")
     for row in rec.table:
         table.add_row(

@@ -152,7 +152,14 @@ def report_data(
         policy_label += f", n_max {n_rec}"
     policy_label += f" ({policy.describe(model.n_parallel)})"
     curves = [
-        model_series(model, "plain", Policy.plain(), "model: plain (no drafting)"),
+        model_series(
+            model,
+            "plain",
+            Policy.plain(),
+            "model: plain (no drafting)"
+            if model.plain_measured
+            else "model: the drafting server not drafting (plain not measured)",
+        ),
         model_series(
             model,
             "spec",
