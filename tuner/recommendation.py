@@ -160,7 +160,7 @@ class Recommendation:
             else "the model cannot decide it from the levels measured",
         )
         where = (
-            f"; measure next at {', '.join(map(str, self.measure_next))} streams"
+            f"; measure next at {', '.join(map(str, sorted(self.measure_next)))} streams"
             if self.measure_next
             else ""
         )

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
-from tuner.recommendation import ReasonCode
+from tuner.recommendation import UNRESOLVED, ReasonCode
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
@@ -373,8 +373,8 @@ def running(report: RunningReport) -> None:
         return
     tuning(report.tune)
     standing = report.tune.standing
-    if standing is None:
-        return
+    if standing is None or standing.status == UNRESOLVED:
+        return  # the standing line said why it is not settled, and what to measure
     line = standing.env_line.replace("\n", " ")
     out.print(
         f"to apply: set {line} in the server's environment (or --spec-draft-max-slots "

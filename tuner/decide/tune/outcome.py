@@ -68,6 +68,9 @@ class TuneReport:
         if self.standing is None:
             return ""
         line = " ".join(f"{k}={v}" for k, v in self.standing.env().items())
+        unresolved = self.standing.unresolved_text()
+        if unresolved is not None:
+            return f"{line}: {unresolved}"
         if self.changed:
             return (
                 f"{line} now stands: the live comparisons changed the recommendation from "
@@ -105,6 +108,7 @@ class TuneReport:
             # else the model on plain's launches against the answer
             "plain_live": self.plain.as_dict() if self.plain else None,
             "drafting_pays": self.standing.drafting_pays if self.standing else None,
+            "answer_status": self.standing.status if self.standing else None,
             "plain_advantage": (
                 list(self.standing.plain_advantage)
                 if self.standing and self.standing.plain_advantage
