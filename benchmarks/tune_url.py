@@ -35,6 +35,7 @@ from tunerproc import run_tuner, twin_server_script
 
 from tuner.measure.client import LlamaClient
 from tuner.measure.launcher import free_port
+from tuner.measure.spec import default_levels
 from tuner.policy import Policy
 from tuner.twin.truth import closed_truth
 from tuner.twin.world import load_world
@@ -72,12 +73,15 @@ def main() -> None:
 
 
 def truth_best(world_path: Path) -> dict[str, Any]:
-    """The world's noise-free values per N under uniform weights, and the best N."""
+    """The world's noise-free values per N and the best N, with the weights both methods use:
+    the same at every level they measure (1, 2, 4, ... up to -np; default_levels)."""
     world = load_world(world_path)
     truth = closed_truth(world)
-    choice = truth.best()
+    weights = {c: 1.0 for c in default_levels(world.n_parallel)}
+    choice = truth.best(weights)
     values = {
-        n: truth.objective(Policy.of_max_slots(n, world.n_max)) for n in range(world.n_parallel + 1)
+        n: truth.objective(Policy.of_max_slots(n, world.n_max), weights)
+        for n in range(world.n_parallel + 1)
     }
     return {"best": choice.best.effective(world.n_parallel), "values": values}
 
