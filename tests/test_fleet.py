@@ -2,7 +2,7 @@
 
 Two hosts are simulated as two processes with their own TUNER_HOST_NAME. What must hold: the
 schema is migrated once however many start together, no row is lost or written twice, results
-are keyed by host (`tuner hosts`, `tuner recommend --host`, resume), and concurrent
+are keyed by host (`tuner dev hosts`, `tuner recommend --host`, resume), and concurrent
 recommendations share one fit and one Optuna study.
 """
 

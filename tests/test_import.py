@@ -1,4 +1,4 @@
-"""`tuner import`: the TOML table format, its validation, and the run it becomes."""
+"""`tuner dev import`: the TOML table format, its validation, and the run it becomes."""
 
 from __future__ import annotations
 

@@ -187,14 +187,16 @@ class Recommendation:
         """The recommendation in one output format."""
         fmt = OutputFormat(fmt)  # a plain string names a format too; anything else is refused
         env = self.env()
+        # env files, shells and units take comment lines: an unresolved answer never reads as
+        # a settled one (args, for a command line, and json, which has `status`, do not)
+        said = self.unresolved_text()
+        comment = f"# {said}\n" if said else ""
         if fmt is OutputFormat.ENV:
-            # an env file takes comment lines: an unresolved answer never reads as a settled one
-            said = self.unresolved_text()
-            return f"# {said}\n{self.env_line}" if said else self.env_line
+            return comment + self.env_line
         if fmt is OutputFormat.SHELL:
-            return "export " + " ".join(f"{k}={v}" for k, v in env.items())
+            return comment + "export " + " ".join(f"{k}={v}" for k, v in env.items())
         if fmt is OutputFormat.SYSTEMD:
-            return "Environment=" + " ".join(f"{k}={v}" for k, v in env.items())
+            return comment + "Environment=" + " ".join(f"{k}={v}" for k, v in env.items())
         if fmt is OutputFormat.ARGS:
             args = f"--spec-draft-max-slots {self.max_slots}"
             if self.tune_n_max:

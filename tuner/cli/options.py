@@ -296,7 +296,7 @@ ContextOption = Annotated[
         "--context",
         min=0,
         help="context depth (tokens per stream) whose measurements to use; default the "
-        "shallowest measured (`tuner fit` lists the depths)",
+        "shallowest measured (`tuner dev fit` lists the depths)",
     ),
 ]
 OverridesOption = Annotated[

@@ -74,10 +74,11 @@ def recommend(
     fit_id: FitOption = None,
     seed: SeedOption = 0,
 ) -> None:
-    """Recommend --spec-draft-max-slots N: one line on stdout, e.g. for `>> server.env`.
+    """Recommend --spec-draft-max-slots N: its line on stdout, e.g. for `>> server.env`; an
+    answer that is not settled has a `# unresolved: ...` comment line before it.
 
-    `eval "export $(tuner recommend --model M)"` sets it in a shell. The table and the reasons go
-    to stderr (with --explain, to stdout after the line).
+    `eval "$(tuner recommend --model M --format shell)"` sets it in a shell. The table and the
+    reasons go to stderr (with --explain, to stdout after the line).
 
     Objectives: tps (served tok/s, weighted by the workload or --traffic), tpot (mean time per
     output token under random arrivals at the traffic's rate: each N at the occupancy it causes),

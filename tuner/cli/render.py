@@ -78,7 +78,7 @@ def fit(
     by_depth: Mapping[int, Crossover] | None = None,
     by_prompt_set: Mapping[str, float] | None = None,
 ) -> None:
-    """`tuner fit`: where the data came from, then the fit quality table, then (with several
+    """`tuner dev fit`: where the data came from, then the fit quality table, then (with several
     depths measured) the crossover at each depth."""
     inputs = stored.inputs
     reused = " (reused: same data)" if stored.reused else ""

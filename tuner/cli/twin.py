@@ -248,7 +248,7 @@ def _render_truth(report: TruthReport) -> None:
 def calibrate(
     out_path: Annotated[Path, typer.Option("--out", help="the world file to write (TOML)")],
     table: Annotated[
-        Path | None, typer.Option(help="an imported table (`tuner import`'s TOML format)")
+        Path | None, typer.Option(help="an imported table (`tuner dev import`'s TOML format)")
     ] = None,
     run: Annotated[int | None, typer.Option(help="a stored profile run (`tuner runs`)")] = None,
     name: Annotated[str | None, typer.Option(help="the world's name")] = None,
