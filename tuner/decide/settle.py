@@ -21,9 +21,9 @@ same server could stop at different ends of one tie. Where a larger contender is
 estimate, that question is asked against it, the value the tie is measured from: asked against
 the answer, a smaller value shown equivalent to the answer but not yet to the best fell out of
 the tie unasked, and which values were contenders (N-2..N+2 of the answer of the moment)
-decided the tie (a run of the demo on the bench's 2-core VM: from N=4, N=3 was equivalent
-to N=4, -0.74 [-1.43, -0.05], not yet to the best estimate N=6, -1.07 [-2.56, +0.42], and the
-tie was [4, 5, 6]; runs that reached N=3 first, where N=6 is no contender, kept [3, 4, 5]). A
+decided the tie (from N=4, an N=3 shown equivalent to N=4 but not yet to the best estimate
+N=6 falls out of a tie [4, 5, 6], where a path that reached N=3 first, N=6 no contender there,
+keeps [3, 4, 5]). A
 difference at the tolerance itself would take pairs without end to place: once its bounds are
 within half the tolerance of it without a side, the smaller value is at the edge, named, and
 the better one stands. When
@@ -178,8 +178,8 @@ def assess(
     kept: larger values the answer held before a tie moved it down, kept as contenders: a tie
     is measured from the best estimate among the contenders, and from N=2 moved to N=1 the
     N=4 it left is no N+-2, so each move could take the answer another tolerance down the
-    slope with none of the values it left in view (a run of the demo on the 2-core VM: N=4,
-    N=2, N=1, where N=1 against N=4 was -1.34 [-2.75, +0.06] against a tolerance of 2.39)."""
+    slope with none of the values it left in view (N=4, N=2, N=1, each step within the
+    tolerance of the last, the last not within it of the first)."""
     tol = tolerance * abs(objective)
     comparisons = []
     for m in contenders(answer, n_parallel, kept):
