@@ -40,3 +40,4 @@ fi
 # compile what it imports afresh (about 0.3 s a process; the test suite starts hundreds).
 # Python reads these files whatever that variable says and skips any older than its source.
 .venv/bin/python -m compileall -q tuner > /dev/null
+echo "setup: .venv/bin/tuner is ready (\`. .venv/bin/activate\` puts tuner on PATH)" >&2

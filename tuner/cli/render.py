@@ -355,6 +355,14 @@ def open_loop(report: OpenLoopReport) -> None:
         out.print(table)
 
 
+SAID_AFTER_A_TUNE = (
+    ReasonCode.DISTURBED,
+    ReasonCode.PLAIN_UNMEASURED,
+    ReasonCode.PLAIN_AHEAD,
+    ReasonCode.PLAIN_UNRESOLVED,
+)
+
+
 def running(report: RunningReport) -> None:
     """`tune --url`: what the server is, what the tune found (its comparisons, as `tune`
     shows them), and how to apply the answer; with one slot, plain against drafting."""
@@ -373,6 +381,9 @@ def running(report: RunningReport) -> None:
         return
     tuning(report.tune)
     standing = report.tune.standing
+    for reason in standing.reasons if standing is not None else []:
+        if reason.code in SAID_AFTER_A_TUNE:  # whether to draft at all, and disturbed data
+            out.print(reason.text, highlight=False, markup=False)
     if standing is None or standing.status == UNRESOLVED:
         return  # the standing line said why it is not settled, and what to measure
     line = standing.env_line.replace("\n", " ")

@@ -76,7 +76,16 @@ def serve(
     plain: Annotated[
         bool, typer.Option("--plain", help="the plain server (no draft model)")
     ] = False,
-    max_slots: Annotated[int, typer.Option(min=0, help="--spec-draft-max-slots (0: no limit)")] = 0,
+    max_slots: Annotated[
+        int,
+        typer.Option(
+            "--spec-draft-max-slots",
+            "--max-slots",
+            min=0,
+            envvar="LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS",
+            help="the threshold it starts with, as llama-server takes it (0: no limit)",
+        ),
+    ] = 0,
     n_max: Annotated[
         int | None, typer.Option(min=1, help="--spec-draft-n-max (default: the world's)")
     ] = None,
