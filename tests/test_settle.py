@@ -301,3 +301,22 @@ def test_paired_rounds_become_level_differences() -> None:
     rounds = {4: {"on": {0: 100.0, 1: 90.0, 2: 95.0}, "off": {0: 98.0, 1: 91.0}}}
     got = settle.gains_from_rounds(rounds)
     assert got[4].diffs == (2.0, -1.0)  # round 2 has no partner
+
+
+def test_the_data_s_best_is_found_however_far_from_the_answer() -> None:
+    """A gain that changes sign twice (ahead at 2, far behind at 4, ahead again at 6, equal
+    weights on the measured levels): the measured gains put N=2 first (N=3 the same, level 3
+    unweighted: the smaller), which no N+-2 of an answer of 6 reaches; tune adds it as a
+    contender, and it is then shown ahead of 6."""
+    gains = {2: diffs(10.0, 2.0, 6), 4: diffs(-28.0, 2.0, 6), 6: diffs(12.0, 2.0, 6)}
+    weights = [0.25, 0.25, 0.0, 0.25, 0.0, 0.25]
+    assert settle.measured_best(gains, weights, 6) == 2
+    assert 2 not in settle.contenders(6, 6)
+    standing = settle.assess(gains, weights, 6, 6, 150.0, kept=[2])
+    assert standing.status == settle.MOVED and standing.answer == 2
+    # a weighted level without pairs yet: the data cannot rank every N
+    some = {2: diffs(10.0, 2.0, 6), 6: diffs(12.0, 2.0, 6)}
+    assert settle.measured_best(some, weights, 6) is None
+    # gains that fall steadily: the crossover (level 3 unweighted: 2, not 3)
+    falling = {2: diffs(5.0, 1.0, 6), 4: diffs(-1.0, 1.0, 6), 6: diffs(-3.0, 1.0, 6)}
+    assert settle.measured_best(falling, weights, 6) == 2

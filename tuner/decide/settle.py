@@ -71,6 +71,27 @@ def contenders(answer: int, n_parallel: int, kept: Sequence[int] = ()) -> list[i
     return out
 
 
+def measured_best(
+    gains: Mapping[int, LevelDiffs], weights: Sequence[float], n_parallel: int
+) -> int | None:
+    """The N the measured gains put first, by their point estimates: V(N) - V(1) is the sum of
+    w_c g(c) over c = 2..N, so where every weighted level above one has paired gains, each N's
+    value is known from the data alone, however far from the answer it lies (a gain that
+    changes sign twice can put the best N where no N-2..N+2 of the model's answer reaches);
+    the smaller N on a tie. None where a weighted level has no gains yet."""
+    total, best, best_value = 0.0, 1, 0.0
+    for c in range(2, n_parallel + 1):
+        w = weights[c - 1] if c - 1 < len(weights) else 0.0
+        if w > 0:
+            diffs = gains.get(c)
+            if diffs is None or diffs.n == 0:
+                return None
+            total += w * diffs.mean
+        if total > best_value:
+            best, best_value = c, total
+    return best
+
+
 def between(n: int, m: int) -> list[int]:
     """The levels where thresholds n and m differ: the one above the smaller drafts there."""
     lo, hi = sorted((n, m))
@@ -179,7 +200,8 @@ def assess(
     is measured from the best estimate among the contenders, and from N=2 moved to N=1 the
     N=4 it left is no N+-2, so each move could take the answer another tolerance down the
     slope with none of the values it left in view (N=4, N=2, N=1, each step within the
-    tolerance of the last, the last not within it of the first)."""
+    tolerance of the last, the last not within it of the first); tune adds the N the
+    measured gains put first (measured_best), which no N+-2 may reach."""
     tol = tolerance * abs(objective)
     comparisons = []
     for m in contenders(answer, n_parallel, kept):

@@ -123,6 +123,8 @@ class Tuning:
         )
         gains = live_gains(rounds)
         above = [v for v in self.visited if v > self.answer]  # larger answers it held before
+        # the N the data alone put first, however far from the answer (settle.measured_best)
+        far = settle.measured_best(gains, self.w, self.cm.n_parallel)
         standing = settle.assess(
             gains,
             self.w,
@@ -130,7 +132,7 @@ class Tuning:
             self.cm.n_parallel,
             self.objective,
             self.limits.tolerance,
-            kept=above,
+            kept=[*above, *([far] if far is not None else [])],
         )
         report.settled, report.gains = standing, gains
         report.history.append(standing.answer)
