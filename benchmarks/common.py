@@ -8,6 +8,7 @@ sys.path for it (benchmarks run from a checkout, never from the installed packag
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tunerproc import Finished, run_tuner, tuner_cmd, tuner_env
 
-__all__ = ["Finished", "rate_for", "tuner", "tuner_cmd", "tuner_env", "tuner_run"]
+__all__ = [
+    "Finished",
+    "rate_for",
+    "tuner",
+    "tuner_cmd",
+    "tuner_env",
+    "tuner_run",
+    "world_set_command",
+]
 
 
 def tuner_run(env: dict[str, str], *args: str) -> Finished:
@@ -57,3 +66,23 @@ def rate_for(
         else:
             high = mid
     return round(0.5 * (low + high), 4)
+
+
+def world_set_command(description: str, default: Path, files: Callable[[], dict[str, str]]) -> int:
+    """A set of twin worlds' maker: write what `files()` makes (name -> text) into --out, or
+    with --check compare the committed copy (exit 1 on a difference)."""
+    from lab.frozen import differences, write_files
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default, help="folder (default %(default)s)")
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args()
+    made = files()
+    if args.check:
+        found = differences(made, args.out)
+        for line in found:
+            print(line)
+        return 1 if found else 0
+    write_files(args.out, made)
+    print(f"wrote {len(made) - 1} worlds and the manifest into {args.out}")
+    return 0
