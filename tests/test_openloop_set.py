@@ -1,30 +1,39 @@
-"""The open-loop set of twin worlds (tests/lab/openworlds.py, profiles/twin/openloop/).
+"""The open-loop set of twin worlds (tests/lab/openworlds.py, profiles/twin/openloop/) and the
+harness that grades methods on it (benchmarks/openloop_regret.py, tests/lab/openmethod.py).
 
 The committed files are what the generator makes, byte for byte; every world loads and matches
 its entry; the set covers what issue 45 asks of it; a traffic's workload is what its manifest
-says.
+says; and the harness, on two tiny worlds of its own, grades answers against the truth: regret
+zero exactly for the truth's best, the tie by the truth's resolution, a missing method skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from lab import openmethod
 from lab.frozen import differences
 from lab.openworlds import (
     CLASSES,
     MANIFEST,
     Design,
     Entry,
+    Lengths,
+    Traffic,
     load_manifest,
     render_set,
     write_set,
 )
 
-from tuner.twin import load_world
+from tuner.policy import Policy
+from tuner.twin import load_world, world_from_dict
 from tuner.twin.bursts import gap_cv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +146,90 @@ def test_the_manifest_says_how_the_set_was_made() -> None:
     assert text.startswith("# The open-loop set of twin worlds")
     assert "BEFORE any method was graded or tuned on them" in text
     assert render_set([])[MANIFEST].splitlines()[:5] == text.splitlines()[:5]
+
+
+# -- the harness on two tiny worlds ----------------------------------------------------------------
+
+
+def _benchmark() -> ModuleType:
+    path = REPO / "benchmarks" / "openloop_regret.py"
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    spec = importlib.util.spec_from_file_location("benchmark_openloop_regret", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tiny(index: int, draft_ms: float, load: float) -> tuple[object, Entry]:
+    """-np 2, n_max 2: a 10 ms step and a 2 ms draft call; the draft model's prompt cost is
+    what sets plain against drafting."""
+    name = f"tiny-{index}"
+    world = world_from_dict(
+        {
+            "name": name,
+            "model_name": f"twin-{name}",
+            "n_parallel": 2,
+            "n_max": 2,
+            "acceptance": {"synth_len": 2.2},
+            "step": {"rows_ms": [[1, 10.0], [6, 14.0]]},
+            "draft": {"call_ms": [[1, 2.0]]},
+            "prefill": {"ms_per_token": 0.1, "draft_ms_per_token": draft_ms},
+            "noise": {"preset": "quiet"},
+        }
+    )
+    traffic = Traffic(
+        "poisson", 1.0, 1.0, 0.5, 1.0, load, 2.0,
+        Lengths(200.0, 0.5, 8, 800), Lengths(48.0, 0.4, 8, 200), (),
+    )  # fmt: skip
+    entry = Entry(
+        name, f"{name}.toml", world.model_name, 5 + index, 100 + index, 240, 200 + index, 60, 2, 2,
+        "cpu", "none", draft_ms, "flat", "one", "short", traffic, ("surface-cpu", f"tiny-{index}"),
+    )  # fmt: skip
+    return world, entry
+
+
+@pytest.mark.slow
+def test_the_harness_grades_two_tiny_worlds_against_their_truth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _benchmark()
+    pairs = [_tiny(0, 0.0, 0.3), _tiny(1, 3.0, 0.7)]
+    for name, text in render_set(pairs).items():
+        (tmp_path / name).write_text(text)
+    entries = load_manifest(tmp_path)
+    assert [e.traffic for e in entries] == [e.traffic for _, e in pairs]
+    # the open slot, filled here with "always plain" to see it wired through
+    monkeypatch.setattr(openmethod, "OPEN_METHOD", lambda ctx: Policy.plain())
+    out = tmp_path / "out" / "ol.json"
+    rows = bench.run(tmp_path, entries, out, 1, ["closed", "naive", "open"], False)
+    assert set(rows) == {"tiny-0", "tiny-1"}
+    for row in rows.values():
+        t = row["truth"]
+        assert t["best"] == min(t["values"], key=t["values"].get)
+        assert t["ties"][0] == t["best"] and t["requests"] == 240
+        assert set(t["values"]) == {"plain", "N=0", "N=1"}
+        for method, r in row["methods"].items():
+            assert r["regret_pct"] >= 0.0, method
+            assert (r["regret_pct"] == 0.0) == (r["label"] == t["best"]), method
+            assert r["in_ties"] == (r["label"] in t["ties"])
+        assert row["methods"]["open"]["label"] == "plain"
+    # the draft model's prompt cost decides: drafting best without it, plain with 3 ms a token
+    assert rows["tiny-0"]["truth"]["best"] != "plain"
+    assert rows["tiny-1"]["truth"]["best"] == "plain"
+    summary = bench.summary_rows(list(rows.values()), ["closed", "naive", "open"])
+    assert [row[:3] for row in summary[:3]] == [["all", 2, m] for m in ("closed", "naive", "open")]
+    assert summary[2][6] == 1  # "always plain" is in the tie on one world of the two
+    # run again: the truth comes from its cache; the open slot unfilled is skipped
+    monkeypatch.setattr(openmethod, "OPEN_METHOD", openmethod.open_answer)
+    again = bench.run(tmp_path, entries, out, 1, ["open"], True)
+    assert all("open" in r["skipped"] and not r["methods"] for r in again.values())
+    assert [r["truth"]["seconds"] for r in again.values()] == [
+        rows[n]["truth"]["seconds"] for n in again
+    ]
+    text = bench.render(again, entries, [])
+    assert "Skipped: open" in text and "tiny-1" in text
 
 
 def test_a_design_is_one_of_the_plans_factors() -> None:
