@@ -782,13 +782,7 @@ def render_set(worlds: Sequence[tuple[World, Entry]], seed: int = GENERATOR_SEED
         )
         files[entry.file] = head + world_to_toml(world)
     header = _HEADER.format(version=GENERATOR_VERSION, seed=seed, count=len(worlds))
-    lines = [
-        header,
-        f"generator = {toml_value('tests/lab/frozen.py')}",
-        f"version = {GENERATOR_VERSION}",
-        f"seed = {seed}",
-        f"count = {len(worlds)}",
-    ]
+    lines = manifest_head(header, "tests/lab/frozen.py", GENERATOR_VERSION, seed, len(worlds))
     for _, entry in worlds:
         lines += ["", "[[world]]"]
         for key, value in entry.__dict__.items():
@@ -864,6 +858,17 @@ def differences(files: dict[str, str], folder: Path | str) -> list[str]:
     return out
 
 
+def manifest_head(header: str, generator: str, version: int, seed: int, count: int) -> list[str]:
+    """A manifest's first lines: its comment header, then what made it."""
+    return [
+        header,
+        f"generator = {toml_value(generator)}",
+        f"version = {version}",
+        f"seed = {seed}",
+        f"count = {count}",
+    ]
+
+
 def manifest_rows(folder: Path | str, what: str) -> list[dict[str, Any]]:
     """The [[world]] tables of a set's manifest; a missing or broken one is a ConfigError."""
     path = Path(folder) / MANIFEST
@@ -922,6 +927,7 @@ __all__ = [
     "load_entry_world",
     "load_manifest",
     "make_world",
+    "manifest_head",
     "manifest_rows",
     "plan",
     "render_set",

@@ -67,7 +67,7 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-from lab.frozen import Draw, manifest_rows, shuffled, spread, toml_value, write_files
+from lab.frozen import Draw, manifest_head, manifest_rows, shuffled, spread, toml_value, write_files
 from tuner.policy import Policy
 from tuner.twin.engine import Request, Workload, arrival_offsets, request_seed, simulate
 from tuner.twin.world import World, load_world, world_to_toml
@@ -661,13 +661,7 @@ def render_set(worlds: Sequence[tuple[World, Entry]], seed: int = GENERATOR_SEED
         files[entry.file] = head + world_to_toml(world)
     drawn = sum("issue-45" not in e.tags for _, e in worlds)
     header = _HEADER.format(version=GENERATOR_VERSION, seed=seed, count=len(worlds), drawn=drawn)
-    lines = [
-        header,
-        f"generator = {toml_value('tests/lab/openworlds.py')}",
-        f"version = {GENERATOR_VERSION}",
-        f"seed = {seed}",
-        f"count = {len(worlds)}",
-    ]
+    lines = manifest_head(header, "tests/lab/openworlds.py", GENERATOR_VERSION, seed, len(worlds))
     for _, entry in worlds:
         lines += ["", "[[world]]"]
         for key, value in entry.__dict__.items():
