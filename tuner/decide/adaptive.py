@@ -15,12 +15,15 @@ from pathlib import Path
 
 from tuner.decide.advice import model_study
 from tuner.decide.choice import Choice, choose
-from tuner.measure.backend import Backend
+from tuner.errors import TunerError
+from tuner.measure.backend import LIVE, Backend
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
+from tuner.measure.probes import probe_arrivals
 from tuner.measure.profiler import Profiler
 from tuner.measure.profiler import profile as profile_base
 from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import Gain
+from tuner.storage.orm import Run
 from tuner.storage.store import Store
 
 DEFAULT_BUDGET_S = 600.0
@@ -124,6 +127,7 @@ def profile_adaptively(
         backend=backend,
     )
     base_s = clock() - started
+    probe(store, spec, log_dir, observer, run_id, switch, backend)
     report = AdaptiveProfile(run_id, budget_s, base_s)
     if len(set(spec.levels)) < 2:
         report.outcome = "one-level"
@@ -166,3 +170,36 @@ def profile_adaptively(
         report.spent_s += clock() - round_started
         report.added += added
         tried.update(todo)
+
+
+def probe(
+    store: Store,
+    spec: ProfileSpec,
+    log_dir: Path,
+    observer: Observer,
+    run_id: int,
+    switch: str,
+    backend: Backend | None,
+) -> None:
+    """The arrival probes (tuner.measure.probes) into the run, after its base levels; catch-up
+    only where a threshold is switched live (the twin, or a run that switched live), so no
+    extra launch is made for it. A probe that fails is said and left out: the profile stands."""
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
+    profiler.reopen_run(run_id)
+    assert profiler.backend is not None
+    with store.session() as session:
+        way = session.get(Run, run_id).way
+    try:
+        said = probe_arrivals(
+            store,
+            run_id,
+            profiler.backend,
+            profiler.request_workload(),
+            spec.speculative.n_max,
+            catch_up=way in (LIVE, "twin"),
+        )
+    except TunerError as exc:
+        said = f"arrival probes failed, left out: {exc}"
+    finally:
+        profiler.backend.close()
+    observer(ProgressEvent("message", text=said))

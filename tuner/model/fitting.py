@@ -48,8 +48,10 @@ from tuner.model.curves import (
     valid_on,
     verify_curve,
 )
+from tuner.model.arrivals import fit_arrival_costs
 from tuner.model.data import FitData, LevelObs, Repeat, level_step
 from tuner.model.quality import Calibration, FitQuality, Uncertainty, assess
+from tuner.model.trend import acceptance_trend
 
 DEFAULT_REPLICATES = 200
 #: Relative noise assumed for residual bootstraps when a curve has no residual degrees of freedom.
@@ -271,6 +273,8 @@ def fit(
         threshold_overhead=overhead,
         threshold_rows=rows,
         off=f.curves.get("off"),
+        arrivals=fit_arrival_costs(data.ttft_rounds, data.probes) if data.ttft_rounds else None,
+        trend=acceptance_trend(data) if acceptance is not None else None,
     )
     averaging = {
         key: form_weights(choice, len(f.points[key][0]))
@@ -290,6 +294,7 @@ def fit(
         launch_noise,
         form_uncertainty,
     )
+    _draw_trend(model, seed)
     quality = assess(
         model,
         data,
@@ -312,7 +317,21 @@ def fit(
     )
     if f.unfitted_off:
         quality.threshold_regime["unfitted_levels"] = f.unfitted_off
+    if model.trend is not None:
+        quality.acceptance["trend"] = model.trend.text()
+    if model.arrivals is not None:
+        quality.acceptance["arrivals"] = model.arrivals.lines()
     return FitResult(model, quality)
+
+
+def _draw_trend(model: CostModel, seed: int) -> None:
+    """Each replicate's acceptance slope, drawn from the trend's interval (normal) where the
+    data show a trend; a flat acceptance stays flat in every replicate."""
+    if model.trend is None or not model.trend.moving:
+        return
+    rng = np.random.default_rng([seed, 45])
+    for rep in model.replicates:
+        rep["trend_slope"] = float(rng.normal(model.trend.slope, model.trend.sd))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from tuner.model.costmodel import VERSION, CostModel, Crossover
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.quality import FitQuality
 from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
+from tuner.storage.probes import probe_records, run_probe_levels, ttft_rounds
 from tuner.storage.store import Store
 
 PROFILE_HINT = (
@@ -199,6 +200,12 @@ def select_data(
             )
         levels, level_ids, digest_rows, measured = _levels(group, depth, basis.n_max)
         run_ids = [run.id for run in group]
+        # what arrivals cost: the fitted levels' rounds' time to first token, and the probes
+        chosen = set(level_ids)
+        rounds = ttft_rounds(session, [lv for run in group for lv in run.levels if lv.id in chosen])
+        probe_levels = [lv for run in group for lv in run_probe_levels(run)]
+        probes = [r for lv in probe_levels for r in probe_records(lv)]
+        digest_rows.append(["probes", [lv.id for lv in probe_levels]])
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
             for row in session.scalars(
@@ -243,6 +250,8 @@ def select_data(
         kernel=tuple(kernel),
         accept_rates=tuple(accept_rates) if accept_rates else None,
         accept_len=float(accept_len) if accept_len else None,
+        ttft_rounds=tuple(rounds),
+        probes=tuple(probes),
     )
     return data, selection
 
