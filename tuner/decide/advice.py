@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,12 @@ import numpy as np
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
+from tuner.decide.openadvice import (
+    OpenQuestion,
+    answers_open,
+    closed_loop_reason,
+    open_recommendation,
+)
 from tuner.errors import ConfigError
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
@@ -46,6 +53,8 @@ def recommend(
     slo_tpot_ms: float | None = None,
     rate: float | None = None,
     output_tokens: float | None = None,
+    closed_loop: bool = False,
+    replicates: int | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
 
@@ -60,6 +69,10 @@ def recommend(
     per output token under Poisson arrivals at the traffic's rate, or `rate`) or capacity (the
     highest arrival rate within slo_tpot_ms at p95). tpot and capacity take the arrival rate
     and mean output length from the traffic profile unless rate and output_tokens are given.
+
+    Arrivals (a traffic profile, a rate, the tpot objective) are answered in the open loop
+    (tuner.decide.openadvice: every policy serving the traffic in a twin of the fit) where the
+    fit carries measured arrival costs, unless closed_loop; else from closed levels, said so.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
@@ -83,6 +96,17 @@ def recommend(
         cm, said = _derived_model(store, model, host, host_explicit, seed, where)
         measured_gains, measured_levels = {}, {}
         reasons_first.append(said)
+    question = OpenQuestion(model, host, objective, traffic, rate, output_tokens, seed)
+    if replicates is not None:
+        question = dataclasses.replace(question, replicates=replicates)
+    if not plain_question or traffic is not None:
+        blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
+        if answers_open(cm, question) and blocked is None:
+            rec, details = open_recommendation(store, stored, question, [])
+            rec.table = prediction_table(cm, rec.policy, measured_levels)
+            recommendations.save(store, rec, details)
+            return rec
+        reasons_first.append(closed_loop_reason(cm, objective, blocked))
     weights, goal, said_how = _weighted_goal(
         store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
     )
@@ -109,6 +133,21 @@ def recommend(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
     return rec
+
+
+def _open_blocked(
+    derived: bool, tune_n_max: bool, min_single_stream: float | None, closed_loop: bool
+) -> str | None:
+    """The option the open loop does not answer with, where one was given."""
+    for given, name in (
+        (closed_loop, "--closed-loop"),
+        (derived, "a context mix or an unmeasured depth"),
+        (tune_n_max, "--tune-n-max"),
+        (min_single_stream is not None, "--min-single-stream"),
+    ):
+        if given:
+            return name
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ records; `probe_arrivals` runs the rounds and stores them (tuner.storage.probes)
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 
@@ -58,7 +59,7 @@ def catch_up_excess(long: RequestSample) -> tuple[int, float] | None:
         return None
     # tokens it had before the resume, less the first (from its prompt): generated undrafted
     behind = sum(1 for t in long.token_times if t < steps[resume][0]) - 1
-    gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps)]
     after = gaps[resume : resume + REFERENCE_STEPS]
     if len(after) < 2:
         return None
@@ -69,15 +70,13 @@ def join_excesses(long: RequestSample, joins: Sequence[RequestSample]) -> list[t
     """(the join's prompt tokens, ms the running request's step took beyond its median) for
     every join whose prompt step the running request shared."""
     steps = _steps(long)
-    gaps = {b[0]: b[0] - a[0] for a, b in zip(steps, steps[1:], strict=False)}
+    gaps = {b[0]: b[0] - a[0] for a, b in itertools.pairwise(steps)}
     at_joins = {j.token_times[0]: j for j in joins if j.ok and j.token_times}
     others = [g for t, g in gaps.items() if t not in at_joins]
     if len(others) < 3:
         return []
     usual = statistics.median(others)
-    return [
-        (j.prompt_tokens, 1000.0 * (gaps[t] - usual)) for t, j in at_joins.items() if t in gaps
-    ]
+    return [(j.prompt_tokens, 1000.0 * (gaps[t] - usual)) for t, j in at_joins.items() if t in gaps]
 
 
 def catch_up_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeRecord]:
@@ -105,7 +104,8 @@ def join_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeR
         alone = backend.arrivals(policy, [0.0], key, [JOIN_LONG], workload).samples[0]
         if not alone.ok or len(alone.token_times) < 2:
             continue
-        first, span = alone.token_times[0] - alone.start, alone.token_times[-1] - alone.token_times[0]
+        first = alone.token_times[0] - alone.start
+        span = alone.token_times[-1] - alone.token_times[0]
         offsets = [0.0] + [first + span * (i + 1) / (JOINS + 1) for i in range(JOINS)]
         for _ in range(JOIN_ROUNDS):
             key += 1

@@ -38,6 +38,7 @@ from tuner.model.acceptance import (
     estimate_acceptance,
     geometric_rates,
 )
+from tuner.model.arrivals import fit_arrival_costs
 from tuner.model.costmodel import DEFAULT_INTERVAL, CostModel
 from tuner.model.curves import (
     GENERIC_FORMS,
@@ -48,7 +49,6 @@ from tuner.model.curves import (
     valid_on,
     verify_curve,
 )
-from tuner.model.arrivals import fit_arrival_costs
 from tuner.model.data import FitData, LevelObs, Repeat, level_step
 from tuner.model.quality import Calibration, FitQuality, Uncertainty, assess
 from tuner.model.trend import acceptance_trend

@@ -25,7 +25,7 @@ from scipy import stats
 
 from tuner.model.data import FitData
 
-INTERVAL = 0.9
+INTERVAL = 0.95  # a trend is taken where its two-sided 95 % interval excludes 0
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,4 @@ def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     q = float(stats.t.ppf(0.5 + INTERVAL / 2, len(x) - 2))
     lower, upper = slope - q * se, slope + q * se
     moving = lower > 0 or upper < 0
-    return AcceptanceTrend(
-        per_level, ref, mean, slope, lower, upper, len(x), moving, data.n_max
-    )
+    return AcceptanceTrend(per_level, ref, mean, slope, lower, upper, len(x), moving, data.n_max)

@@ -1,0 +1,186 @@
+"""`recommend`'s open-loop path: the offered traffic (a stored traffic profile replayed, or Poisson
+arrivals at --rate with the observed or the profile's lengths), the open-loop answer
+(tuner.decide.openanswer) and the recommendation made of it, with what came from where.
+
+It answers where the fit carries measured arrival costs (tuner.model.arrivals: prompt
+processing by the target and the draft model at least); a fit without them is answered from
+closed levels, as before, and says so (`closed_loop_reason`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.decide.openanswer import REPLICATES, OpenAnswer, open_answer
+from tuner.errors import ConfigError
+from tuner.model.costmodel import CostModel
+from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
+from tuner.storage import traffic_profiles as traffic_store
+from tuner.storage import validations
+from tuner.storage.fits import StoredFit
+from tuner.storage.store import Store
+from tuner.twin.serving import Offered, offered_poisson, offered_trace
+
+KINDS = (ObjectiveKind.TPOT, ObjectiveKind.TPS)  # what the open loop answers
+
+
+@dataclass(frozen=True)
+class OpenQuestion:
+    """What `recommend` was asked about arrivals."""
+
+    model: str
+    host: str | None
+    objective: ObjectiveKind
+    traffic: str | None = None
+    rate: float | None = None
+    output_tokens: float | None = None
+    seed: int = 0
+    replicates: int = REPLICATES
+
+
+def answers_open(model: CostModel, question: OpenQuestion) -> bool:
+    """Whether the open loop answers this question on this fit: arrivals asked about (a traffic
+    profile, a rate, the tpot objective), an objective it scores, measured prompt costs."""
+    asked = question.traffic is not None or question.rate is not None
+    asked = asked or question.objective is ObjectiveKind.TPOT
+    measured = model.arrivals is not None and model.arrivals.measured
+    return asked and question.objective in KINDS and measured
+
+
+def closed_loop_reason(
+    model: CostModel, objective: ObjectiveKind, blocked: str | None = None
+) -> Reason:
+    """Why an arrivals question was answered from closed levels (blocked: an option the open
+    loop does not answer with)."""
+    if blocked is not None:
+        why = f"the open loop does not answer with {blocked}"
+    elif objective not in KINDS:
+        why = f"the open loop scores {' and '.join(k.value for k in KINDS)}, not {objective}"
+    elif model.arrivals is None:
+        why = "the fit has no arrival costs (no streamed time to first token stored)"
+    else:
+        why = "its prompt costs are " + "; ".join(model.arrivals.lines()[:2])
+    return Reason(
+        ReasonCode.CLOSED_LOOP,
+        f"answered from closed levels (c streams started together): {why}; a profile with "
+        "streamed rounds at two levels or more measures what arrivals cost",
+    )
+
+
+def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:
+    """The profile's prompt and output tokens (what its closed levels sent)."""
+    spec = validations.latest_profile_spec(store, model, host) or {}
+    workload = spec.get("workload") or {}
+    return int(workload.get("prompt_tokens") or 32), int(workload.get("max_tokens") or 128)
+
+
+def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, int]) -> Offered:
+    """The traffic the policies serve: the stored profile's trace (at --rate, Poisson with its
+    lengths), or Poisson at --rate with the profile's lengths (--output-tokens for outputs)."""
+    seed = question.seed
+    if question.traffic is not None:
+        profile = traffic_store.load(store, question.traffic)
+        if not profile.requests:
+            raise ConfigError(
+                f"traffic {question.traffic!r} saw no request finish: nothing to replay"
+            )
+        if question.rate is None:
+            return offered_trace(profile, question.traffic, seed)
+        pairs = [(r.prompt, r.output) for r in profile.requests]
+        return offered_poisson(
+            question.rate, pairs, f"as observed in traffic {question.traffic!r}", seed
+        )
+    if question.rate is None:
+        raise ConfigError(
+            f"--objective {question.objective} under arrivals needs an arrival rate: pass "
+            "--rate (requests/s), or --traffic NAME"
+        )
+    prompt, output = profile_lengths
+    if question.output_tokens is not None:
+        output = round(question.output_tokens)
+    said = "of the profile's requests" + (
+        " (output from --output-tokens)" if question.output_tokens else ""
+    )
+    return offered_poisson(question.rate, [(prompt, output)], said, seed)
+
+
+def sources_reason(
+    model: CostModel, served: Offered, answer: OpenAnswer, replicates: int
+) -> Reason:
+    """What came from where: the traffic, the fit's step costs and acceptance, the arrival
+    costs measured or assumed, and what the simulation leaves out."""
+    assert model.arrivals is not None
+    acc = model.acceptance
+    acceptance = (
+        model.trend.text()
+        if model.trend is not None
+        else f"acceptance {acc.source} ({acc.mean_length:.2f} tokens a step)"
+    )
+    off = "its own curve" if model.off is not None else "plain's with the measured overhead"
+    join = model.arrivals.join
+    left_out = (
+        f"a join's own cost beyond its prompt tokens ({join.text('ms')}; not simulated), "
+        "context depth beyond the profile's"
+    )
+    return Reason(
+        ReasonCode.OPEN_LOOP,
+        f"open loop: every policy served {served.source} in a twin of this server made from "
+        f"the fit (step costs fitted from its closed levels, the threshold server not drafting "
+        f"from {off}; {acceptance}; " + "; ".join(model.arrivals.lines()[:3]) + f"); "
+        f"{replicates} replicate worlds (bootstrap replicates of the fit, arrival costs drawn "
+        f"within their intervals) give the spread; {answer.runs} simulated runs; left out: "
+        + left_out,
+    )
+
+
+def open_recommendation(
+    store: Store, stored: StoredFit, question: OpenQuestion, table: list[TableRow]
+) -> tuple[Recommendation, dict[str, Any]]:
+    """The open-loop answer as a recommendation (not stored here), and its details to store."""
+    model = stored.model
+    lengths = _workload_of(store, question.model, question.host)
+    served = offered(store, question, lengths)
+    answer = open_answer(
+        model,
+        served,
+        question.objective,
+        seed=question.seed,
+        replicates=question.replicates,
+        prompt_tokens=lengths[0],
+        output_tokens=lengths[1],
+    )
+    reasons = [answer.reasons[0], sources_reason(model, served, answer, question.replicates)]
+    reasons += answer.reasons[1:]
+    rec = Recommendation(
+        id=0,
+        model=question.model,
+        host=stored.inputs.get("host"),
+        policy=answer.policy,
+        fit_id=stored.id,
+        objective=answer.objective,
+        objective_interval=answer.interval(),
+        host_note=stored.host_note,
+        study_name=f"open-loop:fit{stored.id}",
+        sampler="twin simulation",
+        trials=answer.runs,
+        reasons=reasons,
+        table=table,
+        alternatives=[
+            {"policy": p.label, "objective": v, "difference_from_chosen": answer.objective - v}
+            for p, v in sorted(answer.values.items(), key=lambda kv: kv[0].sort_key)
+        ],
+        objective_kind=question.objective.value,
+        objective_text=answer.describe(answer.objective),
+        plain_advantage=answer.plain_advantage,
+        drafting_pays=not answer.plain_ahead,
+    )
+    details = {
+        "open_loop": {
+            "offered": served.source,
+            "rate": served.rate,
+            "values": {p.label: v for p, v in answer.values.items()},
+            "samples": {p.label: v for p, v in answer.samples.items()},
+        }
+    }
+    return rec, details

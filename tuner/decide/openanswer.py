@@ -1,0 +1,200 @@
+"""The open-loop answer: every policy scored under the traffic's arrivals, by serving it in the
+server the fit describes.
+
+Closed levels (c streams released together, measured while all c generate) never see what a
+request costs beyond its decode steps: its prompt, evaluated in a step every generating slot
+waits for (by the draft model too, on a drafting server), and a drafter's catch-up when a slot
+drafts again after a stretch above the threshold. The fit carries those costs
+(tuner.model.arrivals) beside its step costs; here
+
+1. a twin world is made from the fit (tuner.twin.fitted: step costs, acceptance with its trend,
+   prompt and catch-up costs) and every policy (plain, N = 0, N = 1..n_parallel) serves the
+   offered traffic (tuner.twin.serving) in it, noise-free, with common random numbers;
+2. the spread: REPLICATES more worlds, from bootstrap replicates of the fit and draws of the
+   arrival costs within their intervals, serve the contenders (drafting policies within
+   CONTENDER_SHARE of the best, and plain);
+3. the choice, as the closed-loop rule makes it (tuner.decide.choice): the best drafting policy
+   by the point world, then the smallest N whose shortfall is within the replicates' spread of
+   the paired difference; plain against it: plain's point ahead answers "serve without the
+   draft model", said with its one-sided 95 % bounds (shown, or only predicted).
+
+Objectives, higher is better as tuner.decide.objective scores them: tpot, 1000 / the mean time
+per output token (ms); tps, tokens served per busy second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.decide.search import preference
+from tuner.model.costmodel import CostModel
+from tuner.policy import Policy
+from tuner.recommendation import ObjectiveKind, Reason, ReasonCode
+from tuner.twin.fitted import world_from_model
+from tuner.twin.serving import Offered, score_policies
+from tuner.twin.world import World
+
+REPLICATES = 6  # replicate worlds for the spread
+REPLICATE_REQUESTS = 300  # the offered traffic's first requests, what each replicate serves
+CONTENDER_SHARE = 0.03  # drafting policies within this share of the best get replicate runs
+MAX_CONTENDERS = 4
+
+
+@dataclass
+class OpenAnswer:
+    """Every policy's score under the offered traffic and the choice made from them."""
+
+    kind: ObjectiveKind
+    values: dict[Policy, float]  # the point world's
+    samples: dict[Policy, list[float]]  # the replicate worlds' (contenders and plain)
+    policy: Policy  # the drafting policy chosen
+    plain_advantage: tuple[float, float, float]  # plain - chosen: point, one-sided 95 % bounds
+    runs: int  # simulated runs
+    reasons: list[Reason] = field(default_factory=list)
+
+    @property
+    def plain_ahead(self) -> bool:
+        return self.plain_advantage[0] > 0
+
+    @property
+    def objective(self) -> float:
+        return self.values[self.policy]
+
+    def interval(self) -> tuple[float, float]:
+        """The chosen policy's objective over the replicate worlds (5th to 95th percentile)."""
+        values = self.samples.get(self.policy) or [self.objective]
+        return float(np.percentile(values, 5)), float(np.percentile(values, 95))
+
+    def describe(self, value: float) -> str:
+        if self.kind is ObjectiveKind.TPOT:
+            return f"mean TPOT {1000.0 / value:.1f} ms" if value > 0 else "mean TPOT unbounded"
+        return f"{value:.1f} tok/s while busy"
+
+
+def candidates(model: CostModel) -> list[Policy]:
+    """plain, N = 0 and N = 1..n_parallel at the profiled n_max."""
+    n = model.n_max
+    return [Policy.plain(), Policy.always(n)] + [
+        Policy.threshold(k, n) for k in range(1, model.n_parallel + 1)
+    ]
+
+
+def _worlds(model: CostModel, replicates: int, seed: int, **work: int) -> list[World]:
+    """The replicate worlds: evenly spaced bootstrap replicates of the fit, arrival costs drawn."""
+    assert model.arrivals is not None
+    reps = model.replicate_models
+    if not reps or replicates <= 0:
+        return []
+    rng = np.random.default_rng([seed, 4501])
+    picks = np.linspace(0, len(reps) - 1, min(replicates, len(reps))).round().astype(int)
+    return [world_from_model(reps[i], model.arrivals.draw(rng), **work) for i in picks]
+
+
+def _contenders(values: dict[Policy, float], best: Policy, npar: int, n_max: int) -> list[Policy]:
+    """Drafting policies within CONTENDER_SHARE of the best (the smallest N first), the best."""
+    near = [
+        p
+        for p in values
+        if p.drafting and values[p] >= values[best] * (1.0 - CONTENDER_SHARE) and p != best
+    ]
+    near.sort(key=lambda p: preference(p, npar, n_max))
+    return [best, *near[: MAX_CONTENDERS - 1]]
+
+
+def open_answer(
+    model: CostModel,
+    offered: Offered,
+    kind: ObjectiveKind = ObjectiveKind.TPOT,
+    *,
+    seed: int = 0,
+    replicates: int = REPLICATES,
+    output_tokens: int = 128,
+    prompt_tokens: int = 32,
+) -> OpenAnswer:
+    """Score every policy under the offered traffic and choose (see the module docstring).
+    output_tokens, prompt_tokens: the profile's requests (the fitted world's closed levels are
+    matched with them)."""
+    if model.arrivals is None:
+        raise ValueError("the fit has no arrival costs: the open-loop answer needs them")
+    work = {"output_tokens": output_tokens, "prompt_tokens": prompt_tokens}
+    point_world = world_from_model(model, model.arrivals.point(), **work)
+    scores, runs = score_policies(point_world, offered.workload, candidates(model))
+    values = {p: s.value(kind) for p, s in scores.items()}
+    npar, n_max = model.n_parallel, model.n_max
+    drafting = [p for p in values if p.drafting]
+    best = min(drafting, key=lambda p: (-values[p], preference(p, npar, n_max)))
+    contenders = _contenders(values, best, npar, n_max)
+    samples: dict[Policy, list[float]] = {p: [] for p in [*contenders, Policy.plain()]}
+    head = offered.head(REPLICATE_REQUESTS)
+    for world in _worlds(model, replicates, seed, **work):
+        got, n = score_policies(world, head, list(samples))
+        runs += n
+        for p, s in got.items():
+            samples[p].append(s.value(kind))
+    chosen, reasons = _smallest_within(values, samples, contenders, npar)
+    advantage = _plain_advantage(values, samples, chosen)
+    answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
+    answer.reasons[:0] = [_plain_reason(answer)]
+    return answer
+
+
+def _smallest_within(
+    values: dict[Policy, float],
+    samples: dict[Policy, list[float]],
+    contenders: list[Policy],
+    npar: int,
+) -> tuple[Policy, list[Reason]]:
+    """The smallest contender whose shortfall from the best is within the replicates' spread of
+    the paired difference (the best where none is), and the reason where it moved."""
+    best = contenders[0]
+    for p in sorted(contenders[1:], key=lambda q: q.effective(npar)):
+        if p.effective(npar) >= best.effective(npar):
+            break
+        diff = np.asarray(samples[best]) - np.asarray(samples[p])
+        point = values[best] - values[p]
+        sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+        if point <= sd:
+            text = (
+                f"{p.label} and {best.label} are within the spread of the replicate worlds "
+                f"(difference {point:.3g} ± {sd:.3g}): preferring the smaller N"
+            )
+            return p, [Reason(ReasonCode.WITHIN_UNCERTAINTY, text)]
+    return best, []
+
+
+def _plain_advantage(
+    values: dict[Policy, float], samples: dict[Policy, list[float]], chosen: Policy
+) -> tuple[float, float, float]:
+    """plain - chosen: the point world's, and the replicates' 5th and 95th percentiles."""
+    plain = Policy.plain()
+    point = values[plain] - values[chosen]
+    diff = np.asarray(samples[plain]) - np.asarray(samples[chosen])
+    if len(diff) == 0:
+        return point, point, point
+    return point, float(np.percentile(diff, 5)), float(np.percentile(diff, 95))
+
+
+def _plain_reason(answer: OpenAnswer) -> Reason:
+    """Draft at all, in the open loop: plain against the chosen policy."""
+    point, low, high = answer.plain_advantage
+    share = point / answer.objective if answer.objective else 0.0
+    plain_value = answer.values[Policy.plain()]
+    figures = (
+        f"plain {answer.describe(plain_value)} against {answer.policy.label}'s "
+        f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; one-sided 95 % "
+        f"bounds [{low:+.3g}, {high:+.3g}] over the replicate worlds)"
+    )
+    if point > 0 and low > 0:
+        return Reason(
+            ReasonCode.PLAIN_AHEAD,
+            f"drafting does not pay for this traffic: {figures}; serve without the draft model",
+        )
+    if point > 0:
+        return Reason(
+            ReasonCode.PLAIN_UNRESOLVED,
+            f"drafting is predicted not to pay for this traffic, not shown: {figures}; serve "
+            "without the draft model, or measure its open loop (`tuner validate --arrivals`)",
+        )
+    return Reason(ReasonCode.OPEN_LOOP, f"drafting pays for this traffic: {figures}")
