@@ -13,8 +13,9 @@ would see it (`observed_traffic`: a stretch of it served by the world under N = 
 default), the profile's workload weights are its busy-time shares, then
 
 - `open`: the profile (plain, always draft and the off arm switched live, its arrival probes,
-  its adaptive levels where the traffic's weight is) and `recommend --traffic --objective tpot`
-  answered in the open loop (tuner.decide.openadvice);
+  its adaptive levels where the traffic's weight is, at depth 0 and, for traffic much deeper
+  than its own levels, at the traffic's mean prompt: `traffic_depths`) and `recommend
+  --traffic --objective tpot` answered in the open loop (tuner.decide.openadvice);
 - `closed`: the same profile, and today's closed-loop answer to the same question
   (`recommend --traffic --objective tpot --closed-loop`: the birth-death queue over closed
   levels).
@@ -62,9 +63,10 @@ def twin_spec(
     levels: tuple[int, ...] | None = None,
     max_tokens: int = 128,
     seed: int = 0,
+    context_tokens: tuple[int, ...] = (0,),
 ) -> ProfileSpec:
     """The profile spec a user of this world would write: its -np and n_max, base levels
-    1, 2, 4, ... up to -np, the traffic weights."""
+    1, 2, 4, ... up to -np, the traffic weights, the context depths to measure at."""
     np_ = world.n_parallel
     base = levels or tuple(c for c in (1, 2, 4, 8, 16) if c <= np_) + (
         (np_,) if np_ not in (1, 2, 4, 8, 16) else ()
@@ -86,6 +88,7 @@ def twin_spec(
                 "concurrency": list(base),
                 "seed": seed,
                 "weights": dict(weights) if weights else None,
+                "context_tokens": list(context_tokens),
             },
             "kernel": {"enabled": False},
         }
@@ -253,6 +256,23 @@ def observed_traffic(world: World, workload: TwinWorkload, seed: int = 0) -> Tra
     return profile
 
 
+DEEP = 2.0  # traffic this many times deeper than the profile's own levels gets a deep level too
+
+
+def traffic_depths(traffic: TrafficProfile, prompt: int = 32, output: int = 128) -> tuple[int, ...]:
+    """The depths a profile for this traffic measures at: 0, and the traffic's mean prompt
+    (rounded to 64 tokens) where the traffic holds DEEP times the context the profile's own
+    levels do (their prompt and half their output), so its steps and acceptance are measured
+    where the traffic is."""
+    prompts, outputs = traffic.prompt_tokens, traffic.output_tokens
+    if not prompts:
+        return (0,)
+    held = sum(prompts) / len(prompts) + sum(outputs) / len(outputs) / 2
+    if held < DEEP * (prompt + output / 2):
+        return (0,)
+    return (0, max(64, 64 * round(sum(prompts) / len(prompts) / 64)))
+
+
 def run_traffic(
     world: World,
     method: str,
@@ -291,7 +311,7 @@ def _run_traffic(
     view = ServerView("http://twin:8080", world.model_name, world.n_parallel, "slots")
     traffic_store.save(store, TRAFFIC, view, traffic.to_dict(), "complete")
     weights = {c: w for c, w in traffic.weights(world.n_parallel).items() if w > 0}
-    spec = twin_spec(world, weights or None, seed=seed)
+    spec = twin_spec(world, weights or None, seed=seed, context_tokens=traffic_depths(traffic))
     backend = TwinBackend(world, switch="live", seed=seed)
     profile_adaptively(
         store,

@@ -55,6 +55,7 @@ def recommend(
     output_tokens: float | None = None,
     closed_loop: bool = False,
     replicates: int | None = None,
+    prompt_tokens: float | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
 
@@ -81,7 +82,9 @@ def recommend(
     stored = current_fit(
         store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed, context=where.fit
     )
-    plain_question = objective is ObjectiveKind.TPS and rate is None and output_tokens is None
+    plain_question = (
+        objective is ObjectiveKind.TPS and rate is None and output_tokens is None
+    ) and prompt_tokens is None
     asks_more = tune_n_max or min_single_stream is not None or traffic is not None
     if plain_question and not asks_more and not where.derived:
         newest = recommendations.newest_for_fit(store, stored.id)
@@ -96,7 +99,17 @@ def recommend(
         cm, said = _derived_model(store, model, host, host_explicit, seed, where)
         measured_gains, measured_levels = {}, {}
         reasons_first.append(said)
-    question = OpenQuestion(model, host, objective, traffic, rate, output_tokens, seed)
+    question = OpenQuestion(
+        model,
+        host,
+        objective,
+        host_explicit=host_explicit,
+        traffic=traffic,
+        rate=rate,
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        seed=seed,
+    )
     if replicates is not None:
         question = dataclasses.replace(question, replicates=replicates)
     if not plain_question or traffic is not None:

@@ -9,17 +9,24 @@ closed levels, as before, and says so (`closed_loop_reason`).
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tuner.decide.openanswer import REPLICATES, OpenAnswer, open_answer
 from tuner.errors import ConfigError
 from tuner.model.costmodel import CostModel
+from tuner.model.depth import row_cost_per_1k
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage import validations
-from tuner.storage.fits import StoredFit
+from tuner.storage.fits import StoredFit, current_fit, select_data
 from tuner.storage.store import Store
+from tuner.traffic import Finished, TrafficProfile
+from tuner.twin.fitted import Levels
 from tuner.twin.serving import Offered, offered_poisson, offered_trace
 
 KINDS = (ObjectiveKind.TPOT, ObjectiveKind.TPS)  # what the open loop answers
@@ -32,9 +39,11 @@ class OpenQuestion:
     model: str
     host: str | None
     objective: ObjectiveKind
+    host_explicit: bool = False
     traffic: str | None = None
     rate: float | None = None
     output_tokens: float | None = None
+    prompt_tokens: float | None = None
     seed: int = 0
     replicates: int = REPLICATES
 
@@ -68,6 +77,11 @@ def closed_loop_reason(
     )
 
 
+def measured_depths(store: Store, model: str, host: str | None, explicit: bool) -> list[int]:
+    """The context depths the model's current data were measured at."""
+    return select_data(store, model, host, explicit)[1].depths
+
+
 def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:
     """The profile's prompt and output tokens (what its closed levels sent)."""
     spec = validations.latest_profile_spec(store, model, host) or {}
@@ -77,7 +91,8 @@ def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:
 
 def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, int]) -> Offered:
     """The traffic the policies serve: the stored profile's trace (at --rate, Poisson with its
-    lengths), or Poisson at --rate with the profile's lengths (--output-tokens for outputs)."""
+    lengths), or Poisson at --rate with the profile's lengths; --prompt-tokens and
+    --output-tokens replace the lengths either way."""
     seed = question.seed
     if question.traffic is not None:
         profile = traffic_store.load(store, question.traffic)
@@ -85,6 +100,8 @@ def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, in
             raise ConfigError(
                 f"traffic {question.traffic!r} saw no request finish: nothing to replay"
             )
+        if question.prompt_tokens is not None or question.output_tokens is not None:
+            profile = _with_lengths(profile, question)
         if question.rate is None:
             return offered_trace(profile, question.traffic, seed)
         pairs = [(r.prompt, r.output) for r in profile.requests]
@@ -97,16 +114,34 @@ def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, in
             "--rate (requests/s), or --traffic NAME"
         )
     prompt, output = profile_lengths
-    if question.output_tokens is not None:
-        output = round(question.output_tokens)
-    said = "of the profile's requests" + (
-        " (output from --output-tokens)" if question.output_tokens else ""
-    )
-    return offered_poisson(question.rate, [(prompt, output)], said, seed)
+    given = [
+        name
+        for name, value in (
+            ("--prompt-tokens", question.prompt_tokens),
+            ("--output-tokens", question.output_tokens),
+        )
+        if value is not None
+    ]
+    pair = (round(question.prompt_tokens or prompt), round(question.output_tokens or output))
+    said = "of the profile's requests" + (f" ({' and '.join(given)} given)" if given else "")
+    return offered_poisson(question.rate, [pair], said, seed)
+
+
+def _with_lengths(profile: TrafficProfile, question: OpenQuestion) -> TrafficProfile:
+    """The profile with its requests' lengths replaced where the question gives them."""
+    requests = [
+        Finished(
+            r.arrival,
+            round(question.prompt_tokens) if question.prompt_tokens is not None else r.prompt,
+            round(question.output_tokens) if question.output_tokens is not None else r.output,
+        )
+        for r in profile.requests
+    ]
+    return dataclasses.replace(profile, requests=deque(requests, maxlen=profile.requests.maxlen))
 
 
 def sources_reason(
-    model: CostModel, served: Offered, answer: OpenAnswer, replicates: int
+    model: CostModel, served: Offered, answer: OpenAnswer, replicates: int, depth: str
 ) -> Reason:
     """What came from where: the traffic, the fit's step costs and acceptance, the arrival
     costs measured or assumed, and what the simulation leaves out."""
@@ -119,39 +154,81 @@ def sources_reason(
     )
     off = "its own curve" if model.off is not None else "plain's with the measured overhead"
     join = model.arrivals.join
-    left_out = (
-        f"a join's own cost beyond its prompt tokens ({join.text('ms')}; not simulated), "
-        "context depth beyond the profile's"
-    )
+    left_out = f"a join's own cost beyond its prompt tokens ({join.text('ms')}; not simulated)"
     return Reason(
         ReasonCode.OPEN_LOOP,
         f"open loop: every policy served {served.source} in a twin of this server made from "
         f"the fit (step costs fitted from its closed levels, the threshold server not drafting "
         f"from {off}; {acceptance}; " + "; ".join(model.arrivals.lines()[:3]) + f"); "
         f"{replicates} replicate worlds (bootstrap replicates of the fit, arrival costs drawn "
-        f"within their intervals) give the spread; {answer.runs} simulated runs; left out: "
-        + left_out,
+        f"within their intervals) give the spread; {answer.runs} simulated runs; {depth}; "
+        f"left out: {left_out}",
     )
+
+
+def depth_levels(
+    store: Store, stored: StoredFit, question: OpenQuestion, served: Offered
+) -> tuple[StoredFit, Levels, str]:
+    """The fit the open loop runs on, where its levels were measured and what depth costs: with
+    levels at two depths or more, the fit whose levels' context is nearest the traffic's and
+    attention per row from the plain steps at the two depths nearest it; else the fit given,
+    attention beyond its levels' context assumed free. And a line that says which."""
+    prompt, output = _workload_of(store, question.model, question.host)
+    requests = served.workload.requests
+    context = float(np.mean([r.prompt_tokens + r.max_tokens / 2 for r in requests]))
+    depths = measured_depths(store, question.model, question.host, question.host_explicit)
+
+    def held(depth: int) -> float:  # a level's mean context while it generates
+        return max(depth, prompt) + output / 2
+
+    if len(depths) < 2:
+        depth = stored.inputs.get("context_tokens", 0) or 0
+        said = (
+            f"context: levels at one depth ({held(depth):.0f} tokens held on average), the "
+            f"traffic's {context:.0f}; attention beyond the levels' context assumed free"
+        )
+        return stored, Levels(prompt, output, depth), said
+    fits = {
+        d: current_fit(
+            store,
+            question.model,
+            question.host,
+            host_explicit=question.host_explicit,
+            seed=question.seed,
+            context=d,
+        )
+        for d in depths
+    }
+    nearest = sorted(depths, key=lambda d: abs(held(d) - context))
+    chosen = nearest[0]
+    lo, hi = sorted(nearest[:2])
+    k = row_cost_per_1k(fits[lo].model, fits[hi].model, max(lo, prompt), max(hi, prompt))
+    said = (
+        f"context: the traffic's {context:.0f} tokens on average; the levels at depth {chosen} "
+        f"({held(chosen):.0f} held on average) of those at {', '.join(map(str, depths))}; "
+        f"attention {k:.3g} ms a decode row per 1000 tokens, from the plain steps at depths "
+        f"{lo} and {hi}"
+    )
+    return fits[chosen], Levels(prompt, output, chosen, k), said
 
 
 def open_recommendation(
     store: Store, stored: StoredFit, question: OpenQuestion, table: list[TableRow]
 ) -> tuple[Recommendation, dict[str, Any]]:
     """The open-loop answer as a recommendation (not stored here), and its details to store."""
+    served = offered(store, question, _workload_of(store, question.model, question.host))
+    stored, levels, depth_said = depth_levels(store, stored, question, served)
     model = stored.model
-    lengths = _workload_of(store, question.model, question.host)
-    served = offered(store, question, lengths)
     answer = open_answer(
         model,
         served,
         question.objective,
         seed=question.seed,
         replicates=question.replicates,
-        prompt_tokens=lengths[0],
-        output_tokens=lengths[1],
+        levels=levels,
     )
-    reasons = [answer.reasons[0], sources_reason(model, served, answer, question.replicates)]
-    reasons += answer.reasons[1:]
+    sources = sources_reason(model, served, answer, question.replicates, depth_said)
+    reasons = [answer.reasons[0], sources, *answer.reasons[1:]]
     rec = Recommendation(
         id=0,
         model=question.model,
@@ -179,6 +256,8 @@ def open_recommendation(
         "open_loop": {
             "offered": served.source,
             "rate": served.rate,
+            "depth": levels.depth,
+            "depth_ms_per_row_per_1k": levels.depth_ms_per_row_per_1k,
             "values": {p.label: v for p, v in answer.values.items()},
             "samples": {p.label: v for p, v in answer.samples.items()},
         }

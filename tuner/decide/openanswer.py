@@ -12,11 +12,15 @@ drafts again after a stretch above the threshold. The fit carries those costs
    offered traffic (tuner.twin.serving) in it, noise-free, with common random numbers;
 2. the spread: REPLICATES more worlds, from bootstrap replicates of the fit and draws of the
    arrival costs within their intervals, serve the contenders (drafting policies within
-   CONTENDER_SHARE of the best, and plain);
+   CONTENDER_SHARE of the best, and plain) the traffic's first REPLICATE_REQUESTS requests; a
+   replicate's value is the point world's moved by how far the replicate differs from the
+   point world on those requests (so the spread is the fit's, not that of a shorter sample);
 3. the choice, as the closed-loop rule makes it (tuner.decide.choice): the best drafting policy
    by the point world, then the smallest N whose shortfall is within the replicates' spread of
-   the paired difference; plain against it: plain's point ahead answers "serve without the
-   draft model", said with its one-sided 95 % bounds (shown, or only predicted).
+   the paired difference; plain against it: plain shown ahead (its advantage's one-sided 95 %
+   lower bound over the replicate worlds above 0) answers "serve without the draft model";
+   plain predicted ahead but not shown leaves the drafting policy standing and says the
+   question is unresolved, as the closed-loop rule does.
 
 Objectives, higher is better as tuner.decide.objective scores them: tpot, 1000 / the mean time
 per output token (ms); tps, tokens served per busy second.
@@ -32,7 +36,7 @@ from tuner.decide.search import preference
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode
-from tuner.twin.fitted import world_from_model
+from tuner.twin.fitted import Levels, world_from_model
 from tuner.twin.serving import Offered, score_policies
 from tuner.twin.world import World
 
@@ -56,7 +60,9 @@ class OpenAnswer:
 
     @property
     def plain_ahead(self) -> bool:
-        return self.plain_advantage[0] > 0
+        """Plain shown ahead: its advantage's lower bound over the replicate worlds above 0
+        (the point world's alone where there are none)."""
+        return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
 
     @property
     def objective(self) -> float:
@@ -81,7 +87,7 @@ def candidates(model: CostModel) -> list[Policy]:
     ]
 
 
-def _worlds(model: CostModel, replicates: int, seed: int, **work: int) -> list[World]:
+def _worlds(model: CostModel, replicates: int, seed: int, levels: Levels) -> list[World]:
     """The replicate worlds: evenly spaced bootstrap replicates of the fit, arrival costs drawn."""
     assert model.arrivals is not None
     reps = model.replicate_models
@@ -89,7 +95,7 @@ def _worlds(model: CostModel, replicates: int, seed: int, **work: int) -> list[W
         return []
     rng = np.random.default_rng([seed, 4501])
     picks = np.linspace(0, len(reps) - 1, min(replicates, len(reps))).round().astype(int)
-    return [world_from_model(reps[i], model.arrivals.draw(rng), **work) for i in picks]
+    return [world_from_model(reps[i], model.arrivals.draw(rng), levels) for i in picks]
 
 
 def _contenders(values: dict[Policy, float], best: Policy, npar: int, n_max: int) -> list[Policy]:
@@ -110,16 +116,14 @@ def open_answer(
     *,
     seed: int = 0,
     replicates: int = REPLICATES,
-    output_tokens: int = 128,
-    prompt_tokens: int = 32,
+    levels: Levels = Levels(),
 ) -> OpenAnswer:
     """Score every policy under the offered traffic and choose (see the module docstring).
-    output_tokens, prompt_tokens: the profile's requests (the fitted world's closed levels are
-    matched with them)."""
+    levels: where the model's closed levels were measured (the fitted worlds are matched with
+    them) and what depth costs."""
     if model.arrivals is None:
         raise ValueError("the fit has no arrival costs: the open-loop answer needs them")
-    work = {"output_tokens": output_tokens, "prompt_tokens": prompt_tokens}
-    point_world = world_from_model(model, model.arrivals.point(), **work)
+    point_world = world_from_model(model, model.arrivals.point(), levels)
     scores, runs = score_policies(point_world, offered.workload, candidates(model))
     values = {p: s.value(kind) for p, s in scores.items()}
     npar, n_max = model.n_parallel, model.n_max
@@ -128,11 +132,17 @@ def open_answer(
     contenders = _contenders(values, best, npar, n_max)
     samples: dict[Policy, list[float]] = {p: [] for p in [*contenders, Policy.plain()]}
     head = offered.head(REPLICATE_REQUESTS)
-    for world in _worlds(model, replicates, seed, **work):
+    worlds = _worlds(model, replicates, seed, levels)
+    if worlds:
+        # each replicate world serves the first requests; its values are taken as the point
+        # world's on all of them moved by how far it differs from the point world on the first
+        base, n = score_policies(point_world, head, list(samples))
+        runs += n
+    for world in worlds:
         got, n = score_policies(world, head, list(samples))
         runs += n
         for p, s in got.items():
-            samples[p].append(s.value(kind))
+            samples[p].append(values[p] + s.value(kind) - base[p].value(kind))
     chosen, reasons = _smallest_within(values, samples, contenders, npar)
     advantage = _plain_advantage(values, samples, chosen)
     answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
@@ -194,7 +204,7 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
     if point > 0:
         return Reason(
             ReasonCode.PLAIN_UNRESOLVED,
-            f"drafting is predicted not to pay for this traffic, not shown: {figures}; serve "
-            "without the draft model, or measure its open loop (`tuner validate --arrivals`)",
+            f"whether to draft at all is unresolved for this traffic: plain predicted ahead, "
+            f"not shown: {figures}; `tuner validate --arrivals` measures both",
         )
-    return Reason(ReasonCode.OPEN_LOOP, f"drafting pays for this traffic: {figures}")
+    return Reason(ReasonCode.DRAFTING_PAYS, f"drafting pays for this traffic: {figures}")

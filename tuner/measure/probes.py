@@ -68,15 +68,26 @@ def catch_up_excess(long: RequestSample) -> tuple[int, float] | None:
 
 def join_excesses(long: RequestSample, joins: Sequence[RequestSample]) -> list[tuple[int, float]]:
     """(the join's prompt tokens, ms the running request's step took beyond its median) for
-    every join whose prompt step the running request shared."""
+    every join whose prompt step the running request shared: the running step ending nearest
+    the join's first token, within half a usual step (a client's clock sees both a little
+    apart; the twin's, at once)."""
     steps = _steps(long)
-    gaps = {b[0]: b[0] - a[0] for a, b in itertools.pairwise(steps)}
-    at_joins = {j.token_times[0]: j for j in joins if j.ok and j.token_times}
-    others = [g for t, g in gaps.items() if t not in at_joins]
+    ends = [b[0] for _, b in itertools.pairwise(steps)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps)]
+    if len(gaps) < 4:
+        return []
+    usual_all = statistics.median(gaps)
+    at: dict[int, RequestSample] = {}
+    for j in joins:
+        if j.ok and j.token_times:
+            i = min(range(len(ends)), key=lambda k: abs(ends[k] - j.token_times[0]))
+            if abs(ends[i] - j.token_times[0]) < 0.5 * usual_all:
+                at[i] = j
+    others = [g for i, g in enumerate(gaps) if i not in at]
     if len(others) < 3:
         return []
     usual = statistics.median(others)
-    return [(j.prompt_tokens, 1000.0 * (gaps[t] - usual)) for t, j in at_joins.items() if t in gaps]
+    return [(j.prompt_tokens, 1000.0 * (gaps[i] - usual)) for i, j in sorted(at.items())]
 
 
 def catch_up_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeRecord]:

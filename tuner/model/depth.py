@@ -115,3 +115,16 @@ def mixed(models: Mapping[int, CostModel], mix: Mapping[int, float]) -> CostMode
     return CombinedCostModel(
         [model_at(models, d) for d in depths], [mix[d] / total for d in depths], harmonic=False
     )
+
+
+def row_cost_per_1k(
+    shallow: CostModel, deep: CostModel, shallow_context: int, deep_context: int
+) -> float:
+    """What attention costs a decode row per 1000 tokens its slot holds (ms), from the plain
+    steps of fits at two depths: the median over the levels of the step's growth per stream
+    and per 1000 tokens of context between them; never below 0."""
+    if deep_context <= shallow_context:
+        raise ValueError("the deep fit's context must exceed the shallow one's")
+    c = shallow.levels.astype(float)
+    growth = (deep.plain_step(c) - shallow.plain_step(c)) / c
+    return max(0.0, float(np.median(growth)) * 1000.0 / (deep_context - shallow_context))

@@ -7,10 +7,15 @@ pooled accepted draft tokens per draft are sum_i accepted_i / drafts. The trend 
 line through the rounds (x = drafting slots, y = the round's accepted tokens per draft), each
 round weighted by its drafts (weighted least squares), with the slope's t-interval:
 
-- the interval excludes 0: acceptance moves with the drafting slots; the model uses the line
-  (tokens per step at c scale with 1 + accepted(c));
-- it includes 0 (or the rounds sit at one level): acceptance is flat, the pooled value stands,
-  and the fit says so.
+- the interval excludes 0, and the line moves tokens a step (1 + accepted) by MATERIAL or more
+  between the lowest and the highest drafting level: acceptance moves with the drafting slots;
+  the model uses the line (tokens per step at c scale with 1 + accepted(c));
+- else (or the rounds sit at one level): acceptance is flat, the pooled value stands, and the
+  fit says so.
+
+The interval is wide (99 %) on purpose: a round's rounds are few and their scatter is not all
+of the draws' (on the twin, a 95 % interval called a flat world's acceptance moving in a
+quarter of the profiles); a trend that matters is steep enough to clear it.
 
 Pure numpy/scipy.
 """
@@ -25,7 +30,8 @@ from scipy import stats
 
 from tuner.model.data import FitData
 
-INTERVAL = 0.95  # a trend is taken where its two-sided 95 % interval excludes 0
+INTERVAL = 0.99  # a trend is taken where its two-sided 99 % interval excludes 0 ...
+MATERIAL = 0.02  # ... and it moves tokens a step by 2 % or more across the drafting levels
 
 
 @dataclass(frozen=True)
@@ -123,5 +129,6 @@ def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     se = float(np.sqrt(sigma2 / sxx))
     q = float(stats.t.ppf(0.5 + INTERVAL / 2, len(x) - 2))
     lower, upper = slope - q * se, slope + q * se
-    moving = lower > 0 or upper < 0
+    span = abs(slope) * float(x.max() - x.min()) / (1.0 + mean)
+    moving = (lower > 0 or upper < 0) and span >= MATERIAL
     return AcceptanceTrend(per_level, ref, mean, slope, lower, upper, len(x), moving, data.n_max)

@@ -50,7 +50,7 @@ def save_probe(
             context_tokens=0,
             status=COMPLETED,
             repeats=len(records),
-            metrics={"probes": [asdict(r) for r in records], "notes": list(notes)},
+            metrics={"repeats": [], "probes": [asdict(r) for r in records], "notes": list(notes)},
         )
         session.add(level)
         session.flush()
