@@ -19,9 +19,10 @@ from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, ReasonCode
 from tuner.storage.fits import StoredFit, current_fit
 from tuner.storage.store import Store
+from tuner.twin.engine import simulate
 from tuner.twin.fitted import world_from_model
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.serving import offered_poisson
+from tuner.twin.serving import capacity, offered_poisson, scaled
 from tuner.twin.truth import closed_truth, open_loop_truth
 
 PROMPT, OUTPUT = CPU_DRAFT_TRAFFIC["prompt_tokens"], CPU_DRAFT_TRAFFIC["output_tokens"]
@@ -124,3 +125,20 @@ def test_recommend_answers_a_rate_in_the_open_loop_and_says_where_figures_came_f
     )
     assert ReasonCode.CLOSED_LOOP in [r.code for r in closed.reasons]
     assert ReasonCode.OPEN_LOOP not in [r.code for r in closed.reasons]
+
+
+def test_capacity_is_the_fastest_pace_within_the_limit() -> None:
+    world = cpu_draft_world()
+    served = offered_poisson(0.2, [(PROMPT, OUTPUT)], "given", seed=3).head(300)
+
+    def p95(policy: Policy, factor: float) -> float:
+        result = simulate(world, policy, scaled(served, factor), noise=False)
+        per = [1000 * r.generation_time / (r.tokens - 1) for r in result.requests if r.tokens > 1]
+        return float(np.percentile(per, 95))
+
+    for policy in (Policy.plain(), Policy.always(3)):
+        factor, runs = capacity(world, served, policy, 60.0)
+        assert runs > 6 and factor > 0
+        assert p95(policy, factor) <= 60.0 < p95(policy, factor * 1.1)
+    # a limit no single stream meets: no pace does
+    assert capacity(world, served, Policy.plain(), 5.0)[0] == 0.0

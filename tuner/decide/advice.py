@@ -108,6 +108,7 @@ def recommend(
         rate=rate,
         output_tokens=output_tokens,
         prompt_tokens=prompt_tokens,
+        slo_tpot_ms=slo_tpot_ms,
         seed=seed,
     )
     if replicates is not None:

@@ -29,7 +29,7 @@ from tuner.traffic import Finished, TrafficProfile
 from tuner.twin.fitted import Levels
 from tuner.twin.serving import Offered, offered_poisson, offered_trace
 
-KINDS = (ObjectiveKind.TPOT, ObjectiveKind.TPS)  # what the open loop answers
+KINDS = (ObjectiveKind.TPOT, ObjectiveKind.TPS, ObjectiveKind.CAPACITY)  # the open loop's
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class OpenQuestion:
     rate: float | None = None
     output_tokens: float | None = None
     prompt_tokens: float | None = None
+    slo_tpot_ms: float | None = None
     seed: int = 0
     replicates: int = REPLICATES
 
@@ -52,7 +53,7 @@ def answers_open(model: CostModel, question: OpenQuestion) -> bool:
     """Whether the open loop answers this question on this fit: arrivals asked about (a traffic
     profile, a rate, the tpot objective), an objective it scores, measured prompt costs."""
     asked = question.traffic is not None or question.rate is not None
-    asked = asked or question.objective is ObjectiveKind.TPOT
+    asked = asked or question.objective is not ObjectiveKind.TPS
     measured = model.arrivals is not None and model.arrivals.measured
     return asked and question.objective in KINDS and measured
 
@@ -89,10 +90,13 @@ def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:
     return int(workload.get("prompt_tokens") or 32), int(workload.get("max_tokens") or 128)
 
 
-def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, int]) -> Offered:
+def offered(
+    store: Store, question: OpenQuestion, profile_lengths: tuple[int, int], base_rate: float
+) -> Offered:
     """The traffic the policies serve: the stored profile's trace (at --rate, Poisson with its
     lengths), or Poisson at --rate with the profile's lengths; --prompt-tokens and
-    --output-tokens replace the lengths either way."""
+    --output-tokens replace the lengths either way. Capacity without a rate starts from
+    base_rate (its answer speeds the arrivals up or slows them down)."""
     seed = question.seed
     if question.traffic is not None:
         profile = traffic_store.load(store, question.traffic)
@@ -108,7 +112,10 @@ def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, in
         return offered_poisson(
             question.rate, pairs, f"as observed in traffic {question.traffic!r}", seed
         )
-    if question.rate is None:
+    rate = question.rate
+    if rate is None and question.objective is ObjectiveKind.CAPACITY:
+        rate = base_rate
+    if rate is None:
         raise ConfigError(
             f"--objective {question.objective} under arrivals needs an arrival rate: pass "
             "--rate (requests/s), or --traffic NAME"
@@ -124,7 +131,7 @@ def offered(store: Store, question: OpenQuestion, profile_lengths: tuple[int, in
     ]
     pair = (round(question.prompt_tokens or prompt), round(question.output_tokens or output))
     said = "of the profile's requests" + (f" ({' and '.join(given)} given)" if given else "")
-    return offered_poisson(question.rate, [pair], said, seed)
+    return offered_poisson(rate, [pair], said, seed)
 
 
 def _with_lengths(profile: TrafficProfile, question: OpenQuestion) -> TrafficProfile:
@@ -216,42 +223,29 @@ def open_recommendation(
     store: Store, stored: StoredFit, question: OpenQuestion, table: list[TableRow]
 ) -> tuple[Recommendation, dict[str, Any]]:
     """The open-loop answer as a recommendation (not stored here), and its details to store."""
-    served = offered(store, question, _workload_of(store, question.model, question.host))
+    if question.objective is ObjectiveKind.CAPACITY and not (question.slo_tpot_ms or 0) > 0:
+        raise ConfigError(
+            "--objective capacity needs --slo-tpot-ms X above 0: the p95 time per output "
+            "token (ms) the highest served arrival rate must keep"
+        )
+    lengths = _workload_of(store, question.model, question.host)
+    top = stored.model.plain_tps([stored.model.n_parallel])[0]
+    # capacity's starting pace: half what plain serves at -np, in requests of these lengths
+    base = float(top) / (question.output_tokens or lengths[1]) / 2
+    served = offered(store, question, lengths, base)
     stored, levels, depth_said = depth_levels(store, stored, question, served)
-    model = stored.model
     answer = open_answer(
-        model,
+        stored.model,
         served,
         question.objective,
         seed=question.seed,
         replicates=question.replicates,
         levels=levels,
+        slo_tpot_ms=question.slo_tpot_ms,
     )
-    sources = sources_reason(model, served, answer, question.replicates, depth_said)
-    reasons = [answer.reasons[0], sources, *answer.reasons[1:]]
-    rec = Recommendation(
-        id=0,
-        model=question.model,
-        host=stored.inputs.get("host"),
-        policy=answer.policy,
-        fit_id=stored.id,
-        objective=answer.objective,
-        objective_interval=answer.interval(),
-        host_note=stored.host_note,
-        study_name=f"open-loop:fit{stored.id}",
-        sampler="twin simulation",
-        trials=answer.runs,
-        reasons=reasons,
-        table=table,
-        alternatives=[
-            {"policy": p.label, "objective": v, "difference_from_chosen": answer.objective - v}
-            for p, v in sorted(answer.values.items(), key=lambda kv: kv[0].sort_key)
-        ],
-        objective_kind=question.objective.value,
-        objective_text=answer.describe(answer.objective),
-        plain_advantage=answer.plain_advantage,
-        drafting_pays=not answer.plain_ahead,
-    )
+    sources = sources_reason(stored.model, served, answer, question.replicates, depth_said)
+    rec = _as_recommendation(stored, question, answer, [answer.reasons[0], sources])
+    rec.table = table
     details = {
         "open_loop": {
             "offered": served.source,
@@ -263,3 +257,31 @@ def open_recommendation(
         }
     }
     return rec, details
+
+
+def _as_recommendation(
+    stored: StoredFit, question: OpenQuestion, answer: OpenAnswer, first: list[Reason]
+) -> Recommendation:
+    """The answer in the recommendation's terms: first these reasons, then the answer's own."""
+    return Recommendation(
+        id=0,
+        model=question.model,
+        host=stored.inputs.get("host"),
+        policy=answer.policy,
+        fit_id=stored.id,
+        objective=answer.objective,
+        objective_interval=answer.interval(),
+        host_note=stored.host_note,
+        study_name=f"open-loop:fit{stored.id}",
+        sampler="twin simulation",
+        trials=answer.runs,
+        reasons=[*first, *answer.reasons[1:]],
+        alternatives=[
+            {"policy": p.label, "objective": v, "difference_from_chosen": answer.objective - v}
+            for p, v in sorted(answer.values.items(), key=lambda kv: kv[0].sort_key)
+        ],
+        objective_kind=question.objective.value,
+        objective_text=answer.describe(answer.objective),
+        plain_advantage=answer.plain_advantage,
+        drafting_pays=not answer.plain_ahead,
+    )

@@ -23,7 +23,10 @@ drafts again after a stretch above the threshold. The fit carries those costs
    question is unresolved, as the closed-loop rule does.
 
 Objectives, higher is better as tuner.decide.objective scores them: tpot, 1000 / the mean time
-per output token (ms); tps, tokens served per busy second.
+per output token (ms); tps, tokens served per busy second; capacity, the highest arrival rate
+(the offered traffic's first CAPACITY_REQUESTS sped up or slowed down) whose per-request p95
+time per output token stays within the limit, on the point world alone (no spread: each
+policy's rate takes a dozen runs).
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode
 from tuner.twin.fitted import Levels, world_from_model
-from tuner.twin.serving import Offered, score_policies
+from tuner.twin.serving import Offered, capacity, score_policies
 from tuner.twin.world import World
 
 REPLICATES = 6  # replicate worlds for the spread
 REPLICATE_REQUESTS = 300  # the offered traffic's first requests, what each replicate serves
 CONTENDER_SHARE = 0.03  # drafting policies within this share of the best get replicate runs
 MAX_CONTENDERS = 4
+CAPACITY_REQUESTS = 400
 
 
 @dataclass
@@ -57,6 +61,7 @@ class OpenAnswer:
     plain_advantage: tuple[float, float, float]  # plain - chosen: point, one-sided 95 % bounds
     runs: int  # simulated runs
     reasons: list[Reason] = field(default_factory=list)
+    slo_tpot_ms: float | None = None  # capacity's limit
 
     @property
     def plain_ahead(self) -> bool:
@@ -76,6 +81,8 @@ class OpenAnswer:
     def describe(self, value: float) -> str:
         if self.kind is ObjectiveKind.TPOT:
             return f"mean TPOT {1000.0 / value:.1f} ms" if value > 0 else "mean TPOT unbounded"
+        if self.kind is ObjectiveKind.CAPACITY:
+            return f"{value:.3g} req/s within p95 TPOT {self.slo_tpot_ms:g} ms"
         return f"{value:.1f} tok/s while busy"
 
 
@@ -117,13 +124,18 @@ def open_answer(
     seed: int = 0,
     replicates: int = REPLICATES,
     levels: Levels = Levels(),
+    slo_tpot_ms: float | None = None,
 ) -> OpenAnswer:
     """Score every policy under the offered traffic and choose (see the module docstring).
     levels: where the model's closed levels were measured (the fitted worlds are matched with
-    them) and what depth costs."""
+    them) and what depth costs; slo_tpot_ms: capacity's limit."""
     if model.arrivals is None:
         raise ValueError("the fit has no arrival costs: the open-loop answer needs them")
     point_world = world_from_model(model, model.arrivals.point(), levels)
+    if kind is ObjectiveKind.CAPACITY:
+        if slo_tpot_ms is None or slo_tpot_ms <= 0:
+            raise ValueError("the capacity objective needs a time-per-token limit above 0")
+        return _capacity_answer(model, point_world, offered, slo_tpot_ms)
     scores, runs = score_policies(point_world, offered.workload, candidates(model))
     values = {p: s.value(kind) for p, s in scores.items()}
     npar, n_max = model.n_parallel, model.n_max
@@ -147,6 +159,33 @@ def open_answer(
     advantage = _plain_advantage(values, samples, chosen)
     answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
     answer.reasons[:0] = [_plain_reason(answer)]
+    return answer
+
+
+def _capacity_answer(
+    model: CostModel, world: World, offered: Offered, slo_tpot_ms: float
+) -> OpenAnswer:
+    """Capacity on the point world: each policy's highest rate within the limit (see the module
+    docstring); the best drafting policy, the smaller N on a tie; plain against it."""
+    head = offered.head(CAPACITY_REQUESTS)
+    values: dict[Policy, float] = {}
+    runs = 0
+    for p in candidates(model):
+        if p.is_threshold and (p.max_slots or 0) >= model.n_parallel:
+            values[p] = values[Policy.always(model.n_max)]  # N = n_parallel is N = 0's server
+            continue
+        factor, n = capacity(world, head, p, slo_tpot_ms)
+        values[p] = factor * offered.rate
+        runs += n
+    npar, n_max = model.n_parallel, model.n_max
+    best = min(
+        (p for p in values if p.drafting), key=lambda p: (-values[p], preference(p, npar, n_max))
+    )
+    point = values[Policy.plain()] - values[best]
+    answer = OpenAnswer(
+        ObjectiveKind.CAPACITY, values, {}, best, (point, point, point), runs, [], slo_tpot_ms
+    )
+    answer.reasons = [_plain_reason(answer)]
     return answer
 
 
@@ -191,10 +230,14 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
     point, low, high = answer.plain_advantage
     share = point / answer.objective if answer.objective else 0.0
     plain_value = answer.values[Policy.plain()]
+    spread = (
+        f"one-sided 95 % bounds [{low:+.3g}, {high:+.3g}] over the replicate worlds"
+        if answer.samples
+        else "the point world alone, no spread"
+    )
     figures = (
         f"plain {answer.describe(plain_value)} against {answer.policy.label}'s "
-        f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; one-sided 95 % "
-        f"bounds [{low:+.3g}, {high:+.3g}] over the replicate worlds)"
+        f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; {spread})"
     )
     if point > 0 and low > 0:
         return Reason(

@@ -169,3 +169,53 @@ def score_policies(
         out[p] = score(simulate(world, p, workload, noise=False))
         runs += 1
     return out, runs
+
+
+def scaled(workload: Workload, factor: float) -> Workload:
+    """The same requests arriving `factor` times as fast."""
+    return Workload(workload.requests, tuple(t / factor for t in workload.arrivals))
+
+
+def capacity(
+    world: World,
+    workload: Workload,
+    policy: Policy,
+    slo_tpot_ms: float,
+    *,
+    quantile: float = 95.0,
+    steps: int = 6,
+) -> tuple[float, int]:
+    """The most the workload's arrivals can be sped up (a factor) with the per-request
+    `quantile` percentile of time per output token within slo_tpot_ms, and the runs it took:
+    doubled or halved until the limit is bracketed (at most `steps` times), then halved in
+    between `steps` times; 0 where even an eighth of the pace misses it."""
+    runs = 0
+
+    def meets(factor: float) -> bool:
+        nonlocal runs
+        runs += 1
+        result = simulate(world, policy, scaled(workload, factor), noise=False)
+        per_request = [
+            1000.0 * (r.generation_time or 0.0) / (r.tokens - 1)
+            for r in result.requests
+            if r.tokens >= 2
+        ]
+        return bool(per_request) and float(np.percentile(per_request, quantile)) <= slo_tpot_ms
+
+    if meets(1.0):
+        lo, hi = 1.0, 2.0
+        while hi <= 2.0**steps and meets(hi):
+            lo, hi = hi, hi * 2
+    else:
+        lo, hi = 0.5, 1.0
+        while not meets(lo):
+            if lo <= 1.0 / 8:
+                return 0.0, runs
+            lo, hi = lo / 2, lo
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, runs
