@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from tuner.decide import search
 from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
 from tuner.decide.openadvice import (
+    REPLICATES,
     OpenQuestion,
     answers_open,
     closed_loop_reason,
@@ -62,18 +62,12 @@ def recommend(
     context: the context depth whose measurements to use (default the shallowest), or a mix
     {depth: share of time}. A depth that was not measured, or a mix, is answered by a model
     combined from the fits at the measured depths (tuner.model.depth); that answer rests on no
-    measured level of its own, so it is printed, not stored. traffic: weight the objective by
-    an observed traffic profile (share of busy time at each number of generating slots)
-    instead of the spec's workload weights.
+    measured level of its own, so it is printed, not stored. traffic: an observed traffic
+    profile (closed levels weigh by its busy-time shares).
 
-    objective: what to maximise (tuner.decide.objective): tps (the default), tpot (mean time
-    per output token under Poisson arrivals at the traffic's rate, or `rate`) or capacity (the
-    highest arrival rate within slo_tpot_ms at p95). tpot and capacity take the arrival rate
-    and mean output length from the traffic profile unless rate and output_tokens are given.
-
-    Arrivals (a traffic profile, a rate, the tpot objective) are answered in the open loop
-    (tuner.decide.openadvice: every policy serving the traffic in a twin of the fit) where the
-    fit carries measured arrival costs, unless closed_loop; else from closed levels, said so.
+    objective: tps (the default), tpot or capacity (tuner.decide.objective). Arrivals (traffic,
+    rate, tpot, capacity) are answered in the open loop where the fit has arrival costs and not
+    closed_loop (tuner.decide.openadvice), else from closed levels, said so.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
@@ -82,45 +76,24 @@ def recommend(
     stored = current_fit(
         store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed, context=where.fit
     )
-    plain_question = (
-        objective is ObjectiveKind.TPS and rate is None and output_tokens is None
-    ) and prompt_tokens is None
+    lengths = (rate, output_tokens, prompt_tokens)
+    plain_question = objective is ObjectiveKind.TPS and lengths == (None, None, None)
     asks_more = tune_n_max or min_single_stream is not None or traffic is not None
     if plain_question and not asks_more and not where.derived:
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
-    cm = stored.model
-    # Which N: spec against the threshold server not drafting (the off arm) where measured.
-    measured_gains = stored.quality.measured_gains(against="off")
-    measured_levels = stored.measured
-    reasons_first: list[Reason] = []
-    if where.derived:
-        cm, said = _derived_model(store, model, host, host_explicit, seed, where)
-        measured_gains, measured_levels = {}, {}
-        reasons_first.append(said)
-    question = OpenQuestion(
-        model,
-        host,
-        objective,
-        host_explicit=host_explicit,
-        traffic=traffic,
-        rate=rate,
-        output_tokens=output_tokens,
-        prompt_tokens=prompt_tokens,
-        slo_tpot_ms=slo_tpot_ms,
-        seed=seed,
+    cm, measured_gains, measured_levels, reasons_first = _answered_by(
+        store, stored, where, model, host, host_explicit, seed
     )
-    if replicates is not None:
-        question = dataclasses.replace(question, replicates=replicates)
     if not plain_question or traffic is not None:
+        asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
+        question = OpenQuestion(*asked, replicates or REPLICATES)
         blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
-        if answers_open(cm, question) and blocked is None:
-            rec, details = open_recommendation(store, stored, question, [])
-            rec.table = prediction_table(cm, rec.policy, measured_levels)
-            recommendations.save(store, rec, details)
-            return rec
-        reasons_first.append(closed_loop_reason(cm, objective, blocked))
+        answered = _open_loop(store, stored, question, blocked, measured_levels)
+        if isinstance(answered, Recommendation):
+            return answered
+        reasons_first.append(answered)
     weights, goal, said_how = _weighted_goal(
         store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
     )
@@ -146,6 +119,42 @@ def recommend(
     recommendations.save(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
+    return rec
+
+
+def _answered_by(
+    store: Store,
+    stored: StoredFit,
+    where: _Depths,
+    model: str,
+    host: str | None,
+    host_explicit: bool,
+    seed: int,
+) -> tuple[CostModel, dict[int, float], dict[str, list[int]], list[Reason]]:
+    """The model that answers, the measured gains and levels it keeps to, the reasons first:
+    the fit's own, or one derived from the fits at the measured depths (none measured then)."""
+    if not where.derived:
+        # Which N: spec against the threshold server not drafting (the off arm) where measured.
+        return stored.model, stored.quality.measured_gains(against="off"), stored.measured, []
+    cm, said = _derived_model(store, model, host, host_explicit, seed, where)
+    return cm, {}, {}, [said]
+
+
+def _open_loop(
+    store: Store,
+    stored: StoredFit,
+    question: OpenQuestion,
+    blocked: str | None,
+    measured_levels: dict[str, list[int]],
+) -> Recommendation | Reason:
+    """The open-loop answer, stored, where the open loop answers the question; else the reason
+    the answer comes from closed levels."""
+    cm = stored.model
+    if not answers_open(cm, question) or blocked is not None:
+        return closed_loop_reason(cm, question.objective, blocked)
+    rec, details = open_recommendation(store, stored, question, [])
+    rec.table = prediction_table(cm, rec.policy, measured_levels)
+    recommendations.save(store, rec, details)
     return rec
 
 

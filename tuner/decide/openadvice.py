@@ -46,7 +46,7 @@ class OpenQuestion:
     prompt_tokens: float | None = None
     slo_tpot_ms: float | None = None
     seed: int = 0
-    replicates: int = REPLICATES
+    replicates: int = REPLICATES  # replicate worlds for the spread
 
 
 def answers_open(model: CostModel, question: OpenQuestion) -> bool:

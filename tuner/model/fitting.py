@@ -273,8 +273,6 @@ def fit(
         threshold_overhead=overhead,
         threshold_rows=rows,
         off=f.curves.get("off"),
-        arrivals=fit_arrival_costs(data.ttft_rounds, data.probes) if data.ttft_rounds else None,
-        trend=acceptance_trend(data) if acceptance is not None else None,
     )
     averaging = {
         key: form_weights(choice, len(f.points[key][0]))
@@ -294,7 +292,7 @@ def fit(
         launch_noise,
         form_uncertainty,
     )
-    _draw_trend(model, seed)
+    _beside_curves(model, data, acceptance, seed)
     quality = assess(
         model,
         data,
@@ -317,11 +315,26 @@ def fit(
     )
     if f.unfitted_off:
         quality.threshold_regime["unfitted_levels"] = f.unfitted_off
+    _say_beside(model, quality)
+    return FitResult(model, quality)
+
+
+def _beside_curves(
+    model: CostModel, data: FitData, acceptance: Acceptance | None, seed: int
+) -> None:
+    """What arrivals cost and acceptance by drafting slots, fitted beside the curves (the
+    trend's slope drawn into the replicates)."""
+    model.arrivals = fit_arrival_costs(data.ttft_rounds, data.probes) if data.ttft_rounds else None
+    model.trend = acceptance_trend(data) if acceptance is not None else None
+    _draw_trend(model, seed)
+
+
+def _say_beside(model: CostModel, quality: FitQuality) -> None:
+    """The trend and the arrival costs in words, with the fit's quality."""
     if model.trend is not None:
         quality.acceptance["trend"] = model.trend.text()
     if model.arrivals is not None:
         quality.acceptance["arrivals"] = model.arrivals.lines()
-    return FitResult(model, quality)
 
 
 def _draw_trend(model: CostModel, seed: int) -> None:

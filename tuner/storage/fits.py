@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
 from tuner.model import fitting
+from tuner.model.arrivals import ProbeRecord, TtftRound
 from tuner.model.costmodel import VERSION, CostModel, Crossover
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.quality import FitQuality
@@ -200,12 +201,8 @@ def select_data(
             )
         levels, level_ids, digest_rows, measured = _levels(group, depth, basis.n_max)
         run_ids = [run.id for run in group]
-        # what arrivals cost: the fitted levels' rounds' time to first token, and the probes
-        chosen = set(level_ids)
-        rounds = ttft_rounds(session, [lv for run in group for lv in run.levels if lv.id in chosen])
-        probe_levels = [lv for run in group for lv in run_probe_levels(run)]
-        probes = [r for lv in probe_levels for r in probe_records(lv)]
-        digest_rows.append(["probes", [lv.id for lv in probe_levels]])
+        rounds, probes, probe_ids = _arrival_data(session, group, set(level_ids))
+        digest_rows.append(["probes", probe_ids])
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
             for row in session.scalars(
@@ -254,6 +251,17 @@ def select_data(
         probes=tuple(probes),
     )
     return data, selection
+
+
+def _arrival_data(
+    session: Session, group: list[Run], level_ids: set[int]
+) -> tuple[list[TtftRound], list[ProbeRecord], list[int]]:
+    """What arrivals cost: the fitted levels' rounds' time to first token, the group's probe
+    records and the probe levels' ids (the data's hash includes them)."""
+    rounds = ttft_rounds(session, [lv for run in group for lv in run.levels if lv.id in level_ids])
+    probe_levels = [lv for run in group for lv in run_probe_levels(run)]
+    probes = [r for lv in probe_levels for r in probe_records(lv)]
+    return rounds, probes, [lv.id for lv in probe_levels]
 
 
 def _runs_of(session: Session, model: str) -> tuple[Model, list[Run], list[Run]]:
