@@ -93,17 +93,14 @@ def test_recommend_answers_a_rate_in_the_open_loop_and_says_where_figures_came_f
     profiled,
 ) -> None:
     store, _ = profiled
-    rec = advice.recommend(
-        store,
-        "twin-cpu-draft",
-        HOST,
-        host_explicit=True,
-        objective=ObjectiveKind.TPOT,
-        rate=0.45,
-        output_tokens=OUTPUT,
-        prompt_tokens=PROMPT,
-        replicates=2,
-    )
+    asked = {
+        "objective": ObjectiveKind.TPOT,
+        "rate": 0.45,
+        "output_tokens": OUTPUT,
+        "prompt_tokens": PROMPT,
+        "host_explicit": True,
+    }
+    rec = advice.recommend(store, "twin-cpu-draft", HOST, replicates=2, **asked)
     codes = [r.code for r in rec.reasons]
     assert ReasonCode.OPEN_LOOP in codes
     sources = next(r.text for r in rec.reasons if r.code is ReasonCode.OPEN_LOOP)
@@ -112,17 +109,7 @@ def test_recommend_answers_a_rate_in_the_open_loop_and_says_where_figures_came_f
     # plain wins here by far, and the answer says so first
     assert not rec.drafting_pays and rec.reasons[0].code is ReasonCode.PLAIN_AHEAD
     assert rec.plain_advantage is not None and rec.plain_advantage[1] > 0
-    closed = advice.recommend(
-        store,
-        "twin-cpu-draft",
-        HOST,
-        host_explicit=True,
-        objective=ObjectiveKind.TPOT,
-        rate=0.45,
-        output_tokens=OUTPUT,
-        prompt_tokens=PROMPT,
-        closed_loop=True,
-    )
+    closed = advice.recommend(store, "twin-cpu-draft", HOST, closed_loop=True, **asked)
     assert ReasonCode.CLOSED_LOOP in [r.code for r in closed.reasons]
     assert ReasonCode.OPEN_LOOP not in [r.code for r in closed.reasons]
 

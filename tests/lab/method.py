@@ -163,17 +163,7 @@ def _run(
     levels = tuple(c for c in DEFAULT_LEVELS if c <= np_) if method == "naive" else None
     spec = twin_spec(world, weights, levels=levels, max_tokens=max_tokens, seed=seed)
     switch = "live" if method == "full" else "relaunch"
-    backend = TwinBackend(world, switch=switch, seed=seed)
-    profile_adaptively(
-        store,
-        spec,
-        folder,
-        host_name=HOST,
-        backend=backend,
-        switch=switch,
-        budget_s=0.0 if method == "naive" else 600.0,
-        seed=seed,
-    )
+    backend = _profiled(world, store, spec, folder, switch, 0.0 if method == "naive" else 600.0)
     fit = current_fit(store, world.model_name, HOST, seed=seed)
     measured = set(fit.measured.get("plain", [])) | set(fit.measured.get("spec", []))
     if method == "naive":
@@ -201,6 +191,20 @@ def _run(
             result.seconds = backend.elapsed
     result.held_out = held_out_intervals(fit.model, measured, np_)
     return result
+
+
+def _profiled(
+    world: World, store: Store, spec: ProfileSpec, folder: Path, switch: str, budget_s: float
+) -> TwinBackend:
+    """The world profiled (base levels, probes, adaptive levels within budget_s) on an
+    in-process twin switched this way, seeded by the spec's workload seed; its backend."""
+    seed = spec.workload.seed
+    backend = TwinBackend(world, switch=switch, seed=seed)
+    profile_adaptively(
+        store, spec, folder, host_name=HOST, backend=backend, switch=switch,
+        budget_s=budget_s, seed=seed,
+    )  # fmt: skip
+    return backend
 
 
 def naive_rule(model: Any, measured: Mapping[str, list[int]], store: Store, name: str) -> int:
@@ -312,17 +316,7 @@ def _run_traffic(
     traffic_store.save(store, TRAFFIC, view, traffic.to_dict(), "complete")
     weights = {c: w for c, w in traffic.weights(world.n_parallel).items() if w > 0}
     spec = twin_spec(world, weights or None, seed=seed, context_tokens=traffic_depths(traffic))
-    backend = TwinBackend(world, switch="live", seed=seed)
-    profile_adaptively(
-        store,
-        spec,
-        folder,
-        host_name=HOST,
-        backend=backend,
-        switch="live",
-        budget_s=budget_s,
-        seed=seed,
-    )
+    backend = _profiled(world, store, spec, folder, "live", budget_s)
     options: dict[str, Any] = {"replicates": replicates} if replicates is not None else {}
     rec = advice.recommend(
         store,
