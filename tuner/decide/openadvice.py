@@ -19,11 +19,12 @@ import numpy as np
 from tuner.decide.openanswer import REPLICATES, OpenAnswer, open_answer
 from tuner.errors import ConfigError
 from tuner.model.costmodel import CostModel
-from tuner.model.depth import row_cost_per_1k
+from tuner.model.depth import attention_per_1k
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage import validations
 from tuner.storage.fits import StoredFit, current_fit, select_data
+from tuner.storage.probes import mean_output_tokens
 from tuner.storage.store import Store
 from tuner.traffic import Finished, TrafficProfile
 from tuner.twin.fitted import Levels
@@ -208,15 +209,17 @@ def depth_levels(
     }
     nearest = sorted(depths, key=lambda d: abs(held(d) - context))
     chosen = nearest[0]
+    # a deep level's outputs were shortened (equal time): its rounds' own length
+    output = round(mean_output_tokens(store, fits[chosen].inputs.get("levels") or []) or output)
     lo, hi = sorted(nearest[:2])
-    k = row_cost_per_1k(fits[lo].model, fits[hi].model, max(lo, prompt), max(hi, prompt))
+    row, slot = attention_per_1k(fits[lo].model, fits[hi].model, max(lo, prompt), max(hi, prompt))
     said = (
         f"context: the traffic's {context:.0f} tokens on average; the levels at depth {chosen} "
         f"({held(chosen):.0f} held on average) of those at {', '.join(map(str, depths))}; "
-        f"attention {k:.3g} ms a decode row per 1000 tokens, from the plain steps at depths "
-        f"{lo} and {hi}"
+        f"attention {row:.3g} ms a decode row and {slot:.3g} ms a generating slot per 1000 "
+        f"tokens, from the plain and drafting steps at depths {lo} and {hi}"
     )
-    return fits[chosen], Levels(prompt, output, chosen, k), said
+    return fits[chosen], Levels(prompt, output, chosen, row, slot), said
 
 
 def open_recommendation(
@@ -252,6 +255,7 @@ def open_recommendation(
             "rate": served.rate,
             "depth": levels.depth,
             "depth_ms_per_row_per_1k": levels.depth_ms_per_row_per_1k,
+            "depth_ms_per_slot_per_1k": levels.depth_ms_per_slot_per_1k,
             "values": {p.label: v for p, v in answer.values.items()},
             "samples": {p.label: v for p, v in answer.samples.items()},
         }

@@ -117,14 +117,20 @@ def mixed(models: Mapping[int, CostModel], mix: Mapping[int, float]) -> CostMode
     )
 
 
-def row_cost_per_1k(
+def attention_per_1k(
     shallow: CostModel, deep: CostModel, shallow_context: int, deep_context: int
-) -> float:
-    """What attention costs a decode row per 1000 tokens its slot holds (ms), from the plain
-    steps of fits at two depths: the median over the levels of the step's growth per stream
-    and per 1000 tokens of context between them; never below 0."""
+) -> tuple[float, float]:
+    """What attention costs per 1000 tokens of context (ms), from fits at two depths: per
+    decode row (every row attends on its own, as on a CPU) and per generating slot (a
+    memory-bound decode reads a slot's cache once for all its draft rows). A plain step at c
+    grows by c (row + slot) per 1000 tokens, a drafting one at the fit's n_max by
+    c ((n + 1) row + slot): the medians over the levels of each step's growth per stream split
+    the two; neither below 0."""
     if deep_context <= shallow_context:
         raise ValueError("the deep fit's context must exceed the shallow one's")
     c = shallow.levels.astype(float)
-    growth = (deep.plain_step(c) - shallow.plain_step(c)) / c
-    return max(0.0, float(np.median(growth)) * 1000.0 / (deep_context - shallow_context))
+    scale = 1000.0 / (deep_context - shallow_context)
+    plain = float(np.median((deep.plain_step(c) - shallow.plain_step(c)) / c)) * scale
+    drafting = float(np.median((deep.spec_step(c) - shallow.spec_step(c)) / c)) * scale
+    row = max(0.0, (drafting - plain) / shallow.n_max)
+    return min(row, max(0.0, plain)), max(0.0, plain - row)

@@ -92,3 +92,16 @@ def ttft_rounds(session: Session, levels: Iterable[Level]) -> list[TtftRound]:
 def run_probe_levels(run: Run) -> list[Level]:
     """The run's completed probe levels."""
     return [lv for lv in run.levels if is_probe(lv) and lv.status == COMPLETED]
+
+
+def mean_output_tokens(store: Store, level_ids: Iterable[int]) -> float | None:
+    """The mean tokens the requests of these levels generated (a deep level's are shortened to
+    equal time): what the levels' closed rounds were made of."""
+    ids = list(level_ids)
+    if not ids:
+        return None
+    with store.session() as session:
+        value = session.scalar(
+            select(func.avg(Sample.tokens)).where(Sample.level_id.in_(ids), Sample.ok.is_(True))
+        )
+    return float(value) if value else None

@@ -55,6 +55,7 @@ class Levels:
     output_tokens: int = 128
     depth: int = 0  # tokens each stream held when it started (0: its prompt alone)
     depth_ms_per_row_per_1k: float = 0.0
+    depth_ms_per_slot_per_1k: float = 0.0
 
 
 def _table(values: np.ndarray) -> list[list[float]]:
