@@ -163,7 +163,9 @@ def _run(
     levels = tuple(c for c in DEFAULT_LEVELS if c <= np_) if method == "naive" else None
     spec = twin_spec(world, weights, levels=levels, max_tokens=max_tokens, seed=seed)
     switch = "live" if method == "full" else "relaunch"
-    backend = _profiled(world, store, spec, folder, switch, 0.0 if method == "naive" else 600.0)
+    backend = profile_on_twin(
+        world, store, spec, folder, switch, 0.0 if method == "naive" else 600.0
+    )
     fit = current_fit(store, world.model_name, HOST, seed=seed)
     measured = set(fit.measured.get("plain", [])) | set(fit.measured.get("spec", []))
     if method == "naive":
@@ -193,7 +195,7 @@ def _run(
     return result
 
 
-def _profiled(
+def profile_on_twin(
     world: World, store: Store, spec: ProfileSpec, folder: Path, switch: str, budget_s: float
 ) -> TwinBackend:
     """The world profiled (base levels, probes, adaptive levels within budget_s) on an
@@ -321,7 +323,7 @@ def _run_traffic(
     traffic_store.save(store, TRAFFIC, view, traffic.to_dict(), "complete")
     weights = {c: w for c, w in traffic.weights(world.n_parallel).items() if w > 0}
     spec = twin_spec(world, weights or None, seed=seed, context_tokens=traffic_depths(traffic))
-    backend = _profiled(world, store, spec, folder, "live", budget_s)
+    backend = profile_on_twin(world, store, spec, folder, "live", budget_s)
     options: dict[str, Any] = {"replicates": replicates} if replicates is not None else {}
     rec = advice.recommend(
         store,

@@ -14,8 +14,8 @@ reeval_ms(R) + the draft calls; here what the target does by generating slots go
   draft model faster where it does not draft);
 - call_ms(d) = (D(d) - P(d) - reeval_ms(d (n + 1))) / n: d slots drafting n tokens each cost
   D(d);
-- `depth.ms_per_row_per_1k`: attention per decode row per 1000 tokens its slot holds, as given
-  (fitted from levels at two depths, else 0): requests deeper than the profile's pay for it;
+- `depth`: attention per 1000 tokens of context, per decode row and per generating slot, as
+  given (fitted from levels at two depths, else 0): requests deeper than the profile's pay;
 - acceptance: the pooled per-position rates (geometric from the mean length without them);
 - prefill and catch-up: the arrival costs given (fitted, or a replicate's draw).
 
@@ -156,7 +156,10 @@ def _world(
                 "ms_per_token": max(0.0, float(costs.get("prefill", 0.0))),
                 "draft_ms_per_token": max(0.0, float(costs.get("draft_prefill", 0.0))),
             },
-            "depth": {"ms_per_row_per_1k": max(0.0, levels.depth_ms_per_row_per_1k)},
+            "depth": {
+                "ms_per_row_per_1k": max(0.0, levels.depth_ms_per_row_per_1k),
+                "ms_per_slot_per_1k": max(0.0, levels.depth_ms_per_slot_per_1k),
+            },
             "noise": {"preset": "off"},
         }
     )
