@@ -166,3 +166,29 @@ def test_flat_acceptance_stays_flat_and_says_so() -> None:
 def test_probe_records_round_trip() -> None:
     record = ProbeRecord("catch-up", True, 24.0, 29.5)
     assert ProbeRecord(**record.__dict__) == record
+
+
+def test_the_profile_finds_acceptance_falling_with_the_drafting_slots(tmp_path: Path) -> None:
+    """A batched draft model whose drafts get worse as more slots draft together (the twin's
+    acceptance.by_drafting): the fit's trend says acceptance moves, downwards, and the model's
+    spec at 8 streams keeps to the measured level rather than the pooled mean."""
+    world = cpu_draft_world(
+        name="falling",
+        acceptance={"synth_len": 3.64, "by_drafting": [[1, 1.0], [8, 0.75]]},
+    )
+    store = Store(f"sqlite:///{tmp_path / 'falling.db'}")
+    profile_adaptively(
+        store,
+        twin_spec(world, seed=5),
+        tmp_path,
+        host_name=HOST,
+        backend=TwinBackend(world, switch="live", seed=5),
+        switch="live",
+        budget_s=0,
+    )
+    fit = current_fit(store, world.model_name, HOST, seed=5)
+    trend = fit.model.trend
+    assert trend is not None and trend.moving and trend.upper < 0, trend
+    assert trend.per_level[8] < trend.per_level[1]
+    assert "moves" in fit.quality.acceptance["trend"]
+    store.dispose()
