@@ -8,17 +8,8 @@ judges.
   draft), its adaptive levels, and the cost model's recommendation;
 - `naive`: a 1/2/4/8 profile and the last of those levels where always-draft beat plain.
 
-Under random arrivals (`run_traffic`): the world's traffic is first observed as `tuner observe`
-would see it (`observed_traffic`: a stretch of it served by the world under N = 0, the server's
-default), the profile's workload weights are its busy-time shares, then
-
-- `open`: the profile (plain, always draft and the off arm switched live, its arrival probes,
-  its adaptive levels where the traffic's weight is, at depth 0 and, for traffic much deeper
-  than its own levels, at the traffic's mean prompt: `traffic_depths`) and `recommend
-  --traffic --objective tpot` answered in the open loop (tuner.decide.openadvice);
-- `closed`: the same profile, and today's closed-loop answer to the same question
-  (`recommend --traffic --objective tpot --closed-loop`: the birth-death queue over closed
-  levels).
+Under random arrivals (lab.openmethod) a profile is made with `profile_on_twin`, at the depths
+`traffic_depths` names for the observed traffic.
 
 Each run gets its own database, its own noise seed and the world's traffic weights through the
 spec, exactly as a user's spec carries them; nothing here knows the truth. The result carries
@@ -37,21 +28,15 @@ from typing import Any
 from tuner.decide import advice, settle
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.tune import DEFAULT_BUDGET_S, tune
-from tuner.measure.observe import generating_histogram
 from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
-from tuner.recommendation import ObjectiveKind
-from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.fits import current_fit
 from tuner.storage.store import Store
-from tuner.traffic import Finished, ServerView, TrafficProfile
-from tuner.twin.engine import Workload as TwinWorkload
-from tuner.twin.engine import simulate
+from tuner.traffic import TrafficProfile
 from tuner.twin.inprocess import TwinBackend
 from tuner.twin.world import World
 
 METHODS = ("full", "model", "naive")
-TRAFFIC_METHODS = ("open", "closed")
 HOST = "twin"
 DEFAULT_LEVELS = (1, 2, 4, 8)
 
@@ -109,7 +94,6 @@ class MethodResult:
     # cells no run measured
     held_out: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
-    policy: Policy | None = None  # the answer as a policy: plain where drafting does not pay
 
 
 def run_method(
@@ -244,28 +228,7 @@ def held_out_intervals(
     return out
 
 
-# --- under random arrivals --------------------------------------------------------------------
-
-TRAFFIC = "observed"  # the traffic profile's name in a method's database
-
-
-def observed_traffic(world: World, workload: TwinWorkload, seed: int = 0) -> TrafficProfile:
-    """The workload served by the world under N = 0 (noise on, as a running server), seen as
-    `tuner observe` sees it: seconds at each number of generating slots (first token to last
-    token of each request), each request finishing with the time it took a slot, its prompt and
-    its output."""
-    result = simulate(world, Policy.always(world.n_max), workload, seed=seed)
-    served = [r for r in result.requests if r.token_times and r.start is not None]
-    start = min(r.arrival for r in result.requests)
-    end = max(r.token_times[-1] for r in served)
-    intervals = [(r.token_times[0], r.token_times[-1]) for r in served]
-    profile = TrafficProfile(world.n_parallel)
-    for count, seconds in generating_histogram(intervals, start, end).items():
-        profile.add(min(count, world.n_parallel), seconds)
-    for r in sorted(served, key=lambda r: r.start or 0.0):
-        profile.add_finished(Finished(float(r.start or 0.0), r.request.prompt_tokens, r.tokens))
-    return profile
-
+# --- under random arrivals (lab.openmethod) ------------------------------------------------
 
 DEEP = 2.0  # traffic this many times deeper than the profile's own levels gets a deep level too
 
@@ -282,68 +245,3 @@ def traffic_depths(traffic: TrafficProfile, prompt: int = 32, output: int = 128)
     if held < DEEP * (prompt + output / 2):
         return (0,)
     return (0, max(64, 64 * round(sum(prompts) / len(prompts) / 64)))
-
-
-def run_traffic(
-    world: World,
-    method: str,
-    workload: TwinWorkload,
-    *,
-    seed: int = 0,
-    budget_s: float = 600.0,
-    workdir: Path | None = None,
-    replicates: int | None = None,
-) -> MethodResult:
-    """Run a method under random arrivals (see the module docstring): the answer as a policy
-    (`MethodResult.policy`: plain where the recommendation says drafting does not pay)."""
-    if method not in TRAFFIC_METHODS:
-        raise ValueError(f"unknown method {method!r}; known: {', '.join(TRAFFIC_METHODS)}")
-    with tempfile.TemporaryDirectory(prefix="tuner-twin-") as tmp:
-        folder = Path(workdir or tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        store = Store(f"sqlite:///{folder / f'{method}-{seed}.db'}")
-        try:
-            return _run_traffic(world, method, workload, store, folder, seed, budget_s, replicates)
-        finally:
-            store.dispose()
-
-
-def _run_traffic(
-    world: World,
-    method: str,
-    workload: TwinWorkload,
-    store: Store,
-    folder: Path,
-    seed: int,
-    budget_s: float,
-    replicates: int | None,
-) -> MethodResult:
-    traffic = observed_traffic(world, workload, seed)
-    view = ServerView("http://twin:8080", world.model_name, world.n_parallel, "slots")
-    traffic_store.save(store, TRAFFIC, view, traffic.to_dict(), "complete")
-    weights = {c: w for c, w in traffic.weights(world.n_parallel).items() if w > 0}
-    spec = twin_spec(world, weights or None, seed=seed, context_tokens=traffic_depths(traffic))
-    backend = profile_on_twin(world, store, spec, folder, "live", budget_s)
-    options: dict[str, Any] = {"replicates": replicates} if replicates is not None else {}
-    rec = advice.recommend(
-        store,
-        world.model_name,
-        HOST,
-        host_explicit=True,
-        traffic=TRAFFIC,
-        objective=ObjectiveKind.TPOT,
-        seed=seed,
-        closed_loop=method == "closed",
-        **options,
-    )
-    policy = rec.policy if rec.drafting_pays else Policy.plain()
-    fit = current_fit(store, world.model_name, HOST, seed=seed)
-    measured = set(fit.measured.get("plain", [])) | set(fit.measured.get("spec", []))
-    return MethodResult(
-        method,
-        policy.effective(world.n_parallel) if policy.drafting else 0,
-        backend.elapsed,
-        measured=measured,
-        details={"reasons": [str(r) for r in rec.reasons], "traffic": traffic.to_dict()},
-        policy=policy,
-    )
