@@ -286,10 +286,13 @@ def assert_kept(db_url: str, before: Snapshot) -> None:
 def profile_cells(concurrencies: Iterable[int], way: str) -> set[tuple[str, int]]:
     """The levels a profile of the bench spec (no threshold of its own) stores: plain and
     always-draft at every concurrency and, measured the live way, always-draft's off arm (the
-    threshold c-1, which does not draft at c) above one stream."""
+    threshold c-1, which does not draft at c) above one stream; beside them the arrival probes
+    (joins, and the live way's catch-up)."""
     cells = {(config, c) for config in ("plain", "spec") for c in concurrencies}
+    cells.add(("probe:join", 1))
     if way == "live":
         cells |= {(arm.config_name, c) for c in concurrencies if (arm := off_arm(c))}
+        cells.add(("probe:catch-up", 2))
     return cells
 
 
@@ -300,7 +303,9 @@ def assert_run_complete(db_url: str, run_id: int, concurrencies: Iterable[int]) 
     assert all(lv.status == "completed" for lv in rows.values()), rows
     assert dict((r[0], r[1]) for r in runs(db_url))[run_id] == "completed"
     counts = dict(peek(db_url, "SELECT level_id, COUNT(*) FROM tuner_samples GROUP BY level_id"))
-    for (_, concurrency), level in rows.items():
+    for (config, concurrency), level in rows.items():
+        if config.startswith("probe:"):
+            continue  # a probe keeps its records, not samples
         # one repeat per level in these tests: one sample per stream
         assert counts.get(level.id) == concurrency * level.repeats, (level, counts)
     duplicates = peek(

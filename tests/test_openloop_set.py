@@ -221,15 +221,17 @@ def test_the_harness_grades_two_tiny_worlds_against_their_truth(
     summary = bench.summary_rows(list(rows.values()), ["closed", "naive", "open"])
     assert [row[:3] for row in summary[:3]] == [["all", 2, m] for m in ("closed", "naive", "open")]
     assert summary[2][6] == 1  # "always plain" is in the tie on one world of the two
-    # run again: the truth comes from its cache; the open slot unfilled is skipped
+    # run again with the open-loop method itself: the truth comes from its cache, and the
+    # answer drafts on the world without the draft model's prompt cost, not on the other
     monkeypatch.setattr(openmethod, "OPEN_METHOD", openmethod.open_answer)
     again = bench.run(tmp_path, entries, out, 1, ["open"], True)
-    assert all("open" in r["skipped"] and not r["methods"] for r in again.values())
     assert [r["truth"]["seconds"] for r in again.values()] == [
         rows[n]["truth"]["seconds"] for n in again
     ]
-    text = bench.render(again, entries, [])
-    assert "Skipped: open" in text and "tiny-1" in text
+    assert again["tiny-0"]["methods"]["open"]["label"] != "plain"
+    assert again["tiny-1"]["methods"]["open"]["label"] == "plain"
+    text = bench.render(again, entries, ["open"])
+    assert "tiny-1" in text
 
 
 def test_a_design_is_one_of_the_plans_factors() -> None:

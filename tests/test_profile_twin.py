@@ -12,13 +12,14 @@ from lab.method import HOST, twin_spec
 from sqlalchemy import select
 from twinworlds import world
 
-from tuner.decide.adaptive import profile_adaptively
+from tuner.decide.adaptive import profile_adaptively, where_to_measure
 from tuner.measure.backend import Measured
 from tuner.measure.load import Workload
 from tuner.measure.plan import ProgressEvent, Target
 from tuner.measure.schedule import Cell
 from tuner.policy import Policy
 from tuner.storage.orm import Level, Run, Sample
+from tuner.storage.probes import is_probe
 from tuner.storage.store import Store
 from tuner.twin.inprocess import TwinBackend
 
@@ -74,11 +75,16 @@ def test_a_live_profile_measures_the_threshold_server_beside_always_draft(tmp_pa
     with store.session() as session:
         run = session.get(Run, report.run_id)
         assert run.way == "twin" and run.status == "completed"
-        levels = {(lv.config, lv.concurrency) for lv in session.scalars(select(Level))}
+        levels = {
+            (lv.config, lv.concurrency) for lv in session.scalars(select(Level)) if not is_probe(lv)
+        }
         rounds = {
             (lv.config, lv.concurrency): lv.metrics["repeats"]
             for lv in session.scalars(select(Level))
         }
+        probes = {lv.config for lv in session.scalars(select(Level)) if is_probe(lv)}
+    # the arrival probes beside the levels: joins, and a threshold's catch-up on the twin
+    assert probes == {"probe:join", "probe:catch-up"}
     # plain and always draft everywhere; the threshold just below each level above one
     assert levels == {
         *(("plain", c) for c in (1, 2, 4)),
@@ -103,7 +109,7 @@ def test_a_live_profile_measures_the_threshold_server_beside_always_draft(tmp_pa
 def test_a_relaunching_profile_measures_plain_and_always_draft_only(tmp_path: Path) -> None:
     store, _ = _profile(tmp_path, "relaunch", (1, 2, 4))
     with store.session() as session:
-        configs = {lv.config for lv in session.scalars(select(Level))}
+        configs = {lv.config for lv in session.scalars(select(Level)) if not is_probe(lv)}
     assert configs == {"plain", "spec"}
     store.dispose()
 
@@ -202,7 +208,8 @@ def test_a_one_level_profile_keeps_what_it_measured_and_says_why_nothing_was_add
     assert "two or more concurrency levels" in report.summary()
     with store.session() as session:
         assert session.get(Run, report.run_id).status == "completed"
-        assert {lv.config for lv in session.scalars(select(Level))} == {"plain", "spec"}
+        kept = {lv.config for lv in session.scalars(select(Level)) if not is_probe(lv)}
+        assert kept == {"plain", "spec"}
     store.dispose()
 
 
@@ -240,3 +247,36 @@ def test_a_round_whose_streams_never_generated_together_is_marked_and_said(
     said = [e.text for e in events if e.kind == "message" and "never all generated" in e.text]
     assert said and all("at 4 streams" in text for text in said), said
     store.dispose()
+
+
+def test_the_adaptive_step_measures_where_the_traffic_weighs(tmp_path: Path) -> None:
+    """Traffic peaked at 3 streams: the profile measures 3 itself (the open-loop answer rests on
+    it), and no level the traffic never reaches."""
+    w = world("seed")
+    weights = {2: 0.3, 3: 0.5, 4: 0.2}
+    store = Store(f"sqlite:///{tmp_path / 'weighted.db'}")
+    report = profile_adaptively(
+        store,
+        twin_spec(w, weights, max_tokens=48),
+        tmp_path,
+        host_name=HOST,
+        backend=TwinBackend(w, switch="live", seed=1),
+        switch="live",
+        budget_s=600.0,
+    )
+    added = [a.concurrency for a in report.added]
+    assert 3 in added
+    assert all(c in weights for c in added), added
+    assert "weight 0.50" in next(a.why for a in report.added if a.concurrency == 3)
+    store.dispose()
+
+
+def test_where_to_measure_goes_heaviest_first_and_never_to_a_weightless_level() -> None:
+    weights = (0.0, 0.2, 0.5, 0.3, 0.0, 0.0, 0.0, 0.0)
+    tried = {1, 2, 4, 8}
+    # the choice rests on 5, 6 and 7, which no traffic reaches; 3 carries the most weight
+    assert where_to_measure([5, 6, 7], weights, tried, weighted=True) == [3]
+    assert where_to_measure([3, 7], weights, tried, weighted=False) == [3]
+    uniform = (0.125,) * 8
+    # without weights of its own a workload adds only what the choice rests on
+    assert where_to_measure([5, 6], uniform, tried, weighted=False) == [5, 6]

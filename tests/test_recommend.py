@@ -26,7 +26,13 @@ from tuner.model.acceptance import Acceptance
 from tuner.model.costmodel import VERSION, CostModel
 from tuner.model.curves import Curve
 from tuner.policy import Policy
-from tuner.recommendation import ENV_MAX_SLOTS, OutputFormat, ReasonCode, Recommendation
+from tuner.recommendation import (
+    ENV_MAX_SLOTS,
+    ObjectiveKind,
+    OutputFormat,
+    ReasonCode,
+    Recommendation,
+)
 from tuner.storage import recommendations
 from tuner.storage.fits import current_fit, fit_model
 from tuner.storage.orm import Fit, RecommendationRow
@@ -527,6 +533,19 @@ def test_objectives_on_the_seed_table(seeded: str) -> None:
     )  # fmt: skip
     assert capacity.exit_code == 0, capacity.output
     assert json.loads(capacity.stdout)["objective"] > 0
+
+
+def test_an_imported_table_answers_arrivals_from_closed_levels_and_says_why(seeded: str) -> None:
+    """A table of tok/s has no time to first token: no arrival costs, so the birth-death queue
+    answers, and the reason says the open loop could not."""
+    store = Store(seeded)
+    rec = recommend(
+        store, SEED_MODEL, None, objective=ObjectiveKind.TPOT, rate=0.5, output_tokens=256
+    )
+    said = [r.text for r in rec.reasons if r.code is ReasonCode.CLOSED_LOOP]
+    assert said and "no arrival costs" in said[0]
+    assert ReasonCode.OPEN_LOOP not in codes(rec.reasons)
+    store.dispose()
 
 
 @pytest.mark.parametrize(

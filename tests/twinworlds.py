@@ -52,8 +52,38 @@ def zigzag_world(**over: Any) -> World:
     return world_from_dict(data)
 
 
+def cpu_draft_world(**over: Any) -> World:
+    """The seed's box (its target step and acceptance) with a draft model on the CPU: a draft
+    call of 6-13 ms, 1.2 ms a prompt token for the draft model (0.25 for the target), and a
+    drafter that does not re-evaluate every target batch but catches a resuming slot up at
+    1.2 ms a token. Under random arrivals of 256-token prompts every request stalls the running
+    slots for the draft model's prompt: drafting pays at low rates, plain at high ones, which
+    closed levels (every prompt before the window) never show."""
+    data: dict[str, Any] = {
+        "name": "cpu-draft",
+        "model_name": "twin-cpu-draft",
+        "n_parallel": 8,
+        "n_max": 3,
+        "acceptance": {"synth_len": 3.64},
+        "step": {"rows_ms": [[1.0, 25.84], [2.0, 37.04], [4.0, 59.26], [8.0, 102.17]]},
+        "draft": {
+            "call_ms": [[1, 6.0], [2, 7.0], [4, 9.0], [8, 13.0]],
+            "reeval_ms": [[1, 0.0]],
+            "catch_up_ms_per_token": 1.2,
+        },
+        "prefill": {"ms_per_token": 0.25, "draft_ms_per_token": 1.2},
+        "noise": {"preset": "quiet"},
+        **over,
+    }
+    return world_from_dict(data)
+
+
+CPU_DRAFT_TRAFFIC = {"prompt_tokens": 256, "output_tokens": 128}  # the cpu-draft world's requests
+
+
 def world(name: str) -> World:
-    """A shared world by name: bench (vm noise), seed (quiet), zigzag (vm) and zigzag-quiet."""
+    """A shared world by name: bench (vm noise), seed (quiet), zigzag (vm), zigzag-quiet and
+    cpu-draft (quiet)."""
     return _world(name)
 
 
@@ -67,6 +97,8 @@ def _world(name: str) -> World:
         return zigzag_world()
     if name == "zigzag-quiet":
         return zigzag_world(name="zigzag-quiet", noise={"preset": "quiet"})
+    if name == "cpu-draft":
+        return cpu_draft_world()
     raise KeyError(name)
 
 

@@ -48,6 +48,9 @@ class ReasonCode(StrEnum):
     TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
     OBJECTIVE = "objective"  # an objective other than tps: what it scores and from what
     DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths
+    OPEN_LOOP = "open-loop"  # scored under arrivals in a twin of the fit: what came from where
+    DRAFTING_PAYS = "drafting-pays"  # open loop: the chosen N ahead of plain under the traffic
+    CLOSED_LOOP = "closed-loop"  # a model without arrival costs: answered from closed levels
     UNCODED = "uncoded"  # stored before reasons had codes
 
 

@@ -8,6 +8,9 @@ judges.
   draft), its adaptive levels, and the cost model's recommendation;
 - `naive`: a 1/2/4/8 profile and the last of those levels where always-draft beat plain.
 
+Under random arrivals (lab.openmethod) a profile is made with `profile_on_twin`, at the depths
+`traffic_depths` names for the observed traffic.
+
 Each run gets its own database, its own noise seed and the world's traffic weights through the
 spec, exactly as a user's spec carries them; nothing here knows the truth. The result carries
 the answer, what it cost in simulated seconds, and the fit's 90 % intervals at the cells the
@@ -29,6 +32,7 @@ from tuner.measure.spec import ProfileSpec
 from tuner.policy import Policy
 from tuner.storage.fits import current_fit
 from tuner.storage.store import Store
+from tuner.traffic import TrafficProfile
 from tuner.twin.inprocess import TwinBackend
 from tuner.twin.world import World
 
@@ -44,9 +48,10 @@ def twin_spec(
     levels: tuple[int, ...] | None = None,
     max_tokens: int = 128,
     seed: int = 0,
+    context_tokens: tuple[int, ...] = (0,),
 ) -> ProfileSpec:
     """The profile spec a user of this world would write: its -np and n_max, base levels
-    1, 2, 4, ... up to -np, the traffic weights."""
+    1, 2, 4, ... up to -np, the traffic weights, the context depths to measure at."""
     np_ = world.n_parallel
     base = levels or tuple(c for c in (1, 2, 4, 8, 16) if c <= np_) + (
         (np_,) if np_ not in (1, 2, 4, 8, 16) else ()
@@ -68,6 +73,7 @@ def twin_spec(
                 "concurrency": list(base),
                 "seed": seed,
                 "weights": dict(weights) if weights else None,
+                "context_tokens": list(context_tokens),
             },
             "kernel": {"enabled": False},
         }
@@ -141,16 +147,8 @@ def _run(
     levels = tuple(c for c in DEFAULT_LEVELS if c <= np_) if method == "naive" else None
     spec = twin_spec(world, weights, levels=levels, max_tokens=max_tokens, seed=seed)
     switch = "live" if method == "full" else "relaunch"
-    backend = TwinBackend(world, switch=switch, seed=seed)
-    profile_adaptively(
-        store,
-        spec,
-        folder,
-        host_name=HOST,
-        backend=backend,
-        switch=switch,
-        budget_s=0.0 if method == "naive" else 600.0,
-        seed=seed,
+    backend = profile_on_twin(
+        world, store, spec, folder, switch, 0.0 if method == "naive" else 600.0
     )
     fit = current_fit(store, world.model_name, HOST, seed=seed)
     measured = set(fit.measured.get("plain", [])) | set(fit.measured.get("spec", []))
@@ -179,6 +177,20 @@ def _run(
             result.seconds = backend.elapsed
     result.held_out = held_out_intervals(fit.model, measured, np_)
     return result
+
+
+def profile_on_twin(
+    world: World, store: Store, spec: ProfileSpec, folder: Path, switch: str, budget_s: float
+) -> TwinBackend:
+    """The world profiled (base levels, probes, adaptive levels within budget_s) on an
+    in-process twin switched this way, seeded by the spec's workload seed; its backend."""
+    seed = spec.workload.seed
+    backend = TwinBackend(world, switch=switch, seed=seed)
+    profile_adaptively(
+        store, spec, folder, host_name=HOST, backend=backend, switch=switch,
+        budget_s=budget_s, seed=seed,
+    )  # fmt: skip
+    return backend
 
 
 def naive_rule(model: Any, measured: Mapping[str, list[int]], store: Store, name: str) -> int:
@@ -214,3 +226,22 @@ def held_out_intervals(
         for i, c in enumerate(pred.concurrency):
             out[(policy.label, c)] = (pred.lower[i], pred.tokens_per_second[i], pred.upper[i])
     return out
+
+
+# --- under random arrivals (lab.openmethod) ------------------------------------------------
+
+DEEP = 2.0  # traffic this many times deeper than the profile's own levels gets a deep level too
+
+
+def traffic_depths(traffic: TrafficProfile, prompt: int = 32, output: int = 128) -> tuple[int, ...]:
+    """The depths a profile for this traffic measures at: 0, and the traffic's mean prompt
+    (rounded to 64 tokens) where the traffic holds DEEP times the context the profile's own
+    levels do (their prompt and half their output), so its steps and acceptance are measured
+    where the traffic is."""
+    prompts, outputs = traffic.prompt_tokens, traffic.output_tokens
+    if not prompts:
+        return (0,)
+    held = sum(prompts) / len(prompts) + sum(outputs) / len(outputs) / 2
+    if held < DEEP * (prompt + output / 2):
+        return (0,)
+    return (0, max(64, 64 * round(sum(prompts) / len(prompts) / 64)))

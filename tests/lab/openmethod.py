@@ -9,14 +9,17 @@ output length), never the world's design or the truth.
 - `closed`: today's tuner: lab.method's "model" path (a relaunching profile of plain and always
   draft at 1, 2, 4, 8 ... -np, its adaptive levels, the cost model's standing answer), the
   traffic observed while the server runs that answer, then `recommend --traffic NAME
-  --objective tpot` as it is today (plain where it says drafting does not pay);
+  --objective tpot --closed-loop`, the answer as it is today (plain where it says drafting
+  does not pay);
 - `naive`: one simple rule: lab.method's "naive" profile (plain and always draft at 1, 2, 4, 8
   streams, closed loop) and N = the last of those levels where always draft beat plain; plain
   where it beat plain at none. It ignores the traffic: what a user who ran one closed benchmark
   would set;
-- `open`: THE SLOT for issue 45's open-loop method (the arrival-aware model and open-loop
-  recommendation built in tuner/model and tuner/decide). `open_answer` is where it is called;
-  until it is there it raises MethodMissing and the harness skips the method.
+- `open`: issue 45's open-loop method (`open_answer`): the closed method's profile and
+  observation, a live profile beside it where the traffic weighs (its arrival probes, the off
+  arm, a deep level for deep traffic), and `recommend --traffic NAME --objective tpot`
+  answered in the open loop (tuner.decide.openadvice: every policy serving the observed
+  traffic in a twin of the fit).
 
 Each answer is a Policy: plain, always draft (N = 0) or a threshold N.
 """
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.method import HOST, naive_wins, run_method
+from lab.method import HOST, naive_wins, profile_on_twin, run_method, traffic_depths, twin_spec
 from lab.openworlds import Entry
 from tuner.decide import advice
 from tuner.policy import Policy
@@ -111,12 +114,22 @@ class OpenContext:
 
 
 def open_answer(ctx: OpenContext) -> Policy:
-    """SLOT: issue 45's open-loop recommendation (tuner/model, tuner/decide). Replace the body
-    with the call to it, e.g. `advice.recommend(ctx.store, ctx.model, ctx.host, traffic=
-    ctx.traffic, objective=..., ...)` and `return answer_of(rec)`; measure more through
-    `TwinBackend(ctx.world, ...)` where it needs to (prompt costs) and add the simulated
-    seconds that took to `ctx.measured_s`."""
-    raise MethodMissing("the open-loop method is not built yet (lab.openmethod.open_answer)")
+    """Issue 45's open-loop method: a live profile of the world beside the closed method's (the
+    off arm at every level, the arrival probes, its adaptive levels where the observed traffic
+    weighs, and a deep level where the traffic's context is far deeper than the profile's own:
+    lab.method.traffic_depths), then `recommend --traffic NAME --objective tpot`, answered in
+    the open loop (tuner.decide.openadvice); the profile's simulated seconds are counted."""
+    weights = {c: w for c, w in ctx.observed.weights(ctx.world.n_parallel).items() if w > 0}
+    depths = traffic_depths(ctx.observed)
+    # its own requests and noise (another seed): new draws, not the closed profile's again
+    spec = twin_spec(ctx.world, weights or None, seed=ctx.seed + 1, context_tokens=depths)
+    backend = profile_on_twin(ctx.world, ctx.store, spec, ctx.folder, "live", 600.0)
+    ctx.measured_s += backend.elapsed
+    rec = advice.recommend(
+        ctx.store, ctx.model, ctx.host, traffic=ctx.traffic, objective=ObjectiveKind.TPOT,
+        seed=ctx.seed,
+    )  # fmt: skip
+    return answer_of(rec)
 
 
 def _closed_profile(
@@ -168,6 +181,7 @@ def run_open_method(
                 traffic=TRAFFIC,
                 objective=ObjectiveKind.TPOT,
                 seed=entry.seed,
+                closed_loop=True,  # today's answer: the birth-death queue over closed levels
             )
             return OpenResult(method, answer_of(rec), seconds, details)
         ctx = OpenContext(

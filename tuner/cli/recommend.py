@@ -54,6 +54,21 @@ OutputTokensOption = Annotated[
         help="tpot, capacity: mean output tokens per request instead of the traffic's",
     ),
 ]
+PromptTokensOption = Annotated[
+    float | None,
+    advanced(
+        "--prompt-tokens",
+        help="open loop: prompt tokens per request instead of the traffic's (or the profile's)",
+    ),
+]
+ClosedLoopOption = Annotated[
+    bool,
+    advanced(
+        "--closed-loop",
+        help="answer arrivals from closed levels (the birth-death queue, busy-time weights) even "
+        "where the fit has measured arrival costs",
+    ),
+]
 
 
 @reports_errors
@@ -70,6 +85,8 @@ def recommend(
     min_single_stream: MinSingleStreamOption = None,
     rate: RateOption = None,
     output_tokens: OutputTokensOption = None,
+    prompt_tokens: PromptTokensOption = None,
+    closed_loop: ClosedLoopOption = False,
     tune_n_max: TuneNMaxOption = False,
     fit_id: FitOption = None,
     seed: SeedOption = 0,
@@ -83,6 +100,9 @@ def recommend(
     Objectives: tps (served tok/s, weighted by the workload or --traffic), tpot (mean time per
     output token under random arrivals at the traffic's rate: each N at the occupancy it causes),
     capacity (the highest arrival rate whose p95 time per output token stays under --slo-tpot-ms).
+    With --traffic or --rate, tpot and tps are answered in the open loop where the profile
+    measured what arrivals cost (prompts, draft catch-up): every policy serves the traffic in a
+    twin of the fit (tokens per busy second for tps); --closed-loop answers from closed levels.
     """
     from tuner.decide.advice import parse_context
     from tuner.decide.advice import recommend as make_recommendation
@@ -103,6 +123,8 @@ def recommend(
         slo_tpot_ms=slo_tpot_ms,
         rate=rate,
         output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        closed_loop=closed_loop,
     )
     typer.echo(rec.render(output))
     if explain:

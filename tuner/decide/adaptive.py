@@ -15,12 +15,15 @@ from pathlib import Path
 
 from tuner.decide.advice import model_study
 from tuner.decide.choice import Choice, choose
-from tuner.measure.backend import Backend
+from tuner.errors import TunerError
+from tuner.measure.backend import LIVE, Backend
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
+from tuner.measure.probes import probe_arrivals
 from tuner.measure.profiler import Profiler
 from tuner.measure.profiler import profile as profile_base
 from tuner.measure.spec import ProfileSpec
 from tuner.model.costmodel import Gain
+from tuner.storage.orm import Run
 from tuner.storage.store import Store
 
 DEFAULT_BUDGET_S = 600.0
@@ -70,16 +73,20 @@ class AdaptiveProfile:
 
 @dataclass(frozen=True)
 class Decision:
-    """The choice the data make now, and the model's gain per level it rests on."""
+    """The choice the data make now, the model's gain per level it rests on, and the weight of
+    each level 1..n_parallel in the objective (the workload's or the traffic's)."""
 
     choice: Choice
     gain: Gain
+    weights: tuple[float, ...] = ()
 
     def why(self, c: int) -> str:
         point, lower, upper, _ = self.gain.at(c)
+        weight = self.weights[c - 1] if 0 < c <= len(self.weights) else None
         return (
             f"unmeasured; the model puts spec at {100 * point:+.1f}% "
             f"[{100 * lower:+.1f}%, {100 * upper:+.1f}%] there"
+            + (f"; weight {weight:.2f}" if weight is not None else "")
         )
 
 
@@ -88,7 +95,32 @@ def decision(store: Store, model: str, host: str, seed: int = 0) -> Decision:
     study = model_study(store, model, host, host_explicit=True, seed=seed)
     gains = study.fit.quality.measured_gains(against="off")
     choice = choose(study.fit.model, study.result, gains)
-    return Decision(choice, study.fit.model.gain(choice.policy.n_max, against="off"))
+    weights = tuple(float(w) for w in study.weights)
+    return Decision(choice, study.fit.model.gain(choice.policy.n_max, against="off"), weights)
+
+
+HEAVY = 0.5  # a level weighing this share of the heaviest level is measured, decided or not
+
+
+def where_to_measure(
+    measure_next: list[int], weights: tuple[float, ...], tried: set[int], weighted: bool
+) -> list[int]:
+    """The levels the next round measures, heaviest first: those the choice rests on that carry
+    weight (a level no traffic reaches cannot move the objective), and, where the workload or
+    the traffic weighs the levels, every untried level weighing at least HEAVY of the heaviest
+    (where the objective is, an open-loop answer needs its step costs measured, not
+    interpolated)."""
+
+    def weight(c: int) -> float:
+        return weights[c - 1] if 0 < c <= len(weights) else 0.0
+
+    todo = {c for c in measure_next if c not in tried and weight(c) > 0}
+    if weighted and weights:
+        top = max(weights)
+        todo |= {
+            c for c in range(1, len(weights) + 1) if c not in tried and weight(c) >= HEAVY * top
+        }
+    return sorted(todo, key=lambda c: (-weight(c), c))
 
 
 def profile_adaptively(
@@ -126,6 +158,7 @@ def profile_adaptively(
         plain=plain,
     )
     base_s = clock() - started
+    probe(store, spec, log_dir, observer, run_id, switch, backend)
     report = AdaptiveProfile(run_id, budget_s, base_s)
     if len(set(spec.levels)) < 2:
         report.outcome = "one-level"
@@ -136,13 +169,15 @@ def profile_adaptively(
     per_level = base_s / max(1, len(spec.levels))
     policies = profile_policies(spec, plain)
     tried: set[int] = set(spec.levels)
+    weighted = bool(spec.workload.weights)
     while True:
         now = decision(store, spec.model_name, host_name, seed)
-        todo = [c for c in now.choice.measure_next if c not in tried]
+        todo = where_to_measure(now.choice.measure_next, now.weights, tried, weighted)
         if not todo:
             return report
         left = budget_s - report.spent_s
-        if len(todo) * per_level > left:
+        affordable = int(left // per_level) if per_level > 0 else len(todo)
+        if affordable < 1:
             report.outcome = "budget"
             observer(
                 ProgressEvent(
@@ -152,6 +187,7 @@ def profile_adaptively(
                 )
             )
             return report
+        todo = todo[:affordable]
         added = [AddedLevel(c, now.why(c)) for c in todo]
         for a in added:
             observer(
@@ -168,3 +204,35 @@ def profile_adaptively(
         report.spent_s += clock() - round_started
         report.added += added
         tried.update(todo)
+
+
+def probe(
+    store: Store,
+    spec: ProfileSpec,
+    log_dir: Path,
+    observer: Observer,
+    run_id: int,
+    switch: str,
+    backend: Backend | None,
+) -> None:
+    """The arrival probes (tuner.measure.probes) into the run, after its base levels; catch-up
+    only where a threshold is switched live (the twin, or a run that switched live), so no
+    extra launch is made for it. A probe that fails is said and left out: the profile stands."""
+    profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
+    assert profiler.backend is not None
+    with store.session() as session:
+        way = session.get(Run, run_id).way
+    try:
+        said = probe_arrivals(
+            store,
+            run_id,
+            profiler.backend,
+            profiler.request_workload(),
+            spec.speculative.n_max,
+            catch_up=way in (LIVE, "twin"),
+        )
+    except TunerError as exc:
+        said = f"arrival probes failed, left out: {exc}"
+    finally:
+        profiler.backend.close()
+    observer(ProgressEvent("message", text=said))

@@ -18,6 +18,13 @@ import numpy as np
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
+from tuner.decide.openadvice import (
+    REPLICATES,
+    OpenQuestion,
+    answers_open,
+    closed_loop_reason,
+    open_recommendation,
+)
 from tuner.errors import ConfigError
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
@@ -46,20 +53,21 @@ def recommend(
     slo_tpot_ms: float | None = None,
     rate: float | None = None,
     output_tokens: float | None = None,
+    closed_loop: bool = False,
+    replicates: int | None = None,
+    prompt_tokens: float | None = None,
 ) -> Recommendation:
     """`tuner recommend`: fit (or reuse the fit of the same data), search, choose, store.
 
     context: the context depth whose measurements to use (default the shallowest), or a mix
     {depth: share of time}. A depth that was not measured, or a mix, is answered by a model
     combined from the fits at the measured depths (tuner.model.depth); that answer rests on no
-    measured level of its own, so it is printed, not stored. traffic: weight the objective by
-    an observed traffic profile (share of busy time at each number of generating slots)
-    instead of the spec's workload weights.
+    measured level of its own, so it is printed, not stored. traffic: an observed traffic
+    profile (closed levels weigh by its busy-time shares).
 
-    objective: what to maximise (tuner.decide.objective): tps (the default), tpot (mean time
-    per output token under Poisson arrivals at the traffic's rate, or `rate`) or capacity (the
-    highest arrival rate within slo_tpot_ms at p95). tpot and capacity take the arrival rate
-    and mean output length from the traffic profile unless rate and output_tokens are given.
+    objective: tps (the default), tpot or capacity (tuner.decide.objective). Arrivals (traffic,
+    rate, tpot, capacity) are answered in the open loop where the fit has arrival costs and not
+    closed_loop (tuner.decide.openadvice), else from closed levels, said so.
 
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
@@ -68,21 +76,24 @@ def recommend(
     stored = current_fit(
         store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed, context=where.fit
     )
-    plain_question = objective is ObjectiveKind.TPS and rate is None and output_tokens is None
+    lengths = (rate, output_tokens, prompt_tokens)
+    plain_question = objective is ObjectiveKind.TPS and lengths == (None, None, None)
     asks_more = tune_n_max or min_single_stream is not None or traffic is not None
     if plain_question and not asks_more and not where.derived:
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
-    cm = stored.model
-    # Which N: spec against the threshold server not drafting (the off arm) where measured.
-    measured_gains = stored.quality.measured_gains(against="off")
-    measured_levels = stored.measured
-    reasons_first: list[Reason] = []
-    if where.derived:
-        cm, said = _derived_model(store, model, host, host_explicit, seed, where)
-        measured_gains, measured_levels = {}, {}
-        reasons_first.append(said)
+    cm, measured_gains, measured_levels, reasons_first = _answered_by(
+        store, stored, where, model, host, host_explicit, seed
+    )
+    if not plain_question or traffic is not None:
+        asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
+        question = OpenQuestion(*asked, replicates or REPLICATES)
+        blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
+        answered = _open_loop(store, stored, question, blocked, measured_levels)
+        if isinstance(answered, Recommendation):
+            return answered
+        reasons_first.append(answered)
     weights, goal, said_how = _weighted_goal(
         store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
     )
@@ -109,6 +120,57 @@ def recommend(
         store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
     )
     return rec
+
+
+def _answered_by(
+    store: Store,
+    stored: StoredFit,
+    where: _Depths,
+    model: str,
+    host: str | None,
+    host_explicit: bool,
+    seed: int,
+) -> tuple[CostModel, dict[int, float], dict[str, list[int]], list[Reason]]:
+    """The model that answers, the measured gains and levels it keeps to, the reasons first:
+    the fit's own, or one derived from the fits at the measured depths (none measured then)."""
+    if not where.derived:
+        # Which N: spec against the threshold server not drafting (the off arm) where measured.
+        return stored.model, stored.quality.measured_gains(against="off"), stored.measured, []
+    cm, said = _derived_model(store, model, host, host_explicit, seed, where)
+    return cm, {}, {}, [said]
+
+
+def _open_loop(
+    store: Store,
+    stored: StoredFit,
+    question: OpenQuestion,
+    blocked: str | None,
+    measured_levels: dict[str, list[int]],
+) -> Recommendation | Reason:
+    """The open-loop answer, stored, where the open loop answers the question; else the reason
+    the answer comes from closed levels."""
+    cm = stored.model
+    if not answers_open(cm, question) or blocked is not None:
+        return closed_loop_reason(cm, question.objective, blocked)
+    rec, details = open_recommendation(store, stored, question, [])
+    rec.table = prediction_table(cm, rec.policy, measured_levels)
+    recommendations.save(store, rec, details)
+    return rec
+
+
+def _open_blocked(
+    derived: bool, tune_n_max: bool, min_single_stream: float | None, closed_loop: bool
+) -> str | None:
+    """The option the open loop does not answer with, where one was given."""
+    for given, name in (
+        (closed_loop, "--closed-loop"),
+        (derived, "a context mix or an unmeasured depth"),
+        (tune_n_max, "--tune-n-max"),
+        (min_single_stream is not None, "--min-single-stream"),
+    ):
+        if given:
+            return name
+    return None
 
 
 @dataclass(frozen=True)

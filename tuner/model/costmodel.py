@@ -57,10 +57,12 @@ from typing import Any, Literal
 import numpy as np
 
 from tuner.model.acceptance import Acceptance
+from tuner.model.arrivals import ArrivalCosts
 from tuner.model.curves import Curve, verify_extra
+from tuner.model.trend import AcceptanceTrend
 from tuner.policy import Policy
 
-VERSION = "costmodel-4"
+VERSION = "costmodel-5"  # 5: arrival costs and the acceptance trend beside the curves
 DEFAULT_INTERVAL = 0.9
 
 #: What spec is compared with: plain (whether to draft at all) or the threshold server's
@@ -155,6 +157,10 @@ class CostModel:
     # False where plain was not measured and the off rows stand in for it (FitData.plain): the
     # model then compares thresholds and cannot say whether to draft at all
     plain_measured: bool = True
+    # what a request costs beyond its decode steps (None: not fitted, a closed-loop model)
+    arrivals: ArrivalCosts | None = None
+    # accepted tokens a draft by drafting slots (None: no per-position counts)
+    trend: AcceptanceTrend | None = None
     # level_tps's curves at levels 1..n_parallel, per regime: a search scores every policy on
     # the same model and its replicates, and the curves are the whole cost of a score
     _at_levels: dict[tuple[str, int], np.ndarray] = field(
@@ -200,8 +206,13 @@ class CostModel:
         return 1000.0 * c / self.plain_step(c)
 
     def spec_tps(self, c: Any, n: int | None = None) -> np.ndarray:
+        """tok/s of c drafting streams: c tokens a step at the acceptance at c (the trend's,
+        where acceptance moves with the drafting slots) over the step time."""
         c = np.asarray(c, dtype=float)
-        return 1000.0 * c * self.acceptance.length(n) / self.spec_step(c, n)
+        length = self.acceptance.length(n)
+        if self.trend is not None and self.trend.moving:
+            length = length * self.trend.factor(c)
+        return 1000.0 * c * length / self.spec_step(c, n)
 
     def policy_tps(self, c: Any, policy: Policy) -> np.ndarray:
         """tok/s under a policy: plain, always draft, or draft while c <= N (at its n_max, the
@@ -293,6 +304,10 @@ class CostModel:
             float(rep.get("threshold_overhead", self.threshold_overhead)),
             self.threshold_rows,
             curves.get("off", self.off),
+            self.arrivals,
+            self.trend.with_slope(rep["trend_slope"])
+            if self.trend is not None and "trend_slope" in rep
+            else self.trend,
         )
 
     @cached_property
@@ -405,6 +420,8 @@ class CostModel:
             "threshold_rows": self.threshold_rows,
             "off": self.off.to_dict() if self.off is not None else None,
             "plain_measured": self.plain_measured,
+            "arrivals": self.arrivals.to_dict() if self.arrivals is not None else None,
+            "trend": self.trend.to_dict() if self.trend is not None else None,
         }
 
     @classmethod
@@ -425,4 +442,6 @@ class CostModel:
             threshold_rows=int(data.get("threshold_rows", 0)),
             off=Curve.from_dict(data["off"]) if data.get("off") else None,
             plain_measured=bool(data.get("plain_measured", True)),
+            arrivals=ArrivalCosts.from_dict(data["arrivals"]) if data.get("arrivals") else None,
+            trend=AcceptanceTrend.from_dict(data["trend"]) if data.get("trend") else None,
         )

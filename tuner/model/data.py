@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tuner.model.arrivals import ProbeRecord, TtftRound
 from tuner.policy import Policy
 
 
@@ -61,6 +62,10 @@ class FitData:
     kernel: tuple[KernelObs, ...] = ()
     accept_rates: tuple[float, ...] | None = None  # given outright (imported tables)
     accept_len: float | None = None  # given outright (imported tables)
+    # what arrivals cost (tuner.model.arrivals): the closed rounds' time to first token, and
+    # the catch-up and join probes
+    ttft_rounds: tuple[TtftRound, ...] = ()
+    probes: tuple[ProbeRecord, ...] = ()
 
     def of(self, kind: Callable[[Policy], bool]) -> list[LevelObs]:
         """Levels whose policy is of a kind (Policy.is_plain, .is_always, .is_threshold), by c."""

@@ -115,3 +115,22 @@ def mixed(models: Mapping[int, CostModel], mix: Mapping[int, float]) -> CostMode
     return CombinedCostModel(
         [model_at(models, d) for d in depths], [mix[d] / total for d in depths], harmonic=False
     )
+
+
+def attention_per_1k(
+    shallow: CostModel, deep: CostModel, shallow_context: int, deep_context: int
+) -> tuple[float, float]:
+    """What attention costs per 1000 tokens of context (ms), from fits at two depths: per
+    decode row (every row attends on its own, as on a CPU) and per generating slot (a
+    memory-bound decode reads a slot's cache once for all its draft rows). A plain step at c
+    grows by c (row + slot) per 1000 tokens, a drafting one at the fit's n_max by
+    c ((n + 1) row + slot): the medians over the levels of each step's growth per stream split
+    the two; neither below 0."""
+    if deep_context <= shallow_context:
+        raise ValueError("the deep fit's context must exceed the shallow one's")
+    c = shallow.levels.astype(float)
+    scale = 1000.0 / (deep_context - shallow_context)
+    plain = float(np.median((deep.plain_step(c) - shallow.plain_step(c)) / c)) * scale
+    drafting = float(np.median((deep.spec_step(c) - shallow.spec_step(c)) / c)) * scale
+    row = max(0.0, (drafting - plain) / shallow.n_max)
+    return min(row, max(0.0, plain)), max(0.0, plain - row)

@@ -38,6 +38,7 @@ from tuner.model.acceptance import (
     estimate_acceptance,
     geometric_rates,
 )
+from tuner.model.arrivals import fit_arrival_costs
 from tuner.model.costmodel import DEFAULT_INTERVAL, CostModel
 from tuner.model.curves import (
     FLAT_FORMS,
@@ -51,6 +52,7 @@ from tuner.model.curves import (
 )
 from tuner.model.data import FitData, LevelObs, Repeat, level_step
 from tuner.model.quality import Calibration, FitQuality, Uncertainty, assess
+from tuner.model.trend import acceptance_trend
 
 DEFAULT_REPLICATES = 200
 #: Relative noise assumed for residual bootstraps when a curve has no residual degrees of freedom.
@@ -291,6 +293,7 @@ def fit(
         launch_noise,
         form_uncertainty,
     )
+    _beside_curves(model, data, acceptance, seed)
     quality = assess(
         model,
         data,
@@ -313,6 +316,7 @@ def fit(
     )
     if f.unfitted_off:
         quality.threshold_regime["unfitted_levels"] = f.unfitted_off
+    _say_beside(model, quality)
     return FitResult(model, quality)
 
 
@@ -329,6 +333,34 @@ def _check_levels(data: FitData) -> None:
             "a fit needs plain measurements, or the drafting server not drafting (the off arm: "
             "a threshold below the level), at one concurrency level or more"
         )
+
+
+def _beside_curves(
+    model: CostModel, data: FitData, acceptance: Acceptance | None, seed: int
+) -> None:
+    """What arrivals cost and acceptance by drafting slots, fitted beside the curves (the
+    trend's slope drawn into the replicates)."""
+    model.arrivals = fit_arrival_costs(data.ttft_rounds, data.probes) if data.ttft_rounds else None
+    model.trend = acceptance_trend(data) if acceptance is not None else None
+    _draw_trend(model, seed)
+
+
+def _say_beside(model: CostModel, quality: FitQuality) -> None:
+    """The trend and the arrival costs in words, with the fit's quality."""
+    if model.trend is not None:
+        quality.acceptance["trend"] = model.trend.text()
+    if model.arrivals is not None:
+        quality.acceptance["arrivals"] = model.arrivals.lines()
+
+
+def _draw_trend(model: CostModel, seed: int) -> None:
+    """Each replicate's acceptance slope, drawn from the trend's interval (normal) where the
+    data show a trend; a flat acceptance stays flat in every replicate."""
+    if model.trend is None or not model.trend.moving:
+        return
+    rng = np.random.default_rng([seed, 45])
+    for rep in model.replicates:
+        rep["trend_slope"] = float(rng.normal(model.trend.slope, model.trend.sd))
 
 
 @dataclass

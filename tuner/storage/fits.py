@@ -17,10 +17,12 @@ from sqlalchemy.orm import Session
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
 from tuner.model import fitting
+from tuner.model.arrivals import ProbeRecord, TtftRound
 from tuner.model.costmodel import VERSION, CostModel, Crossover
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.quality import FitQuality
 from tuner.storage.orm import Build, Fit, KernelRow, Level, Model, Run
+from tuner.storage.probes import probe_records, run_probe_levels, ttft_rounds
 from tuner.storage.store import Store
 
 PROFILE_HINT = (
@@ -225,6 +227,8 @@ def select_data(
             )
         levels, level_ids, digest_rows, measured, spoilt = _levels(group, depth, basis.n_max)
         run_ids = [run.id for run in group]
+        rounds, probes, probe_ids = _arrival_data(session, group, set(level_ids))
+        digest_rows.append(["probes", probe_ids])
         kernel = [
             KernelObs(row.n_seq, row.tokens_per_seq, row.step_ms)
             for row in session.scalars(
@@ -270,8 +274,21 @@ def select_data(
         kernel=tuple(kernel),
         accept_rates=tuple(accept_rates) if accept_rates else None,
         accept_len=float(accept_len) if accept_len else None,
+        ttft_rounds=tuple(rounds),
+        probes=tuple(probes),
     )
     return data, selection
+
+
+def _arrival_data(
+    session: Session, group: list[Run], level_ids: set[int]
+) -> tuple[list[TtftRound], list[ProbeRecord], list[int]]:
+    """What arrivals cost: the fitted levels' rounds' time to first token, the group's probe
+    records and the probe levels' ids (the data's hash includes them)."""
+    rounds = ttft_rounds(session, [lv for run in group for lv in run.levels if lv.id in level_ids])
+    probe_levels = [lv for run in group for lv in run_probe_levels(run)]
+    probes = [r for lv in probe_levels for r in probe_records(lv)]
+    return rounds, probes, [lv.id for lv in probe_levels]
 
 
 def _runs_of(session: Session, model: str) -> tuple[Model, list[Run], list[Run]]:

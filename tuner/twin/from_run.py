@@ -47,10 +47,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from scipy.stats import theilslopes
 from sqlalchemy import select
 
 from tuner.errors import NotFoundError, NothingToDoError
+from tuner.model.arrivals import TtftRound, fit_prefill
 from tuner.policy import Policy
 from tuner.storage.orm import KernelRow, Level, Run, Sample
 from tuner.storage.store import Store
@@ -187,24 +187,17 @@ def acceptance_of(data: RunData) -> tuple[dict[str, object], float, str]:
 def prefill_of(data: RunData) -> tuple[dict[str, float], str]:
     """The world's [prefill] from the run's time to first token (see the module docstring) and
     a line that says where it came from."""
-
-    def slope(kind: str) -> float | None:
-        points = [
-            (lv.concurrency * data.prompt_tokens, lv.ttft_ms)
-            for lv in data.of(kind).values()
-            if lv.ttft_ms is not None
-        ]
-        if len({x for x, _ in points}) < 2:
-            return None
-        xs, ys = zip(*sorted(points), strict=True)
-        return float(theilslopes(ys, xs)[0])
-
-    plain = slope("plain")
-    if plain is None:
+    rounds = [
+        TtftRound(kind == "spec", lv.concurrency * data.prompt_tokens, lv.ttft_ms)
+        for kind in ("plain", "spec")
+        for lv in data.of(kind).values()
+        if lv.ttft_ms is not None
+    ]
+    plain, spec = fit_prefill(rounds)
+    if not plain.measured:
         return {}, "prefill 0: the run has no time to first token at two plain levels"
-    target = max(0.0, plain)
-    spec = slope("spec")
-    draft = max(0.0, spec - target) if spec is not None else 0.0
+    target = max(0.0, plain.value)
+    draft = max(0.0, spec.value) if spec.measured else 0.0
     return (
         {"ms_per_token": target, "draft_ms_per_token": draft},
         f"prefill {target:.3f} ms a prompt token ({draft:.3f} more on the drafting server), "

@@ -1,0 +1,253 @@
+"""The open-loop answer: every policy scored under the traffic's arrivals, by serving it in the
+server the fit describes.
+
+Closed levels (c streams released together, measured while all c generate) never see what a
+request costs beyond its decode steps: its prompt, evaluated in a step every generating slot
+waits for (by the draft model too, on a drafting server), and a drafter's catch-up when a slot
+drafts again after a stretch above the threshold. The fit carries those costs
+(tuner.model.arrivals) beside its step costs; here
+
+1. a twin world is made from the fit (tuner.twin.fitted: step costs, acceptance with its trend,
+   prompt and catch-up costs) and every policy (plain, N = 0, N = 1..n_parallel) serves the
+   offered traffic (tuner.twin.serving) in it, noise-free, with common random numbers;
+2. the spread: REPLICATES more worlds, from bootstrap replicates of the fit and draws of the
+   arrival costs within their intervals, serve the contenders (drafting policies within
+   CONTENDER_SHARE of the best, and plain) the traffic's first REPLICATE_REQUESTS requests; a
+   replicate's value is the point world's moved by how far the replicate differs from the
+   point world on those requests (so the spread is the fit's, not that of a shorter sample);
+3. the choice, as the closed-loop rule makes it (tuner.decide.choice): the best drafting policy
+   by the point world, then the smallest N whose shortfall is within the replicates' spread of
+   the paired difference; plain against it: plain shown ahead (its advantage's one-sided 95 %
+   lower bound over the replicate worlds above 0) answers "serve without the draft model";
+   plain predicted ahead but not shown leaves the drafting policy standing and says the
+   question is unresolved, as the closed-loop rule does.
+
+Objectives, higher is better as tuner.decide.objective scores them: tpot, 1000 / the mean time
+per output token (ms); tps, tokens served per busy second; capacity, the highest arrival rate
+(the offered traffic's first CAPACITY_REQUESTS sped up or slowed down) whose per-request p95
+time per output token stays within the limit, on the point world alone (no spread: each
+policy's rate takes a dozen runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.decide.search import preference
+from tuner.model.costmodel import CostModel
+from tuner.policy import Policy
+from tuner.recommendation import ObjectiveKind, Reason, ReasonCode
+from tuner.twin.fitted import Levels, world_from_model
+from tuner.twin.serving import Offered, capacity, score_policies
+from tuner.twin.world import World
+
+REPLICATES = 6  # replicate worlds for the spread
+REPLICATE_REQUESTS = 300  # the offered traffic's first requests, what each replicate serves
+CONTENDER_SHARE = 0.03  # drafting policies within this share of the best get replicate runs
+MAX_CONTENDERS = 4
+CAPACITY_REQUESTS = 400
+
+
+@dataclass
+class OpenAnswer:
+    """Every policy's score under the offered traffic and the choice made from them."""
+
+    kind: ObjectiveKind
+    values: dict[Policy, float]  # the point world's
+    samples: dict[Policy, list[float]]  # the replicate worlds' (contenders and plain)
+    policy: Policy  # the drafting policy chosen
+    plain_advantage: tuple[float, float, float]  # plain - chosen: point, one-sided 95 % bounds
+    runs: int  # simulated runs
+    reasons: list[Reason] = field(default_factory=list)
+    slo_tpot_ms: float | None = None  # capacity's limit
+
+    @property
+    def plain_ahead(self) -> bool:
+        """Plain shown ahead: its advantage's lower bound over the replicate worlds above 0
+        (the point world's alone where there are none)."""
+        return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
+
+    @property
+    def objective(self) -> float:
+        return self.values[self.policy]
+
+    def interval(self) -> tuple[float, float]:
+        """The chosen policy's objective over the replicate worlds (5th to 95th percentile)."""
+        values = self.samples.get(self.policy) or [self.objective]
+        return float(np.percentile(values, 5)), float(np.percentile(values, 95))
+
+    def describe(self, value: float) -> str:
+        if self.kind is ObjectiveKind.TPOT:
+            return f"mean TPOT {1000.0 / value:.1f} ms" if value > 0 else "mean TPOT unbounded"
+        if self.kind is ObjectiveKind.CAPACITY:
+            return f"{value:.3g} req/s within p95 TPOT {self.slo_tpot_ms:g} ms"
+        return f"{value:.1f} tok/s while busy"
+
+
+def candidates(model: CostModel) -> list[Policy]:
+    """plain, N = 0 and N = 1..n_parallel at the profiled n_max."""
+    n = model.n_max
+    return [Policy.plain(), Policy.always(n)] + [
+        Policy.threshold(k, n) for k in range(1, model.n_parallel + 1)
+    ]
+
+
+def _worlds(model: CostModel, replicates: int, seed: int, levels: Levels) -> list[World]:
+    """The replicate worlds: evenly spaced bootstrap replicates of the fit, arrival costs drawn."""
+    assert model.arrivals is not None
+    reps = model.replicate_models
+    if not reps or replicates <= 0:
+        return []
+    rng = np.random.default_rng([seed, 4501])
+    picks = np.linspace(0, len(reps) - 1, min(replicates, len(reps))).round().astype(int)
+    return [world_from_model(reps[i], model.arrivals.draw(rng), levels) for i in picks]
+
+
+def _contenders(values: dict[Policy, float], best: Policy, npar: int, n_max: int) -> list[Policy]:
+    """Drafting policies within CONTENDER_SHARE of the best (the smallest N first), the best."""
+    near = [
+        p
+        for p in values
+        if p.drafting and values[p] >= values[best] * (1.0 - CONTENDER_SHARE) and p != best
+    ]
+    near.sort(key=lambda p: preference(p, npar, n_max))
+    return [best, *near[: MAX_CONTENDERS - 1]]
+
+
+def open_answer(
+    model: CostModel,
+    offered: Offered,
+    kind: ObjectiveKind = ObjectiveKind.TPOT,
+    *,
+    seed: int = 0,
+    replicates: int = REPLICATES,
+    levels: Levels = Levels(),
+    slo_tpot_ms: float | None = None,
+) -> OpenAnswer:
+    """Score every policy under the offered traffic and choose (see the module docstring).
+    levels: where the model's closed levels were measured (the fitted worlds are matched with
+    them) and what depth costs; slo_tpot_ms: capacity's limit."""
+    if model.arrivals is None:
+        raise ValueError("the fit has no arrival costs: the open-loop answer needs them")
+    point_world = world_from_model(model, model.arrivals.point(), levels)
+    if kind is ObjectiveKind.CAPACITY:
+        if slo_tpot_ms is None or slo_tpot_ms <= 0:
+            raise ValueError("the capacity objective needs a time-per-token limit above 0")
+        return _capacity_answer(model, point_world, offered, slo_tpot_ms)
+    scores, runs = score_policies(point_world, offered.workload, candidates(model))
+    values = {p: s.value(kind) for p, s in scores.items()}
+    npar, n_max = model.n_parallel, model.n_max
+    drafting = [p for p in values if p.drafting]
+    best = min(drafting, key=lambda p: (-values[p], preference(p, npar, n_max)))
+    contenders = _contenders(values, best, npar, n_max)
+    samples: dict[Policy, list[float]] = {p: [] for p in [*contenders, Policy.plain()]}
+    head = offered.head(REPLICATE_REQUESTS)
+    worlds = _worlds(model, replicates, seed, levels)
+    if worlds:
+        # each replicate world serves the first requests; its values are taken as the point
+        # world's on all of them moved by how far it differs from the point world on the first
+        base, n = score_policies(point_world, head, list(samples))
+        runs += n
+    for world in worlds:
+        got, n = score_policies(world, head, list(samples))
+        runs += n
+        for p, s in got.items():
+            samples[p].append(values[p] + s.value(kind) - base[p].value(kind))
+    chosen, reasons = _smallest_within(values, samples, contenders, npar)
+    advantage = _plain_advantage(values, samples, chosen)
+    answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
+    answer.reasons[:0] = [_plain_reason(answer)]
+    return answer
+
+
+def _capacity_answer(
+    model: CostModel, world: World, offered: Offered, slo_tpot_ms: float
+) -> OpenAnswer:
+    """Capacity on the point world: each policy's highest rate within the limit (see the module
+    docstring); the best drafting policy, the smaller N on a tie; plain against it."""
+    head = offered.head(CAPACITY_REQUESTS)
+    values: dict[Policy, float] = {}
+    runs = 0
+    for p in candidates(model):
+        if p.is_threshold and (p.max_slots or 0) >= model.n_parallel:
+            values[p] = values[Policy.always(model.n_max)]  # N = n_parallel is N = 0's server
+            continue
+        factor, n = capacity(world, head, p, slo_tpot_ms)
+        values[p] = factor * offered.rate
+        runs += n
+    npar, n_max = model.n_parallel, model.n_max
+    best = min(
+        (p for p in values if p.drafting), key=lambda p: (-values[p], preference(p, npar, n_max))
+    )
+    point = values[Policy.plain()] - values[best]
+    answer = OpenAnswer(
+        ObjectiveKind.CAPACITY, values, {}, best, (point, point, point), runs, [], slo_tpot_ms
+    )
+    answer.reasons = [_plain_reason(answer)]
+    return answer
+
+
+def _smallest_within(
+    values: dict[Policy, float],
+    samples: dict[Policy, list[float]],
+    contenders: list[Policy],
+    npar: int,
+) -> tuple[Policy, list[Reason]]:
+    """The smallest contender whose shortfall from the best is within the replicates' spread of
+    the paired difference (the best where none is), and the reason where it moved."""
+    best = contenders[0]
+    for p in sorted(contenders[1:], key=lambda q: q.effective(npar)):
+        if p.effective(npar) >= best.effective(npar):
+            break
+        diff = np.asarray(samples[best]) - np.asarray(samples[p])
+        point = values[best] - values[p]
+        sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+        if point <= sd:
+            text = (
+                f"{p.label} and {best.label} are within the spread of the replicate worlds "
+                f"(difference {point:.3g} ± {sd:.3g}): preferring the smaller N"
+            )
+            return p, [Reason(ReasonCode.WITHIN_UNCERTAINTY, text)]
+    return best, []
+
+
+def _plain_advantage(
+    values: dict[Policy, float], samples: dict[Policy, list[float]], chosen: Policy
+) -> tuple[float, float, float]:
+    """plain - chosen: the point world's, and the replicates' 5th and 95th percentiles."""
+    plain = Policy.plain()
+    point = values[plain] - values[chosen]
+    diff = np.asarray(samples[plain]) - np.asarray(samples[chosen])
+    if len(diff) == 0:
+        return point, point, point
+    return point, float(np.percentile(diff, 5)), float(np.percentile(diff, 95))
+
+
+def _plain_reason(answer: OpenAnswer) -> Reason:
+    """Draft at all, in the open loop: plain against the chosen policy."""
+    point, low, high = answer.plain_advantage
+    share = point / answer.objective if answer.objective else 0.0
+    plain_value = answer.values[Policy.plain()]
+    spread = (
+        f"one-sided 95 % bounds [{low:+.3g}, {high:+.3g}] over the replicate worlds"
+        if answer.samples
+        else "the point world alone, no spread"
+    )
+    figures = (
+        f"plain {answer.describe(plain_value)} against {answer.policy.label}'s "
+        f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; {spread})"
+    )
+    if point > 0 and low > 0:
+        return Reason(
+            ReasonCode.PLAIN_AHEAD,
+            f"drafting does not pay for this traffic: {figures}; serve without the draft model",
+        )
+    if point > 0:
+        return Reason(
+            ReasonCode.PLAIN_UNRESOLVED,
+            f"whether to draft at all is unresolved for this traffic: plain predicted ahead, "
+            f"not shown: {figures}; `tuner validate --arrivals` measures both",
+        )
+    return Reason(ReasonCode.DRAFTING_PAYS, f"drafting pays for this traffic: {figures}")

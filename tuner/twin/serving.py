@@ -1,0 +1,221 @@
+"""A twin world serving offered traffic: the requests (an observed trace replayed, or Poisson
+arrivals with observed lengths) and every policy's figures serving them, noise-free.
+
+The open-loop answer (tuner.decide.openanswer) runs every policy through a world made from the
+fit (tuner.twin.fitted) with the same arrivals and request seeds (common random numbers), so
+differences between policies are exact for that world. A threshold at or above the most slots
+N = 0 ever had generating is N = 0's server (it never stops a draft): scored once. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.policy import Policy
+from tuner.recommendation import ObjectiveKind
+from tuner.traffic import TrafficProfile
+from tuner.twin.engine import Request, SimResult, Workload, request_seed, simulate
+from tuner.twin.world import World
+
+MIN_REQUESTS = 1000  # requests a scoring serves at least (a short trace is tiled)
+
+
+@dataclass(frozen=True)
+class Offered:
+    """The traffic the policies are scored under, and where it came from (in words)."""
+
+    workload: Workload
+    rate: float  # requests per second offered
+    source: str
+
+    def head(self, count: int) -> Workload:
+        """The first `count` requests (a shorter run for the replicate worlds' spread)."""
+        w = self.workload
+        return Workload(w.requests[:count], w.arrivals[:count])
+
+
+def _tiled(offsets: list[float], lengths: list[tuple[int, int]], seed: int) -> Workload:
+    """A trace repeated end to end until it holds MIN_REQUESTS, as a twin workload."""
+    span = (offsets[-1] - offsets[0]) if len(offsets) > 1 else 1.0
+    gap = span / max(1, len(offsets) - 1)
+    times: list[float] = []
+    pairs: list[tuple[int, int]] = []
+    shift = 0.0
+    while len(times) < MIN_REQUESTS:
+        times += [t - offsets[0] + shift for t in offsets]
+        pairs += lengths
+        shift += span + gap
+    requests = tuple(
+        Request(max(1, p), max(1, o), request_seed(seed, i)) for i, (p, o) in enumerate(pairs)
+    )
+    return Workload(requests, tuple(times))
+
+
+def offered_trace(profile: TrafficProfile, name: str, seed: int = 0) -> Offered:
+    """The observed requests replayed at their observed times and lengths."""
+    kept = sorted(profile.requests, key=lambda r: r.arrival)
+    if len(kept) < 2:
+        raise ValueError(f"traffic {name!r} holds {len(kept)} finished requests: too few to replay")
+    offsets = [r.arrival for r in kept]
+    work = _tiled(offsets, [(r.prompt, r.output) for r in kept], seed)
+    span = offsets[-1] - offsets[0]
+    rate = (len(kept) - 1) / span if span > 0 else float(len(kept))
+    source = (
+        f"traffic {name!r} replayed: {len(kept)} observed requests at their arrival times "
+        f"({rate:.3g} req/s), prompt {_mean([r.prompt for r in kept]):.0f} and output "
+        f"{_mean([r.output for r in kept]):.0f} tokens on average"
+        + (f", repeated to {len(work.requests)} requests" if len(work.requests) > len(kept) else "")
+    )
+    return Offered(work, rate, source)
+
+
+def offered_poisson(
+    rate: float,
+    lengths: Sequence[tuple[int, int]],
+    lengths_from: str,
+    seed: int = 0,
+) -> Offered:
+    """Poisson arrivals at a rate, each request's (prompt, output) drawn from `lengths`."""
+    if rate <= 0:
+        raise ValueError(f"an arrival rate must be above 0, got {rate:g}")
+    rng = random.Random(f"openanswer:{seed}:{rate}")
+    t, times, pairs = 0.0, [], []
+    for _ in range(MIN_REQUESTS):
+        t += rng.expovariate(rate)
+        times.append(t)
+        pairs.append(lengths[rng.randrange(len(lengths))])
+    requests = tuple(
+        Request(max(1, p), max(1, o), request_seed(seed, i)) for i, (p, o) in enumerate(pairs)
+    )
+    source = (
+        f"Poisson arrivals at {rate:.3g} req/s, lengths {lengths_from} (prompt "
+        f"{_mean([p for p, _ in pairs]):.0f}, output {_mean([o for _, o in pairs]):.0f} tokens "
+        "on average)"
+    )
+    return Offered(Workload(requests, tuple(times)), rate, source)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+# --- scoring ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Score:
+    """One policy serving the offered traffic in one world."""
+
+    tpot_ms: float  # mean time per output token, over tokens
+    busy_tps: float  # tokens per second some slot generated
+    p95_tpot_ms: float  # per request
+    mean_generating: float
+    max_generating: int  # an upper bound on the slots generating at a step's start
+
+    def value(self, kind: ObjectiveKind) -> float:
+        """Higher is better: 1000 / mean TPOT (tpot), tokens per busy second (tps)."""
+        if kind is ObjectiveKind.TPOT:
+            return 1000.0 / self.tpot_ms if self.tpot_ms > 0 else 0.0
+        return self.busy_tps
+
+
+def score(result: SimResult) -> Score:
+    """The figures of one simulated run (see Score)."""
+    done = [r for r in result.requests if r.tokens >= 2]
+    gen = sum(r.generation_time or 0.0 for r in done)
+    steps = sum(r.tokens - 1 for r in done)
+    per_request = [1000.0 * (r.generation_time or 0.0) / (r.tokens - 1) for r in done]
+    events = sorted(
+        [(r.token_times[0], 1) for r in result.requests if r.token_times]
+        + [(r.token_times[-1], -1) for r in result.requests if r.token_times]
+    )
+    level = top = 0
+    busy_s, last = 0.0, 0.0
+    for t, change in events:
+        if level > 0:
+            busy_s += t - last
+        level += change
+        top = max(top, level)
+        last = t
+    tokens = sum(r.tokens for r in result.requests)
+    area = sum((r.token_times[-1] - r.token_times[0]) for r in result.requests if r.token_times)
+    return Score(
+        tpot_ms=1000.0 * gen / steps if steps else math.nan,
+        busy_tps=tokens / busy_s if busy_s > 0 else 0.0,
+        p95_tpot_ms=float(np.percentile(per_request, 95)) if per_request else math.nan,
+        mean_generating=area / busy_s if busy_s > 0 else 0.0,
+        max_generating=top,
+    )
+
+
+def score_policies(
+    world: World, workload: Workload, candidates: Sequence[Policy]
+) -> tuple[dict[Policy, Score], int]:
+    """Every candidate's score on the world (N = 0 first: thresholds at or above the most slots
+    it had generating are its server, scored once) and how many runs that took."""
+    out: dict[Policy, Score] = {}
+    runs = 0
+    always = [p for p in candidates if p.is_always]
+    for p in always + [p for p in candidates if not p.is_always]:
+        top = out[always[0]].max_generating if always and always[0] in out else None
+        if p.is_threshold and top is not None and (p.max_slots or 0) >= top:
+            out[p] = out[always[0]]
+            continue
+        out[p] = score(simulate(world, p, workload, noise=False))
+        runs += 1
+    return out, runs
+
+
+def scaled(workload: Workload, factor: float) -> Workload:
+    """The same requests arriving `factor` times as fast."""
+    return Workload(workload.requests, tuple(t / factor for t in workload.arrivals))
+
+
+def capacity(
+    world: World,
+    workload: Workload,
+    policy: Policy,
+    slo_tpot_ms: float,
+    *,
+    quantile: float = 95.0,
+    steps: int = 6,
+) -> tuple[float, int]:
+    """The most the workload's arrivals can be sped up (a factor) with the per-request
+    `quantile` percentile of time per output token within slo_tpot_ms, and the runs it took:
+    doubled or halved until the limit is bracketed (at most `steps` times), then halved in
+    between `steps` times; 0 where even an eighth of the pace misses it."""
+    runs = 0
+
+    def meets(factor: float) -> bool:
+        nonlocal runs
+        runs += 1
+        result = simulate(world, policy, scaled(workload, factor), noise=False)
+        per_request = [
+            1000.0 * (r.generation_time or 0.0) / (r.tokens - 1)
+            for r in result.requests
+            if r.tokens >= 2
+        ]
+        return bool(per_request) and float(np.percentile(per_request, quantile)) <= slo_tpot_ms
+
+    if meets(1.0):
+        lo, hi = 1.0, 2.0
+        while hi <= 2.0**steps and meets(hi):
+            lo, hi = hi, hi * 2
+    else:
+        lo, hi = 0.5, 1.0
+        while not meets(lo):
+            if lo <= 1.0 / 8:
+                return 0.0, runs
+            lo, hi = lo / 2, lo
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, runs
