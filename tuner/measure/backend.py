@@ -537,6 +537,17 @@ class AttachedBackend:
             lambda: self._pids or [],
         )
 
+    def arrivals(
+        self,
+        policy: Target,
+        offsets: list[float],
+        round_key: int,
+        lengths: list[int] | None,
+        workload: Workload,
+    ) -> Measured:
+        url, key = self.serve(policy)
+        return arrivals_round(url, offsets, round_key, lengths, workload, key)
+
     def _watcher(self) -> Callable[[], Snapshot] | None:
         if self.watch is False:
             return None
@@ -601,7 +612,21 @@ class RunningBackend(AttachedBackend):
         return self.url, self.api_key
 
     def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:
-        measured = super().measure(policy, cell, round_key, workload)
+        return self._checked(policy, super().measure(policy, cell, round_key, workload))
+
+    def arrivals(
+        self,
+        policy: Target,
+        offsets: list[float],
+        round_key: int,
+        lengths: list[int] | None,
+        workload: Workload,
+    ) -> Measured:
+        measured = super().arrivals(policy, offsets, round_key, lengths, workload)
+        return self._checked(policy, measured)
+
+    def _checked(self, policy: Target, measured: Measured) -> Measured:
+        """A drafting policy's round: the threshold it ran at, and the server still at it."""
         if isinstance(policy, Policy) and policy.drafting and self._set is not None:
             measured.max_slots = self._set
             if self.check is not None:
