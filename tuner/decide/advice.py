@@ -18,6 +18,7 @@ import numpy as np
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
+from tuner.decide.observed import observed_in_place
 from tuner.errors import ConfigError
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
@@ -54,7 +55,8 @@ def recommend(
     combined from the fits at the measured depths (tuner.model.depth); that answer rests on no
     measured level of its own, so it is printed, not stored. traffic: weight the objective by
     an observed traffic profile (share of busy time at each number of generating slots)
-    instead of the spec's workload weights.
+    instead of the spec's workload weights, and use the acceptance seen on that traffic in
+    place of the profile's where enough was seen (tuner.decide.observed).
 
     objective: what to maximise (tuner.decide.objective): tps (the default), tpot (mean time
     per output token under Poisson arrivals at the traffic's rate, or `rate`) or capacity (the
@@ -83,11 +85,19 @@ def recommend(
         cm, said = _derived_model(store, model, host, host_explicit, seed, where)
         measured_gains, measured_levels = {}, {}
         reasons_first.append(said)
+    seen: dict[str, Any] | None = None
+    if traffic is not None:
+        # The acceptance seen on the traffic, where enough was seen, in place of the profile's;
+        # the profile's gains were measured at its own acceptance, so they no longer bound N.
+        cm, said, seen = observed_in_place(cm, traffic_store.load(store, traffic), traffic, seed)
+        reasons_first.append(said)
+        measured_gains = {} if seen else measured_gains
     weights, goal, said_how = _weighted_goal(
         store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
     )
     reasons_first += said_how
     options = _study_options(where, traffic, tune_n_max, min_single_stream, weights, seed, goal)
+    options |= seen or {}
     name = search.study_name(
         model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
     )

@@ -1,0 +1,186 @@
+"""`tuner watch --experiment` over twin worlds, in-process and in virtual time: what it is graded
+on (benchmarks/watch_experiment.py, tests/test_experiment.py).
+
+- `arrival_rate`: the Poisson rate at which a world keeps a chosen share of its slots
+  generating on average under always draft, from the expected steady-state throughput of its
+  closed levels (lab.frozen.expected_tps) and the birth-death queue (tuner.model.queue);
+- `open_loop_best`: the truth: every N's mean time per output token under the same arrivals,
+  noise-free (Poisson: tuner.twin.truth.open_loop_truth; bursts: the same long run on
+  tuner.twin.production, its figures' time per output token);
+- `model_start`: what watch stands on when the experiment begins: the world serving the
+  arrivals at always draft (the server's default) for `observe_s` while observe's view of them
+  fills a traffic profile, a profile of the world in-process (lab.method's spec, the live
+  switch) and `recommend --traffic` on it: the standing N and the model's tie set;
+- `run_experiment`: the experiment from a standing N on the world serving those arrivals
+  (its own noise and seed, going on from the observation where there was one), and what it
+  cost; nothing here knows the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lab.frozen import expected_tps
+from lab.method import HOST, twin_spec
+from tuner.decide import advice
+from tuner.decide.adaptive import profile_adaptively
+from tuner.decide.experiment import Experiment, ExperimentOptions, ExperimentReport, model_tie
+from tuner.decide.objective import ObjectiveKind
+from tuner.model import queue
+from tuner.policy import Policy
+from tuner.recommendation import Recommendation
+from tuner.storage import traffic_profiles
+from tuner.storage.store import Store
+from tuner.traffic import ServerView, TrafficProfile
+from tuner.twin.inprocess import TwinBackend
+from tuner.twin.production import ServedTraffic, bursty_arrivals, poisson_arrivals
+from tuner.twin.truth import open_loop_truth
+from tuner.twin.world import World
+
+OUTPUT_TOKENS = 128
+TRAFFIC = ("poisson", "bursty")
+
+
+def arrivals_of(traffic: str, rate: float, seed: int) -> Iterator[float]:
+    if traffic == "poisson":
+        return poisson_arrivals(rate, seed)
+    if traffic == "bursty":
+        return bursty_arrivals(rate, seed)
+    raise ValueError(f"unknown traffic {traffic!r}; known: {', '.join(TRAFFIC)}")
+
+
+def arrival_rate(world: World, load: float) -> float:
+    """The Poisson rate that keeps load x n_parallel slots generating on average under always
+    draft (expected steady-state throughput, the queue of tuner.model.queue)."""
+    tps = np.array(
+        [expected_tps(world, Policy.always(), c) for c in range(1, world.n_parallel + 1)]
+    )
+    return queue.rate_for_mean_generating(tps, OUTPUT_TOKENS, load * world.n_parallel)
+
+
+def open_loop_best(
+    world: World, traffic: str, rate: float, duration_s: float = 3600.0, seed: int = 10_000
+) -> dict[int, float]:
+    """Every N's (1..n_parallel, n_parallel: always draft) mean time per output token, ms,
+    noise-free, all under the same arrivals (another seed than the experiment's)."""
+    candidates = [Policy.threshold(n, world.n_max) for n in range(1, world.n_parallel + 1)]
+    if traffic == "poisson":
+        truth = open_loop_truth(
+            world, rate, duration_s=duration_s, seed=seed, candidates=candidates
+        )
+        return {p.max_slots or world.n_parallel: t.tpot_mean_ms for p, t in truth.items()}
+    out = {}
+    for policy in candidates:
+        served = ServedTraffic(
+            world, arrivals_of(traffic, rate, seed), policy.max_slots or 0, seed=seed, noise=False
+        )
+        figures = served.window(duration_s)
+        out[policy.max_slots or world.n_parallel] = figures.tpot_ms or float("nan")
+    return out
+
+
+@dataclass
+class Graded:
+    """One experiment against the truth."""
+
+    report: ExperimentReport
+    regret: float  # the answer's mean TPOT over the best's, less 1
+    best: int
+    minutes: float  # simulated minutes of traffic the experiment served
+
+    @property
+    def changes(self) -> int:
+        return len(self.report.moves)
+
+
+@dataclass
+class ModelStart:
+    """What watch stands on when its experiment begins (see `model_start`)."""
+
+    standing: int
+    tie: list[int]
+    recommendation: Recommendation
+    traffic: TrafficProfile
+    served: ServedTraffic  # the world going on serving the arrivals
+
+
+def model_start(
+    world: World,
+    traffic: str,
+    rate: float,
+    folder: Path,
+    *,
+    seed: int = 0,
+    observe_s: float = 300.0,
+    objective: ObjectiveKind = ObjectiveKind.TPOT,
+    profiled: World | None = None,
+) -> ModelStart:
+    """Observe the arrivals at always draft, profile the world (or `profiled`: the same box
+    measured with another acceptance), recommend for the traffic (see the module docstring)."""
+    served = ServedTraffic(world, arrivals_of(traffic, rate, seed), 0, seed=seed)
+    seen = TrafficProfile(world.n_parallel)
+    served.window(observe_s, seen)
+    folder.mkdir(parents=True, exist_ok=True)
+    store = Store(f"sqlite:///{folder / f'watch-{seed}.db'}")
+    try:
+        box = profiled or world
+        profile_adaptively(
+            store,
+            twin_spec(box, seed=seed),
+            folder,
+            host_name=HOST,
+            backend=TwinBackend(box, switch="live", seed=seed),
+            switch="live",
+            budget_s=600.0,
+            seed=seed,
+        )
+        view = ServerView("http://twin", world.model_name, world.n_parallel, "slots", True)
+        traffic_profiles.save(store, "watch", view, seen.to_dict(), "watching")
+        rec = advice.recommend(
+            store, world.model_name, HOST, traffic="watch", objective=objective, seed=seed
+        )
+    finally:
+        store.dispose()
+    return ModelStart(rec.max_slots, model_tie(rec), rec, seen, served)
+
+
+def run_experiment(
+    world: World,
+    traffic: str,
+    rate: float,
+    start: int,
+    *,
+    seed: int = 0,
+    tie: Collection[int] = (),
+    options: ExperimentOptions | None = None,
+    say: Callable[[str], None] = lambda _: None,
+    served: ServedTraffic | None = None,
+) -> tuple[ExperimentReport, float]:
+    """The experiment from N=start on the world serving the traffic (going on from `served`
+    where given); its report and the simulated seconds it took. It knows the rate and mean
+    output length, as watch's rolling traffic profile tells them."""
+    if served is None:
+        served = ServedTraffic(world, arrivals_of(traffic, rate, seed), start, seed=seed)
+    began = served.elapsed
+    experiment = Experiment(
+        start,
+        world.n_parallel,
+        options or ExperimentOptions(seed=seed),
+        tie=tie,
+        rate=rate,
+        output_tokens=OUTPUT_TOKENS,
+        say=say,
+    )
+    report = experiment.run(served)
+    return report, served.elapsed - began
+
+
+def grade(report: ExperimentReport, truth: dict[int, float], seconds: float) -> Graded:
+    n_parallel = max(truth)
+    best = min(truth, key=lambda n: (truth[n], n))
+    answer = report.answer or n_parallel
+    return Graded(report, truth[answer] / truth[best] - 1.0, best, seconds / 60.0)

@@ -1,0 +1,627 @@
+"""`tuner watch --experiment`: N settled on the server's own traffic.
+
+The cost model answers from closed levels measured on the profile's prompts; real traffic comes
+and goes at random and accepts what its own content accepts. The experiment asks the server
+itself: it serves the standing N most of the time and, in short windows, its contenders, then
+moves N only where the paired figures show a contender ahead, by the rule `tune` settles N with
+(tuner.decide.settle: one-sided 95 % bounds, the tolerance, ties to the smallest).
+
+Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / share) windows
+of one length, one of them a contender's, at a random place that is neither the first nor the
+last, so each contender window is flanked by two of the standing N and at most `share` of the
+time is away from it; the contenders take turns in a shuffled order, each turn among the
+comparisons still open. A window lasts as long as it takes to spend about `level_s` seconds at
+the numbers of generating slots its comparison rests on (from the traffic's time shares so
+far), within [min_window_s, max_window_s]: windows long enough for the concurrency they see.
+
+Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
+the threshold counts them. Two thresholds differ only at the counts between them, where one
+drafts and the other does not; there the window's rate (tok/s with c generating: c over the
+time per output token there) is the contender's or the standing N's, and the concurrency a
+window happened to see weighs the counts without changing the rate at any. So a block (a
+contender window and its two flanks) gives one paired difference per count between them,
+drafting less not drafting: the gain g(c) that tune measures on closed levels, here on the
+server's real requests. The objective is the traffic's own: V(N) = sum_c w_c tok/s_N(c), w_c the
+share of busy time at c over the experiment's windows (shares below `min_share` count as none),
+whose relative differences are those of the time per output token at that occupancy. A count
+needs `min_blocks` differences before a comparison rests on it.
+
+What it costs the users is reported as it ran (`Cost`): the share of time and of requests
+served at a contender, and the time per output token in contender windows against the standing
+N's windows. Windows it could not read (a restart, the server gone, the threshold changed under
+it) count for nothing and are said; three in a row stop the experiment, and so does a backlog of
+requests waiting for a free slot that grew over three windows in a row to -np or more (the
+server above its capacity: the arrivals outrun it whatever N, and the queue, not N, decides who
+is served when).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.decide import settle
+from tuner.decide.paired import LevelDiffs
+from tuner.errors import ConfigError
+from tuner.measure.windows import WindowBackend, WindowFigures
+from tuner.model import queue
+from tuner.recommendation import Recommendation
+
+MAX_MOVES = 4
+STOP_AFTER = 3  # windows in a row it could not use, or whose backlog grew
+STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """How the experiment runs (see the module docstring)."""
+
+    share: float = 0.25  # most of the time away from the standing N
+    budget_s: float = 1800.0  # the longest an experiment runs (the backend's clock)
+    tolerance: float = settle.TOLERANCE
+    min_window_s: float = 10.0
+    max_window_s: float = 120.0
+    level_s: float = 4.0  # seconds a window should spend at the counts its comparison rests on
+    min_tokens: float = 30.0  # fewer tokens at a count in a window: no difference from it there
+    min_share: float = 0.005  # counts with less of the busy time weigh nothing
+    min_blocks: int = 2
+    seed: int = 0
+
+    def check(self) -> None:
+        if not 0 < self.share <= 1 / 3:
+            raise ConfigError(
+                f"--experiment-share {self.share:g}: a share of the time in (0, 1/3] (each "
+                "contender window is flanked by two of the standing N)"
+            )
+        if self.budget_s <= 0:
+            raise ConfigError("--experiment-budget must be above 0")
+        if not 0 < self.min_window_s <= self.max_window_s:
+            raise ConfigError("experiment windows: 0 < min_window_s <= max_window_s")
+        if not 0 < self.tolerance < 1:
+            raise ConfigError(f"--tolerance {self.tolerance:g}: a share of the objective in (0, 1)")
+
+    @property
+    def cycle(self) -> int:
+        return max(3, math.ceil(1.0 / self.share - 1e-9))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A window of the plan: which N, whether it is a contender's, how long, in which cycle."""
+
+    n: int
+    contender: bool
+    seconds: float
+    cycle: int
+    answer: int  # the standing N of its cycle
+
+
+@dataclass
+class Cost:
+    """What the experiment cost the users while it ran."""
+
+    seconds: float = 0.0
+    away_s: float = 0.0  # at a contender
+    requests: int = 0
+    requests_away: int = 0
+    slot_s: list[float] = field(default_factory=lambda: [0.0, 0.0])  # standing, contender
+    tokens: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def add(self, planned: Planned, figures: WindowFigures) -> None:
+        arm = 1 if planned.contender else 0
+        self.seconds += figures.seconds
+        self.requests += figures.finished
+        if planned.contender:
+            self.away_s += figures.seconds
+            self.requests_away += figures.finished
+        self.slot_s[arm] += figures.slot_seconds
+        self.tokens[arm] += figures.tokens
+
+    def tpot_ms(self, contender: bool) -> float | None:
+        arm = 1 if contender else 0
+        return 1000.0 * self.slot_s[arm] / self.tokens[arm] if self.tokens[arm] else None
+
+    @property
+    def tpot_ratio(self) -> float | None:
+        """Contender windows' time per output token over the standing N's, less 1."""
+        away, home = self.tpot_ms(True), self.tpot_ms(False)
+        return away / home - 1.0 if away is not None and home else None
+
+    def text(self) -> str:
+        time_share = self.away_s / self.seconds if self.seconds else 0.0
+        req_share = self.requests_away / self.requests if self.requests else 0.0
+        away, home, ratio = self.tpot_ms(True), self.tpot_ms(False), self.tpot_ratio
+        tpot = (
+            f"; their time per output token {away:.1f} ms against {home:.1f} ms at the standing "
+            f"N ({ratio:+.1%})"
+            if away is not None and home is not None and ratio is not None
+            else ""
+        )
+        return (
+            f"cost to users: {time_share:.0%} of {self.seconds:.0f} s at a contender, "
+            f"{self.requests_away} of {self.requests} requests ({req_share:.0%}) served there"
+            + tpot
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "away_s": self.away_s,
+            "requests": self.requests,
+            "requests_away": self.requests_away,
+            "tpot_standing_ms": self.tpot_ms(False),
+            "tpot_contender_ms": self.tpot_ms(True),
+            "tpot_ratio": self.tpot_ratio,
+        }
+
+
+@dataclass
+class ExperimentReport:
+    """What an experiment did and found: the N it started from and the one it leaves, how it
+    ended (settled, unresolved: the budget ran out, stopped: windows it could not use), the
+    last standing with every verdict and its bounds, the windows, the cost."""
+
+    start: int
+    answer: int
+    status: str = settle.OPEN
+    standing: settle.Standing | None = None
+    windows: list[tuple[Planned, WindowFigures]] = field(default_factory=list)
+    moves: list[int] = field(default_factory=list)
+    cost: Cost = field(default_factory=Cost)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.answer != self.start
+
+    def verdicts(self) -> list[str]:
+        """One line per comparison of the last standing: verdict and one-sided bounds."""
+        if self.standing is None:
+            return []
+        out = []
+        for c in self.standing.comparisons + self.standing.questions:
+            low, high = c.advantage.bounds(settle.CONFIDENCE)
+            against = c.against if c.against is not None else self.standing.answer
+            out.append(
+                f"N={c.contender} against N={against}: {c.advantage.estimate:+.2f} tok/s "
+                f"[{low:+.2f}, {high:+.2f}] (95 % one-sided each), {c.verdict}"
+            )
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        standing = self.standing
+        return {
+            "start": self.start,
+            "answer": self.answer,
+            "status": self.status,
+            "moves": self.moves,
+            "tolerance": standing.tolerance if standing else None,
+            "tie": standing.tie if standing else [],
+            "comparisons": [c.as_dict() for c in standing.comparisons] if standing else [],
+            "questions": [c.as_dict() for c in standing.questions] if standing else [],
+            "cost": self.cost.as_dict(),
+            "notes": self.notes,
+            "windows": [
+                {**f.to_dict(), "contender": p.contender, "cycle": p.cycle, "answer": p.answer}
+                for p, f in self.windows
+            ],
+        }
+
+
+def model_tie(rec: Recommendation, tolerance: float = settle.TOLERANCE) -> list[int]:
+    """The values of N the model cannot tell from its answer: those its study puts within the
+    tolerance of the answer's objective, and a live tie where `tune` stored one."""
+    values = {int(a["max_slots"]): float(a["objective"]) for a in rec.alternatives}
+    chosen = rec.max_slots
+    top = values.get(chosen, rec.objective)
+    tie = set(rec.tie) | {chosen}
+    if top:
+        tie |= {n for n, v in values.items() if top - v <= tolerance * abs(top)}
+    return sorted(tie)
+
+
+def _inverse_tpot(tps: np.ndarray, rate: float, output_tokens: float) -> float | None:
+    """1 / (mean time per output token, s) under Poisson arrivals: None where the queue would
+    not empty."""
+    occ = queue.occupancy(tps, rate, output_tokens)
+    if occ.saturated:
+        return None
+    return 1000.0 / queue.mean_tpot_ms(tps, occ)
+
+
+def drafts_at(n: int, c: int) -> bool:
+    """Whether threshold n (already effective: 1..n_parallel) starts drafts with c generating."""
+    return c <= n
+
+
+class Experiment:
+    """One experiment from a standing N (see the module docstring). `tie`: the model's tie set
+    (values of N the model cannot tell apart from the answer); contenders are it and the
+    neighbours of it and of the answer."""
+
+    def __init__(
+        self,
+        standing: int,
+        n_parallel: int,
+        options: ExperimentOptions,
+        *,
+        tie: Collection[int] = (),
+        shares: Mapping[int, float] | None = None,
+        rate: float | None = None,
+        output_tokens: float | None = None,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        options.check()
+        self.n_parallel = n_parallel
+        self.options = options
+        self.say = say
+        self.answer = self._eff(standing)
+        self.tie = {self._eff(n) for n in tie}
+        self.prior = dict(shares or {})  # time shares by count, idle included, before any window
+        self.rate, self.output_tokens = rate, output_tokens  # the traffic's, before any window
+        self.rng = random.Random(f"experiment:{options.seed}")
+        self.turns: list[int] = []
+        self.diffs: dict[int, list[float]] = {}
+        self.visited = {self.answer}
+        self.returned = False
+        self.unusable_run = 0
+        self.overloaded = False
+        self.current = self.answer
+        self.report = ExperimentReport(start=self.answer, answer=self.answer)
+
+    def _eff(self, n: int) -> int:
+        return self.n_parallel if n <= 0 or n >= self.n_parallel else n
+
+    # --- the figures so far ------------------------------------------------------------------
+
+    def usable(self) -> list[WindowFigures]:
+        return [f for _, f in self.report.windows if self._usable(f)]
+
+    @staticmethod
+    def _usable(figures: WindowFigures) -> bool:
+        return figures.problem is None
+
+    def time_shares(self) -> dict[int, float]:
+        """Share of all the time (idle included) at each count: the windows', else the prior."""
+        seconds: dict[int, float] = {}
+        for f in self.usable():
+            for c, (s, _) in f.levels.items():
+                seconds[c] = seconds.get(c, 0.0) + s
+        total = sum(seconds.values())
+        if total > 0:
+            return {c: s / total for c, s in seconds.items()}
+        if self.prior:
+            return dict(self.prior)
+        # nothing known of the traffic yet: every count alike
+        return {c: 1.0 / self.n_parallel for c in range(1, self.n_parallel + 1)}
+
+    def shares_weights(self) -> list[float]:
+        """w_c for c = 1..n_parallel: share of the busy time (the occupancy as seen, none below
+        min_share): the objective's weights where the arrivals are not known."""
+        shares = self.time_shares()
+        busy = sum(v for c, v in shares.items() if c > 0)
+        n = self.n_parallel
+        out = [shares.get(c, 0.0) / busy if busy > 0 else 0.0 for c in range(1, n + 1)]
+        return [w if w >= self.options.min_share else 0.0 for w in out]
+
+    def level_rates(self) -> tuple[list[float | None], list[float | None]]:
+        """tok/s at each count (index c, 0 unused), drafting (on) and not (off), pooled over
+        every usable window by whether its N drafts there."""
+        n = self.n_parallel
+        sums = {on: [[0.0, 0.0] for _ in range(n + 1)] for on in (True, False)}
+        for planned, f in self.report.windows:
+            if not self._usable(f):
+                continue
+            for c, (s, t) in f.levels.items():
+                if 1 <= c <= n:
+                    cell = sums[drafts_at(planned.n, c)][c]
+                    cell[0] += s
+                    cell[1] += t
+
+        def rates(on: bool) -> list[float | None]:
+            least = self.options.min_tokens
+            return [t / s if t >= least and s > 0 else None for s, t in sums[on]]
+
+        return rates(True), rates(False)
+
+    def arrivals(self) -> tuple[float, float] | None:
+        """Arrival rate and mean output tokens: the windows' own where they saw enough
+        requests, else what the traffic said before."""
+        windows = self.usable()
+        seconds = sum(f.seconds for f in windows)
+        finished = sum(f.finished for f in windows)
+        if finished >= 20 and seconds > 0:
+            # below capacity (a saturated window counts for nothing) requests finish as fast
+            # as they arrive
+            return finished / seconds, sum(f.tokens for f in windows) / finished
+        if self.rate and self.output_tokens:
+            return self.rate, self.output_tokens
+        return None
+
+    def weights(self) -> tuple[list[float], float]:
+        """The objective's weights per count and its value. The objective is the time per
+        output token under the traffic's arrivals, as 1 / TPOT (tokens per second per
+        generating slot, higher better), from the queue of tuner.model.queue over the rates
+        measured at each count under the standing N: a count's weight is the objective's
+        derivative by its rate there, so a faster count weighs both by the time spent at it
+        and by how much sooner the slots then empty (the occupancy N causes). Counts whose
+        rate could move the objective by less than min_share of it even if doubled weigh
+        nothing. Where the arrivals or the rates are not known yet, or the queue would not
+        empty: the busy-time shares and the rate they weigh."""
+        shares = self.shares_weights()
+        fallback = (shares, self.objective(shares))
+        known = self.arrivals()
+        tps = self._regime_rates()
+        if known is None or tps is None:
+            return fallback
+        rate, output = known
+        base = _inverse_tpot(tps, rate, output)
+        if base is None:
+            return fallback
+        weights = []
+        for c in range(self.n_parallel):
+            h = 0.01 * tps[c]
+            up, down = tps.copy(), tps.copy()
+            up[c] += h
+            down[c] -= h
+            hi, lo = _inverse_tpot(up, rate, output), _inverse_tpot(down, rate, output)
+            w = (hi - lo) / (2 * h) if hi is not None and lo is not None else 0.0
+            weights.append(w if abs(w) * tps[c] >= self.options.min_share * base else 0.0)
+        return weights, base
+
+    def _regime_rates(self) -> np.ndarray | None:
+        """tok/s at counts 1..n_parallel under the standing N: its regime's measured rate, else
+        the other regime's, else the nearest count's; None before any count was measured."""
+        on, off = self.level_rates()
+        n = self.n_parallel
+        own = [(on if drafts_at(self.answer, c) else off)[c] for c in range(1, n + 1)]
+        other = [(off if drafts_at(self.answer, c) else on)[c] for c in range(1, n + 1)]
+        values = [a if a is not None else b for a, b in zip(own, other, strict=True)]
+        known = [i for i, v in enumerate(values) if v is not None]
+        if not known:
+            return None
+        filled = [
+            v if v is not None else values[min(known, key=lambda k: abs(k - i))]
+            for i, v in enumerate(values)
+        ]
+        return np.array(filled, dtype=float)
+
+    def objective(self, weights: list[float]) -> float:
+        """sum_c w_c tok/s(c), the rates pooled over every usable window."""
+        seconds = [0.0] * (self.n_parallel + 1)
+        tokens = [0.0] * (self.n_parallel + 1)
+        for f in self.usable():
+            for c, (s, t) in f.levels.items():
+                if 1 <= c <= self.n_parallel:
+                    seconds[c] += s
+                    tokens[c] += t
+        return sum(
+            w * tokens[c] / seconds[c]
+            for c, w in enumerate(weights, start=1)
+            if w > 0 and seconds[c] > 0
+        )
+
+    def gains(self) -> dict[int, LevelDiffs]:
+        """Paired on - off differences per count, those with fewer than min_blocks left empty."""
+        return {
+            c: LevelDiffs(tuple(d) if len(d) >= self.options.min_blocks else ())
+            for c, d in self.diffs.items()
+        }
+
+    def allowed(self) -> set[int]:
+        """The values that may be contenders now: the model's tie set, the answer, their
+        neighbours, and larger answers it held before (settle's `kept`)."""
+        allowed = set(self.tie) | {self.answer}
+        for m in list(allowed):
+            allowed |= {m - 1, m + 1}
+        return allowed | {v for v in self.visited if v > self.answer}
+
+    def contenders(self) -> list[int]:
+        """The answer's contenders now, as the server takes them (0: always draft)."""
+        above = [v for v in self.visited if v > self.answer]
+        found = settle.contenders(self.answer, self.n_parallel, above, self.allowed())
+        return [self._out(n) for n in found]
+
+    def assess(self) -> settle.Standing:
+        weights, objective = self.weights()
+        allowed = self.allowed()
+        above = [v for v in self.visited if v > self.answer]
+        standing = settle.assess(
+            self.gains(),
+            weights,
+            self.answer,
+            self.n_parallel,
+            objective,
+            self.options.tolerance,
+            kept=above,
+            allowed=allowed,
+        )
+        self.report.standing = standing
+        return standing
+
+    # --- the schedule ------------------------------------------------------------------------
+
+    def next_contender(self, standing: settle.Standing) -> int | None:
+        """The next contender to serve: turns through the values the open comparisons need,
+        shuffled, none twice before each had a turn."""
+        wanted: set[int] = set()
+        for c in standing.measuring:
+            wanted.add(c.contender)
+            if c.against is not None and c.against != self.answer:
+                wanted.add(c.against)
+        wanted.discard(self.answer)
+        if not wanted:
+            return None
+        self.turns = [n for n in self.turns if n in wanted]
+        if not self.turns:
+            self.turns = sorted(wanted)
+            self.rng.shuffle(self.turns)
+        return self.turns.pop(0)
+
+    def window_s(self, contender: int) -> float:
+        """Long enough to spend about level_s seconds at the counts the comparison rests on."""
+        opts = self.options
+        shares = self.time_shares()
+        at = sum(shares.get(c, 0.0) for c in settle.between(self.answer, contender))
+        if at <= 0:
+            return opts.max_window_s
+        return min(opts.max_window_s, max(opts.min_window_s, opts.level_s / at))
+
+    def plan_cycle(self, contender: int, index: int, left: float = math.inf) -> list[Planned]:
+        """k windows of one length, the contender's at a random place inside (never first or
+        last: flanked by the standing N), within the time left."""
+        k = self.options.cycle
+        place = self.rng.randint(1, k - 2)
+        seconds = min(self.window_s(contender), left / k)
+        return [
+            Planned(
+                contender if i == place else self.answer, i == place, seconds, index, self.answer
+            )
+            for i in range(k)
+        ]
+
+    # --- the blocks --------------------------------------------------------------------------
+
+    def add_block(self, cycle: list[tuple[Planned, WindowFigures]]) -> int:
+        """The paired differences of a cycle's contender window against the cycle's windows of
+        the standing N (pooled: at light traffic a count the comparison rests on is rare, and
+        each of them saw some of it); how many counts got one."""
+        planned, mine = next((p, f) for p, f in cycle if p.contender)
+        if not self._usable(mine):
+            return 0
+        flanks = [f for p, f in cycle if not p.contender and self._usable(f)]
+        if not flanks:
+            return 0
+        answer, contender = planned.answer, planned.n
+        added = 0
+        for c in settle.between(answer, contender):
+            s = sum(f.at(c)[0] for f in flanks)
+            t = sum(f.at(c)[1] for f in flanks)
+            theirs = t / s if t >= self.options.min_tokens and s > 0 else None
+            own = mine.rate(c, self.options.min_tokens)
+            if theirs is None or own is None:
+                continue
+            on, off = (own, theirs) if drafts_at(contender, c) else (theirs, own)
+            self.diffs.setdefault(c, []).append(on - off)
+            added += 1
+        return added
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def record(self, planned: Planned, figures: WindowFigures) -> None:
+        report = self.report
+        report.windows.append((planned, figures))
+        report.cost.add(planned, figures)
+        if figures.problem is not None:
+            self.unusable_run += 1
+            self._note(
+                f"window {len(report.windows)} (N={self._out(planned.n)}): {figures.problem}: "
+                "it counts for nothing"
+            )
+        else:
+            self.unusable_run = 0
+        backlogs = [f.backlog for _, f in report.windows[-(STOP_AFTER + 1) :]]
+        growing = len(backlogs) > STOP_AFTER and all(b > a for a, b in itertools.pairwise(backlogs))
+        if growing and backlogs[-1] >= self.n_parallel:
+            self.overloaded = True
+            self._note(
+                f"requests waiting for a free slot grew window after window ({backlogs[0]} to "
+                f"{backlogs[-1]}): the arrivals outrun the server whatever N, the queue decides "
+                "who is served when"
+            )
+
+    def _note(self, text: str) -> None:
+        self.report.notes.append(text)
+        self.say(text)
+
+    def run(self, backend: WindowBackend) -> ExperimentReport:
+        """Windows until the standing settles, the budget runs out or windows cannot be used;
+        the server is left at the answer."""
+        report = self.report
+        started = backend.elapsed
+        backend.switch(self._out(self.answer))
+        self.current = self.answer
+        standing = self.assess()
+        cycles = 0
+        while True:
+            if standing.status == settle.MOVED:
+                if not self._moved(standing):
+                    break
+                standing = self.assess()
+                continue
+            if standing.status == settle.SETTLED:
+                report.status = settle.SETTLED
+                break
+            left = self.options.budget_s - (backend.elapsed - started)
+            contender = self.next_contender(standing)
+            if contender is None or left < self.options.min_window_s * self.options.cycle:
+                report.status = settle.OPEN
+                self._note(
+                    f"the experiment's {self.options.budget_s:.0f} s are spent: "
+                    f"N={self._out(self.answer)} stands, {len(standing.measuring)} "
+                    "comparison(s) unresolved"
+                )
+                break
+            standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
+            cycles += 1
+            if self.unusable_run >= STOP_AFTER or self.overloaded:
+                report.status = STOPPED
+                why = (
+                    "the server is above its capacity"
+                    if self.overloaded
+                    else f"{STOP_AFTER} windows in a row could not be used"
+                )
+                self._note(f"{why}: the experiment stops, N={self._out(self.answer)} stands")
+                break
+        if self.current != self.answer:
+            backend.switch(self._out(self.answer))
+        report.answer = self._out(self.answer)
+        return report
+
+    def _cycle(
+        self, backend: WindowBackend, plan: list[Planned], standing: settle.Standing
+    ) -> settle.Standing:
+        """Serve a cycle's windows; then the block's differences and a new standing."""
+        done: list[tuple[Planned, WindowFigures]] = []
+        for planned in plan:
+            if planned.n != self.current:
+                backend.switch(self._out(planned.n))
+                self.current = planned.n
+            figures = backend.window(planned.seconds)
+            self.record(planned, figures)
+            done.append((planned, figures))
+            if self.unusable_run >= STOP_AFTER or self.overloaded:
+                return standing
+        self.add_block(done)
+        return self.assess()
+
+    def _moved(self, standing: settle.Standing) -> bool:
+        """Follow a move (True), or stop where it goes back a second time or keeps moving."""
+        back, self.answer = self.answer, standing.answer
+        self.report.moves.append(self._out(self.answer))
+        self.say(f"the server's traffic moves N from {self._out(back)} to {self._out(self.answer)}")
+        if self.answer in self.visited:
+            if self.returned:
+                self.report.status = settle.OPEN
+                self._note(
+                    f"N went back to {self._out(self.answer)} a second time: the traffic does not "
+                    f"keep N={self._out(back)} and N={self._out(self.answer)} apart; it stands"
+                )
+                return False
+            self.returned = True
+        self.visited.add(self.answer)
+        if len(self.report.moves) >= MAX_MOVES:
+            self.report.status = settle.MOVED
+            self._note("N keeps moving: the experiment stops")
+            return False
+        return True
+
+    def _out(self, n: int) -> int:
+        """As the server takes it: always draft is 0."""
+        return 0 if n >= self.n_parallel else n

@@ -1,0 +1,180 @@
+"""The twin serving a production server's traffic, in-process and in virtual time: requests
+arriving on their own (Poisson, or in bursts) on one engine whose threshold is switched
+between windows, as `tuner watch` sees a running server.
+
+`ServedTraffic` runs the engine window by window. Each window's figures are exact (every step
+counted: the slots generating at its start, as the threshold counts them, its duration, the
+tokens the generating slots got; requests waiting for a slot), as `tuner.measure.windows`
+describes them; it is the in-process `WindowBackend` that `watch --experiment` is graded on
+(benchmarks/watch_experiment.py), thirty simulated minutes in a second or two. Optionally a
+window also fills a TrafficProfile as `tuner observe` would (time at each number of generating
+slots, requests finished, the acceptance counters read every `poll_s` where a request ended).
+
+Arrivals are a stream of times (`poisson_arrivals`, `bursty_arrivals`: seeded, endless); each
+request's prompt and output length are fixed by the caller, its seed by its index.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from itertools import count
+
+from tuner.measure.windows import WindowFigures
+from tuner.policy import Policy
+from tuner.traffic import Finished, TrafficProfile
+from tuner.twin.engine import Engine, Metrics, Request, request_seed
+from tuner.twin.world import World
+
+POLL_S = 0.25  # how often observe reads the counters, where a request ended
+
+
+def poisson_arrivals(rate: float, seed: int = 0) -> Iterator[float]:
+    """Arrival times (virtual seconds from 0) of a Poisson process of this rate, endless."""
+    if rate <= 0:
+        raise ValueError(f"arrival rate must be above 0, got {rate}")
+    rng = random.Random(f"poisson-arrivals:{seed}:{rate}")
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        yield t
+
+
+def bursty_arrivals(
+    rate: float, seed: int = 0, burst: float = 4.0, share: float = 0.2, spell_s: float = 20.0
+) -> Iterator[float]:
+    """Arrivals in bursts, endless: a Poisson process whose rate switches between a burst
+    (burst times the calm rate) and calm, in spells of exponential length (mean spell_s), a
+    burst `share` of the time; the long-run mean rate is `rate`."""
+    if rate <= 0:
+        raise ValueError(f"arrival rate must be above 0, got {rate}")
+    rng = random.Random(f"bursty-arrivals:{seed}:{rate}")
+    calm = rate / (1.0 - share + share * burst)
+    t, bursting = 0.0, False
+    spell_end = rng.expovariate(1.0 / (spell_s * (1.0 - share)))
+    while True:
+        level = calm * burst if bursting else calm
+        gap = rng.expovariate(level)
+        if t + gap < spell_end:
+            t += gap
+            yield t
+            continue
+        t = spell_end
+        bursting = not bursting
+        mean = spell_s * (share if bursting else 1.0 - share)
+        spell_end = t + rng.expovariate(1.0 / mean)
+
+
+class ServedTraffic:
+    """One twin server (see the module docstring): `switch` sets the threshold live, `window`
+    serves the arrivals for that many virtual seconds and reports them."""
+
+    def __init__(
+        self,
+        world: World,
+        arrivals: Iterator[float],
+        start_n: int = 0,
+        *,
+        seed: int = 0,
+        prompt_tokens: int = 32,
+        output_tokens: int | Callable[[int], int] = 128,
+        noise: bool = True,
+    ) -> None:
+        self.world = world
+        self.engine = Engine(world, Policy.of_max_slots(start_n, world.n_max), seed, noise=noise)
+        self._arrivals = arrivals
+        self._next = next(arrivals)
+        self._index = count()
+        self._seed = seed
+        self._prompt = prompt_tokens
+        self._output = output_tokens
+        self._counters = self.engine.metrics()
+        self._read_at = 0.0
+        self.current = start_n
+
+    @property
+    def n_slots(self) -> int:
+        return self.world.n_parallel
+
+    @property
+    def elapsed(self) -> float:
+        return self.engine.now
+
+    def switch(self, n: int) -> None:
+        self.engine.set_max_slots(n)
+        self.current = n
+
+    def _submit_until(self, end: float) -> int:
+        submitted = 0
+        while self._next < end:
+            i = next(self._index)
+            length = self._output if isinstance(self._output, int) else self._output(i)
+            request = Request(self._prompt, max(1, length), request_seed(self._seed, i))
+            self.engine.submit(request, at=self._next)
+            self._next = next(self._arrivals)
+            submitted += 1
+        return submitted
+
+    def window(self, seconds: float, profile: TrafficProfile | None = None) -> WindowFigures:
+        """Serve for `seconds` at the threshold in force; the window's figures (and what
+        observe would have seen, into profile)."""
+        engine = self.engine
+        start = engine.now
+        end = start + seconds
+        figures = WindowFigures(self.current, arrivals=self._submit_until(end))
+        last = start
+        while engine.now < end:
+            step = engine.step()
+            if step is None:
+                break
+            if step.start > last:  # idle until an arrival: nothing generated
+                figures.add(0, step.start - last, 0.0)
+                if profile is not None:
+                    profile.add(0, step.start - last)
+            firsts = sum(
+                1 for e in step.emitted if len(engine.result(e.request).token_times) == e.tokens
+            )
+            figures.add(step.generating, step.duration, step.tokens - firsts)
+            if engine.deferred:
+                figures.waited_s += step.duration
+            figures.finished += len(step.finished)
+            last = step.end
+            if profile is not None:
+                self._observe(profile, step.generating, step.duration, step.finished)
+        if engine.now < end:
+            if profile is not None:
+                profile.add(0, end - engine.now)
+            figures.add(0, end - engine.now, 0.0)
+            engine.advance_to(end)
+        figures.seconds = engine.now - start
+        figures.backlog = engine.deferred
+        return figures
+
+    def _observe(
+        self, profile: TrafficProfile, generating: int, duration: float, finished: tuple[int, ...]
+    ) -> None:
+        profile.add(generating, duration)
+        engine = self.engine
+        for rid in finished:
+            res = engine.result(rid)
+            profile.add_finished(Finished(res.arrival, res.request.prompt_tokens, res.tokens))
+        if engine.now - self._read_at >= POLL_S and finished:
+            # observe reads /metrics at a poll where a request ended: one reading
+            self._read_at = engine.now
+            now = engine.metrics()
+            self._add_reading(profile, self._counters, now)
+            self._counters = now
+
+    def _add_reading(self, profile: TrafficProfile, before: Metrics, after: Metrics) -> None:
+        positions = [
+            b - a for a, b in zip(before.accepted_per_pos, after.accepted_per_pos, strict=True)
+        ]
+        profile.readings += 1
+        profile.acceptance.add(
+            after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
+            after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
+            after.spec_decode_num_accepted_tokens_total
+            - before.spec_decode_num_accepted_tokens_total,
+            positions,
+            after.tokens_predicted_total - before.tokens_predicted_total,
+        )
