@@ -88,7 +88,7 @@ def twin(args: argparse.Namespace) -> None:
             else:
                 rng = random.Random(f"start:{entry.name}:{kind}:{args.seed}")
                 start = start_of(best, world.n_parallel, args.start, rng)
-            options = ExperimentOptions(budget_s=budget, seed=seed)
+            options = ExperimentOptions(budget_s=budget, seed=seed, always=args.always)
             report, seconds = run_experiment(
                 world, kind, rate, start, seed=seed, options=options, tie=tie, served=served
             )
@@ -166,6 +166,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--start", choices=("model", "offset", "best"), default="model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--always", action="store_true", help="always draft a contender too (the default's)"
+    )
     parser.add_argument("--bench", action="store_true", help="against the real bench server")
     record_arguments(parser)
     args = parser.parse_args()

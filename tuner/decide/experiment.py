@@ -72,6 +72,7 @@ class ExperimentOptions:
     min_share: float = 0.005  # counts with less of the busy time weigh nothing
     min_blocks: int = 2
     seed: int = 0
+    always: bool = False  # always draft (the server's default) a contender too
 
     def check(self) -> None:
         if not 0 < self.share <= 1 / 3:
@@ -269,7 +270,6 @@ class Experiment:
         self.turns: list[int] = []
         self.diffs: dict[int, list[float]] = {}
         self.visited = {self.answer}
-        self.returned = False
         self.unusable_run = 0
         self.overloaded = False
         self.current = self.answer
@@ -350,10 +350,11 @@ class Experiment:
         generating slot, higher better), from the queue of tuner.model.queue over the rates
         measured at each count under the standing N: a count's weight is the objective's
         derivative by its rate there, so a faster count weighs both by the time spent at it
-        and by how much sooner the slots then empty (the occupancy N causes). Counts whose
-        rate could move the objective by less than min_share of it even if doubled weigh
-        nothing. Where the arrivals or the rates are not known yet, or the queue would not
-        empty: the busy-time shares and the rate they weigh."""
+        and by how much sooner the slots then empty (the occupancy N causes). Counts the
+        traffic spends less than min_share of its busy time at, and counts whose rate could
+        move the objective by less than min_share of it even if doubled, weigh nothing. Where
+        the arrivals or the rates are not known yet, or the queue would not empty: the
+        busy-time shares and the rate they weigh."""
         shares = self.shares_weights()
         fallback = (shares, self.objective(shares))
         known = self.arrivals()
@@ -366,6 +367,9 @@ class Experiment:
             return fallback
         weights = []
         for c in range(self.n_parallel):
+            if shares[c] == 0.0:  # the traffic (nearly) never reaches this count
+                weights.append(0.0)
+                continue
             h = 0.01 * tps[c]
             up, down = tps.copy(), tps.copy()
             up[c] += h
@@ -420,6 +424,8 @@ class Experiment:
         allowed = set(self.tie) | {self.answer}
         for m in list(allowed):
             allowed |= {m - 1, m + 1}
+        if self.options.always:
+            allowed.add(self.n_parallel)
         return allowed | {v for v in self.visited if v > self.answer}
 
     def contenders(self) -> list[int]:
@@ -430,7 +436,13 @@ class Experiment:
 
     def assess(self) -> settle.Standing:
         weights, objective = self.weights()
-        allowed = self.allowed()
+        # a contender that differs from the answer only where the traffic never goes is the
+        # same server for it: not worth a window, nor a move
+        allowed = {
+            m
+            for m in self.allowed()
+            if any(weights[c - 1] > 0 for c in settle.between(self.answer, m))
+        }
         above = [v for v in self.visited if v > self.answer]
         standing = settle.assess(
             self.gains(),
@@ -602,19 +614,20 @@ class Experiment:
         return self.assess()
 
     def _moved(self, standing: settle.Standing) -> bool:
-        """Follow a move (True), or stop where it goes back a second time or keeps moving."""
+        """Follow a move (True), or stop (False) where it would go back to a value it left,
+        which would change N twice in one decision (the traffic does not keep the two apart:
+        the value it moved to stands), or where it keeps moving."""
+        if standing.answer in self.visited:
+            self.report.status = settle.OPEN
+            self._note(
+                f"the traffic would move N back from {self._out(self.answer)} to "
+                f"{self._out(standing.answer)}: it does not keep them apart, so "
+                f"N={self._out(self.answer)} stands"
+            )
+            return False
         back, self.answer = self.answer, standing.answer
         self.report.moves.append(self._out(self.answer))
         self.say(f"the server's traffic moves N from {self._out(back)} to {self._out(self.answer)}")
-        if self.answer in self.visited:
-            if self.returned:
-                self.report.status = settle.OPEN
-                self._note(
-                    f"N went back to {self._out(self.answer)} a second time: the traffic does not "
-                    f"keep N={self._out(back)} and N={self._out(self.answer)} apart; it stands"
-                )
-                return False
-            self.returned = True
         self.visited.add(self.answer)
         if len(self.report.moves) >= MAX_MOVES:
             self.report.status = settle.MOVED

@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -355,8 +355,8 @@ class WatchOptions:
 
 
 Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
-# the standing answer, its N, the traffic and the seconds left -> what the experiment did
-Experimenter = Callable[[Recommendation, int, TrafficProfile, float | None], ExperimentReport]
+# the standing answer, its N and the traffic -> what the experiment did
+Experimenter = Callable[[Recommendation, int, TrafficProfile], ExperimentReport]
 
 
 def run_command(command: str, timeout_s: float) -> tuple[int, str]:
@@ -411,7 +411,6 @@ class Watcher:
         self.experiments: list[dict[str, Any]] = []
         self.bucket: Bucket | None = None
         self.interval_start = self.last_flush = clock()
-        self.ends_at: float | None = None  # the clock at which run() stops (duration_s)
 
     def log(self, text: str) -> None:
         self.observer(ProgressEvent("message", text=text))
@@ -567,9 +566,8 @@ class Watcher:
         """--experiment: settle the standing N on the server's own traffic; a verdict that
         moves it is applied like an answer; the report is logged and stored."""
         assert self.experimenter is not None and self.current is not None
-        left = self.ends_at - self.clock() if self.ends_at is not None else None
         try:
-            report = self.experimenter(rec, self.current, total, left)
+            report = self.experimenter(rec, self.current, total)
         except TunerError as exc:
             self.log(f"--experiment: {exc}; N={self.current} stands")
             return
@@ -593,7 +591,8 @@ class Watcher:
             self.last_flush = now
 
     def run(self, duration_s: float | None = None) -> WatchSummary:
-        """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak)."""
+        """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak; an experiment under
+        way finishes first)."""
         opts = self.options
         view = self.poller.view
         self.log(
@@ -603,7 +602,6 @@ class Watcher:
             + (f" (now N={self.current})" if self.current is not None else "")
         )
         started = self.clock()
-        self.ends_at = started + duration_s if duration_s is not None else None
         self.bucket = self.rolling.open(self.wall())
         self.interval_start = self.last_flush = self.clock()
         try:
@@ -639,15 +637,12 @@ class Watcher:
                 self.bucket = self.rolling.open(self.wall())
                 self.interval_start = self.clock()
 
-        def run(
-            rec: Recommendation, standing: int, total: TrafficProfile, left: float | None
-        ) -> ExperimentReport:
-            budget = opts.budget_s if left is None else max(0.0, min(opts.budget_s, left))
+        def run(rec: Recommendation, standing: int, total: TrafficProfile) -> ExperimentReport:
             shares = total.shares()
             experiment = Experiment(
                 standing,
                 self.poller.view.n_slots,
-                replace(opts, budget_s=budget),
+                opts,
                 tie=model_tie(rec, opts.tolerance),
                 shares=shares,
                 rate=total.arrival_rate,
@@ -658,7 +653,7 @@ class Watcher:
                 f"experiment from N={standing}: contenders "
                 + ", ".join(f"N={n}" for n in experiment.contenders())
                 + f"; at most {opts.share:.0%} of the time away from N={standing}, "
-                f"{budget:.0f} s at most"
+                f"{opts.budget_s:.0f} s at most"
             )
             with hold() as held:
                 return experiment.run(LiveWindows(self.poller, held, profile, tick))

@@ -126,31 +126,39 @@ class WindowBackend(Protocol):
 
 
 class SlotTokens:
-    """Tokens decoded between two polls of /slots, by the number of slots generating at the
-    first: each slot's n_decoded followed from poll to poll (a slot that took another request
-    counts the new one's from 0; a request that ended between polls loses the tokens after its
-    last sight, in every window alike)."""
+    """Tokens decoded between two polls of /slots by the slots that generated the same request
+    at both (their number: the count the interval is kept under; a slot that started or ended
+    in between, and its tokens, are left out alike in every window), and the requests that
+    ended (a slot's task gone or changed)."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, tuple[Any, int]] = {}  # slot id -> (task, n_decoded)
-        self.count: int | None = None
+        self.seen: dict[int, tuple[Any, int]] = {}  # slot id -> (task, n_decoded) generating
+        self.busy: dict[int, Any] = {}  # slot id -> task, processing
+        self.started = False
 
-    def update(self, slots: list[Mapping[str, Any]]) -> tuple[int | None, int]:
-        """(slots generating at the previous poll, tokens decoded since)."""
-        tokens = 0
+    def update(self, slots: list[Mapping[str, Any]]) -> tuple[int | None, int, int]:
+        """(slots generating the same request at both polls, None at the first poll; tokens
+        they decoded since; requests that ended since)."""
+        steady = tokens = ended = 0
         seen: dict[int, tuple[Any, int]] = {}
+        busy: dict[int, Any] = {}
         for slot in slots:
+            sid, task = int(slot.get("id", -1)), slot.get("id_task")
             if not slot.get("is_processing"):
                 continue
-            nxt = (slot.get("next_token") or [{}])[0]
-            decoded = int(nxt.get("n_decoded") or 0)
-            sid, task = int(slot.get("id", -1)), slot.get("id_task")
+            busy[sid] = task
+            if not slot_generating(slot):
+                continue
+            decoded = int(((slot.get("next_token") or [{}])[0]).get("n_decoded") or 0)
             before = self.seen.get(sid)
-            tokens += decoded - before[1] if before and before[0] == task else decoded
+            if before is not None and before[0] == task and decoded >= before[1]:
+                steady += 1
+                tokens += decoded - before[1]
             seen[sid] = (task, decoded)
-        count, self.count = self.count, sum(slot_generating(s) for s in slots)
-        self.seen = seen
-        return count, max(tokens, 0)
+        ended = sum(1 for sid, task in self.busy.items() if busy.get(sid) != task)
+        first = not self.started
+        self.started, self.seen, self.busy = True, seen, busy
+        return (None if first else steady), tokens, ended
 
 
 class LiveWindows:
@@ -195,11 +203,12 @@ class LiveWindows:
         first = self._reading()
 
         def on_poll(dt: float | None, slots: list[Mapping[str, Any]]) -> None:
-            count, tokens = counting.update(slots)
+            count, tokens, ended = counting.update(slots)
             if dt is None:
                 figures.problem = "the server stopped answering during the window"
                 return
             figures.seconds += dt
+            figures.finished += ended
             if count is not None:
                 figures.add(count, dt, tokens)
 
