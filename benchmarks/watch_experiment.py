@@ -16,13 +16,19 @@ and of requests at a contender, their time per output token against the standing
 changes of N. Summary: the share of worlds within 1 %, the mean cost, flaps (N changed more
 than once in one settled experiment, or went back).
 
-Bench mode (--bench): `tuner watch --experiment` against a running patched llama-server under
-the bench's open-loop load for --minutes (the lead runs it): prints its log, checks that it
-switched, that N is restored on exit and that every verdict carries its bounds.
+Bench mode (--bench; the lead runs it, it needs the machine to itself): the bench spec profiled
+into a fresh database (or --db holding it), a patched drafting llama-server of the spec started
+with --props --metrics at the model's answer, the bench's open-loop load (Poisson arrivals at
+the rate the cost model says keeps half the slots generating, the spec's requests) for
+--minutes, and `tuner watch --apply live --experiment` (the CLI, as a user runs it) beside it
+for the same time. Afterwards: that it switched (windows at a contender in the stored
+experiments), that the server's threshold is the env file's (given back, or moved by a verdict
+and applied) with no hold left behind, that every verdict line carries its bounds; the windows,
+the verdicts and the cost to users are recorded.
 
     .venv/bin/python benchmarks/watch_experiment.py [--worlds DIR] [--select a,b]
         [--traffic poisson,bursty] [--load 0.5] [--minutes 30] [--start offset|best]
-    .venv/bin/python benchmarks/watch_experiment.py --bench --minutes 20
+    .venv/bin/python benchmarks/watch_experiment.py --bench --minutes 20 [--db URL]
 """
 
 from __future__ import annotations
@@ -157,6 +163,159 @@ def twin(args: argparse.Namespace) -> None:
     save_run(__file__, args, summary, [Table("per world and traffic", columns, rows)])
 
 
+def bench(args: argparse.Namespace) -> None:
+    """`tuner watch --experiment` against the real bench (see the module docstring)."""
+    import re
+    import socket
+    import threading
+
+    from common import tuner, tuner_env
+    from tunerproc import finish, start_tuner
+
+    from tuner.bench import load_bench
+    from tuner.decide.advice import standing
+    from tuner.measure.arrivals import poisson_offsets
+    from tuner.measure.client import LlamaClient
+    from tuner.measure.hold import hold_paths
+    from tuner.measure.launcher import ManagedServer
+    from tuner.measure.load import LoadGenerator, Workload
+    from tuner.measure.plan import launch_config
+    from tuner.measure.spec import load_spec
+    from tuner.model import queue
+    from tuner.policy import Policy
+    from tuner.settings import Settings
+    from tuner.storage.fits import current_fit
+    from tuner.storage.store import Store
+    from tuner.storage.traffic_profiles import stored_dict
+
+    spec_path, model = args.spec, args.model
+    work = Path(tempfile.mkdtemp(prefix="tuner-watch-experiment-"))
+    db = args.db or f"sqlite:///{work / 'tuner.db'}"
+    env = tuner_env(db, work / "cache", TUNER_STATE_DIR=str(work / "state"))
+    if not args.db:
+        began = time.monotonic()
+        tuner(env, "profile", str(spec_path))
+        print(f"profile: {time.monotonic() - began:.0f} s", flush=True)
+    host = socket.gethostname()
+    store = Store(db)
+    answer = standing(store, model, host)
+    cm = current_fit(store, model, host).model
+    spec = load_spec(spec_path, [], lambda: load_bench(Settings().bench_manifest_path).as_refs())
+    length = float(spec.workload.max_tokens)
+    tps = cm.policy_tps(cm.levels, answer.policy)
+    rate = queue.rate_for_mean_generating(tps, length, cm.n_parallel / 2)
+    config = launch_config(spec, Policy.of_max_slots(answer.max_slots, spec.speculative.n_max))
+    config.args += ["--props", "--metrics"]
+    env_file = work / "server.env"
+    env_file.write_text(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={answer.max_slots}\n")
+    print(f"standing N={answer.max_slots}; Poisson arrivals at {rate:.3f}/s", flush=True)
+    stop = threading.Event()
+    served: list = []
+    with ManagedServer(config, work / "server.log", start_timeout_s=180) as server:
+
+        def offer() -> None:
+            generator = LoadGenerator(
+                server.url,
+                Workload(prompt_tokens=spec.workload.prompt_tokens, max_tokens=int(length)),
+            )
+            key = 0
+            while not stop.is_set():
+                offsets = poisson_offsets(rate, 300.0, seed=args.seed * 1000 + key)
+                served.extend(generator.run_arrivals(offsets, round_key=key)[1])
+                key += 1
+
+        load = threading.Thread(target=offer, daemon=True)
+        load.start()
+        name = "bench-experiment"
+        proc = start_tuner(
+            [
+                "watch", "--model", model, "--url", server.url, "--env-file", str(env_file),
+                "--apply", "live", "--experiment", "--every", f"{args.every:g}m", "--name", name,
+                "--duration", f"{args.minutes:g}m",
+                "--experiment-budget", f"{args.minutes - args.every:g}m",
+            ],
+            env,
+        )  # fmt: skip
+        watched = finish(proc, timeout_s=60.0 * args.minutes + 900)
+        stop.set()
+        with LlamaClient(server.url) as api:
+            after = api.max_slots()
+        load.join(timeout=600)
+    log = watched.stdout + watched.stderr
+    print(log[-6000:])
+    stored = stored_dict(store, name) or {}
+    store.dispose()
+    experiments = stored.get("experiments") or []
+    windows = [w for e in experiments for w in e.get("windows", [])]
+    switched = any(w.get("contender") for w in windows)
+    env_n = int(env_file.read_text().strip().rsplit("=", 1)[-1])
+    restored = after == env_n and not hold_paths(server.url, work / "state")[1].exists()
+    verdicts = [line for line in log.splitlines() if re.search(r"experiment: N=\d+ against", line)]
+    # a verdict carries its one-sided bounds, or says its comparison was not measured enough
+    bounded = bool(verdicts) and all(
+        re.search(r"\[[-+0-9.]+, [-+0-9.]+\]", v) or "not measured enough" in v for v in verdicts
+    )
+    print(
+        f"exit {watched.returncode}; {len(experiments)} experiment(s), {len(windows)} windows, "
+        f"switched: {switched}; server at N={after}, env file N={env_n}: restored {restored}; "
+        f"{len(verdicts)} verdicts, all with bounds: {bounded}; {len(served)} requests offered"
+    )
+    costs = [e["cost"] for e in experiments]
+    summary = {
+        "exit status": watched.returncode,
+        "experiments": len(experiments),
+        "windows": len(windows),
+        "switched": switched,
+        "restored": restored,
+        "verdicts with bounds": bounded,
+        "standing N": answer.max_slots,
+        "answer N": env_n,
+        "rate /s": rate,
+        "minutes": args.minutes,
+    }
+    cost_rows = [
+        [
+            e["start"], e["answer"], e["status"], c["seconds"],
+            100 * c["away_s"] / c["seconds"] if c["seconds"] else None,
+            100 * c["requests_away"] / c["requests"] if c["requests"] else None,
+            100 * c["tpot_ratio"] if c["tpot_ratio"] is not None else None,
+        ]
+        for e, c in zip(experiments, costs, strict=True)
+    ]  # fmt: skip
+    verdict_rows = [
+        [c["contender"], c.get("against"), c["advantage"], c["lower"], c["upper"], c["verdict"]]
+        for e in experiments
+        for c in e["comparisons"] + e["questions"]
+    ]
+    save_run(
+        __file__,
+        args,
+        summary,
+        [
+            Table(
+                "experiments and their cost to users",
+                [
+                    "from N",
+                    "to N",
+                    "status",
+                    "seconds",
+                    "time away %",
+                    "requests away %",
+                    "contender TPOT %",
+                ],
+                cost_rows,
+            ),
+            Table(
+                "verdicts (advantage in the objective's units, one-sided 95 % bounds)",
+                ["contender", "against", "advantage", "lower", "upper", "verdict"],
+                verdict_rows,
+            ),
+        ],
+    )
+    if not (watched.returncode == 0 and switched and restored and bounded):
+        sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=Path, default=FROZEN)
@@ -170,11 +329,26 @@ def main() -> None:
         "--always", action="store_true", help="always draft a contender too (the default's)"
     )
     parser.add_argument("--bench", action="store_true", help="against the real bench server")
+    parser.add_argument("--db", help="--bench: a database holding the bench's profile")
+    parser.add_argument(
+        "--spec",
+        type=Path,
+        default=REPO / "profiles" / "bench-smollm2-cpu.toml",
+        help="--bench: the profile spec of the server (profiles/twin/bench-twin.toml: a dry run)",
+    )
+    parser.add_argument("--model", default="smollm2-135m-f32", help="--bench: its model_name")
+    parser.add_argument(
+        "--every",
+        type=float,
+        default=2.0,
+        help="--bench: watch decides every this many minutes; the experiment has the rest",
+    )
     record_arguments(parser)
     args = parser.parse_args()
     if args.bench:
-        sys.exit("--bench: not written yet")
-    twin(args)
+        bench(args)
+    else:
+        twin(args)
 
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ def test_watch_experiment_switches_restores_and_stores(tmp_path: Path) -> None:
     assert after == report.answer, (after, report.answer)
     assert not hold_paths(twin.url, tmp_path / "state")[1].exists()
     # its verdicts carry their bounds, and the cost to users is said
-    assert any("experiment: N=" in s and "one-sided" in s for s in said), said
+    verdicts = [s for s in said if s.startswith("experiment: N=") and " against N=" in s]
+    assert verdicts, said
+    assert all("one-sided" in v or "not measured enough" in v for v in verdicts), verdicts
     assert any("cost to users" in s for s in said)
     stored = stored_dict(store, "exp")
     store.dispose()

@@ -170,6 +170,7 @@ class ExperimentReport:
 
     start: int
     answer: int
+    n_parallel: int
     status: str = settle.OPEN
     standing: settle.Standing | None = None
     windows: list[tuple[Planned, WindowFigures]] = field(default_factory=list)
@@ -187,11 +188,18 @@ class ExperimentReport:
             return []
         out = []
         for c in self.standing.comparisons + self.standing.questions:
-            low, high = c.advantage.bounds(settle.CONFIDENCE)
             against = c.against if c.against is not None else self.standing.answer
+            n, m = _as_set(c.contender, self.n_parallel), _as_set(against, self.n_parallel)
+            head = f"N={n} against N={m}"
+            if math.isnan(c.advantage.estimate) or math.isinf(c.advantage.se):
+                levels = ", ".join(map(str, c.levels))
+                out.append(f"{head}: not measured enough yet at {levels} generating, {c.verdict}")
+                continue
+            low, high = c.advantage.bounds(settle.CONFIDENCE)
             out.append(
-                f"N={c.contender} against N={against}: {c.advantage.estimate:+.2f} tok/s "
-                f"[{low:+.2f}, {high:+.2f}] (95 % one-sided each), {c.verdict}"
+                f"{head}: {c.advantage.estimate:+.3f} [{low:+.3f}, {high:+.3f}] (the "
+                f"objective's units, tolerance {self.standing.tolerance:.3f}; 95 % one-sided "
+                f"each), {c.verdict}"
             )
         return out
 
@@ -208,8 +216,12 @@ class ExperimentReport:
             "questions": [c.as_dict() for c in standing.questions] if standing else [],
             "cost": self.cost.as_dict(),
             "notes": self.notes,
+            # a window it could not read is kept as what it was meant to be and why not,
+            # none of its figures
             "windows": [
-                {**f.to_dict(), "contender": p.contender, "cycle": p.cycle, "answer": p.answer}
+                {"n": f.n, "seconds": f.seconds, "problem": f.problem}
+                | ({} if f.problem else f.to_dict())
+                | {"contender": p.contender, "cycle": p.cycle, "answer": p.answer}
                 for p, f in self.windows
             ],
         }
@@ -234,6 +246,11 @@ def _inverse_tpot(tps: np.ndarray, rate: float, output_tokens: float) -> float |
     if occ.saturated:
         return None
     return 1000.0 / queue.mean_tpot_ms(tps, occ)
+
+
+def _as_set(n: int, n_parallel: int) -> int:
+    """N as the server takes it: always draft (n_parallel) is 0."""
+    return 0 if n >= n_parallel else n
 
 
 def drafts_at(n: int, c: int) -> bool:
@@ -273,7 +290,7 @@ class Experiment:
         self.unusable_run = 0
         self.overloaded = False
         self.current = self.answer
-        self.report = ExperimentReport(start=self.answer, answer=self.answer)
+        self.report = ExperimentReport(self._out(self.answer), self._out(self.answer), n_parallel)
 
     def _eff(self, n: int) -> int:
         return self.n_parallel if n <= 0 or n >= self.n_parallel else n
@@ -636,5 +653,4 @@ class Experiment:
         return True
 
     def _out(self, n: int) -> int:
-        """As the server takes it: always draft is 0."""
-        return 0 if n >= self.n_parallel else n
+        return _as_set(n, self.n_parallel)
