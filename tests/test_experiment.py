@@ -201,7 +201,7 @@ class Broken:
 
     def window(self, seconds: float) -> WindowFigures:
         self.clock += seconds
-        f = figures(self.n, {4: 100.0}, seconds)
+        f = figures(self.n, {2: 80.0, 3: 90.0, 4: 100.0}, seconds / 3)
         if self.kind == "restarts":
             f.problem = "a counter went down during the window (the server restarted)"
         else:

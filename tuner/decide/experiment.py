@@ -30,9 +30,9 @@ What it costs the users is reported as it ran (`Cost`): the share of time and of
 served at a contender, and the time per output token in contender windows against the standing
 N's windows. Windows it could not read (a restart, the server gone, the threshold changed under
 it) count for nothing and are said; three in a row stop the experiment, and so does a backlog of
-requests waiting for a free slot that grew over three windows in a row to -np or more (the
+requests waiting for a free slot that grew over six windows in a row to twice -np or more (the
 server above its capacity: the arrivals outrun it whatever N, and the queue, not N, decides who
-is served when).
+is served when; a burst passes sooner).
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ from tuner.model import queue
 from tuner.recommendation import Recommendation
 
 MAX_MOVES = 4
-STOP_AFTER = 3  # windows in a row it could not use, or whose backlog grew
+STOP_AFTER = 3  # windows in a row it could not use
+# windows in a row whose backlog grew, to twice -np requests waiting a slot or more: a burst
+# that fills the server passes within a few windows, arrivals above its capacity do not
+OVERLOADED_AFTER = 6
 STOPPED = "stopped"
 
 
@@ -555,9 +558,11 @@ class Experiment:
             )
         else:
             self.unusable_run = 0
-        backlogs = [f.backlog for _, f in report.windows[-(STOP_AFTER + 1) :]]
-        growing = len(backlogs) > STOP_AFTER and all(b > a for a, b in itertools.pairwise(backlogs))
-        if growing and backlogs[-1] >= self.n_parallel:
+        backlogs = [f.backlog for _, f in report.windows[-(OVERLOADED_AFTER + 1) :]]
+        growing = len(backlogs) > OVERLOADED_AFTER and all(
+            b > a for a, b in itertools.pairwise(backlogs)
+        )
+        if growing and backlogs[-1] >= 2 * self.n_parallel:
             self.overloaded = True
             self._note(
                 f"requests waiting for a free slot grew window after window ({backlogs[0]} to "
