@@ -7,10 +7,10 @@ on (benchmarks/watch_experiment.py, tests/test_experiment.py).
 - `open_loop_best`: the truth: every N's mean time per output token under the same arrivals,
   noise-free (Poisson: tuner.twin.truth.open_loop_truth; bursts: the same long run on
   tuner.twin.production, its figures' time per output token);
-- `model_start`: what watch stands on when the experiment begins: the world serving the
-  arrivals at always draft (the server's default) for `observe_s` while observe's view of them
-  fills a traffic profile, a profile of the world in-process (lab.method's spec, the live
-  switch) and `recommend --traffic` on it: the standing N and the model's tie set;
+- `profiled`, `model_start`: what watch stands on when the experiment begins: a profile of the
+  world in-process (lab.method's spec, the live switch), the world serving the arrivals at
+  always draft (the server's default) for `observe_s` while observe's view of them fills a
+  traffic profile, and `recommend --traffic` on it: the standing N and the model's tie set;
 - `run_experiment`: the experiment from a standing N on the world serving those arrivals
   (its own noise and seed, going on from the observation where there was one), and what it
   cost; nothing here knows the truth.
@@ -108,40 +108,52 @@ class ModelStart:
     served: ServedTraffic  # the world going on serving the arrivals
 
 
-def model_start(
-    world: World,
-    traffic: str,
-    rate: float,
-    folder: Path,
-    *,
-    seed: int = 0,
-    observe_s: float = 300.0,
-    objective: ObjectiveKind = ObjectiveKind.TPOT,
-    profiled: World | None = None,
-) -> ModelStart:
-    """Observe the arrivals at always draft, profile the world (or `profiled`: the same box
-    measured with another acceptance), recommend for the traffic (see the module docstring)."""
-    served = ServedTraffic(world, arrivals_of(traffic, rate, seed), 0, seed=seed)
-    seen = TrafficProfile(world.n_parallel)
-    served.window(observe_s, seen)
+def profiled(world: World, folder: Path, *, seed: int = 0, box: World | None = None) -> str:
+    """The world (or `box`: the same server measured with another acceptance) profiled
+    in-process as lab.method's spec has it, the live switch, into a database of its own; its
+    URL."""
     folder.mkdir(parents=True, exist_ok=True)
-    store = Store(f"sqlite:///{folder / f'watch-{seed}.db'}")
+    url = f"sqlite:///{folder / f'watch-{seed}.db'}"
+    store = Store(url)
     try:
-        box = profiled or world
+        measured = box or world
         profile_adaptively(
             store,
-            twin_spec(box, seed=seed),
+            twin_spec(measured, seed=seed),
             folder,
             host_name=HOST,
-            backend=TwinBackend(box, switch="live", seed=seed),
+            backend=TwinBackend(measured, switch="live", seed=seed),
             switch="live",
             budget_s=600.0,
             seed=seed,
         )
+    finally:
+        store.dispose()
+    return url
+
+
+def model_start(
+    world: World,
+    traffic: str,
+    rate: float,
+    db: str,
+    *,
+    seed: int = 0,
+    observe_s: float = 300.0,
+    objective: ObjectiveKind = ObjectiveKind.TPOT,
+) -> ModelStart:
+    """Observe the arrivals at always draft and recommend for them on the profile in `db`
+    (see `profiled` and the module docstring)."""
+    served = ServedTraffic(world, arrivals_of(traffic, rate, seed), 0, seed=seed)
+    seen = TrafficProfile(world.n_parallel)
+    served.window(observe_s, seen)
+    store = Store(db)
+    try:
         view = ServerView("http://twin", world.model_name, world.n_parallel, "slots", True)
-        traffic_profiles.save(store, "watch", view, seen.to_dict(), "watching")
+        name = f"watch-{traffic}"
+        traffic_profiles.save(store, name, view, seen.to_dict(), "watching")
         rec = advice.recommend(
-            store, world.model_name, HOST, traffic="watch", objective=objective, seed=seed
+            store, world.model_name, HOST, traffic=name, objective=objective, seed=seed
         )
     finally:
         store.dispose()
