@@ -223,3 +223,33 @@ def test_windows_it_cannot_use_stop_it_with_a_clear_line(kind: str, said: str) -
     assert any(said in line for line in lines), lines
     assert backend.switched[-1] == 2  # left at the standing N
     assert math.isclose(backend.elapsed, sum(f.seconds for _, f in report.windows))
+
+
+def test_the_twin_serves_windows_as_watch_would_see_them() -> None:
+    """tuner.twin.production: a window's time at each count adds up to it, the threshold is
+    switched between windows, observe's view of a window covers it, and both arrival
+    processes keep their rate."""
+    from itertools import islice
+
+    from tuner.traffic import TrafficProfile
+    from tuner.twin.production import ServedTraffic, bursty_arrivals, poisson_arrivals
+
+    for arrivals in (poisson_arrivals, bursty_arrivals):
+        times = list(islice(arrivals(0.5, 3), 4000))
+        assert times[-1] / len(times) == pytest.approx(2.0, rel=0.1)
+    w = world("zigzag-quiet")
+    served = ServedTraffic(w, poisson_arrivals(0.3, 1), 0, seed=1, noise=False)
+    first = served.window(600.0)
+    assert first.seconds == pytest.approx(600.0, abs=1.0)
+    assert sum(s for s, _ in first.levels.values()) == pytest.approx(first.seconds, rel=1e-6)
+    served.switch(1)
+    seen = TrafficProfile(w.n_parallel)
+    second = served.window(600.0, seen)
+    assert served.elapsed == pytest.approx(first.seconds + second.seconds)
+    results = [r for r in served.engine.results() if r.finished_at and r.finished_at > 600.5]
+    assert results and all(r.tokens == 128 for r in results)
+    assert served.engine.policy.max_slots == 1
+    # observe's view of the second window: its time, the requests it saw end, the counters
+    assert seen.covered_s == pytest.approx(second.seconds, rel=1e-6)
+    assert seen.finished > 0 and seen.acceptance.readings > 0
+    assert second.tokens <= sum(r.tokens - 1 for r in served.engine.results() if r.token_times)
