@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_watch_live import drafting_server as watch_server
 
 from tuner.bench import Bench
 from tuner.measure.arrivals import poisson_offsets
@@ -28,21 +29,14 @@ from tuner.traffic import TrafficProfile
 
 pytestmark = pytest.mark.bench
 
-SYNTH_LEN = 3.5
+SYNTH_LEN = 3.5  # the watch tests' server's --spec-synth-len
 
 
 def drafting_server(bench: Bench) -> LaunchConfig:
-    args = ["--kv-unified", "--poll", "0", "--model-draft", str(bench.draft)]
-    args += ["--spec-type", "draft-simple", "--spec-draft-n-max", "6"]
-    args += ["--spec-synth-len", str(SYNTH_LEN), "--metrics"]
-    return LaunchConfig(
-        binary=bench.server,
-        model=bench.target,
-        n_parallel=4,
-        ctx_size=4096,
-        threads=2,
-        args=args,
-    )
+    """The watch tests' drafting server (--spec-synth-len 3.5), with /metrics and n_max 6."""
+    config = watch_server(bench, props=False)
+    config.args += ["--spec-draft-n-max", "6", "--metrics"]
+    return config
 
 
 @pytest.fixture

@@ -145,44 +145,53 @@ def test_too_little_or_no_drafting_keeps_the_profiles_acceptance() -> None:
     assert "no draft was made in 12 readings" in line and "more slots generating than N" in line
 
 
-def test_the_poller_reads_acceptance_and_says_what_it_cannot(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Readings come at polls where a request ended (observe's settling of outputs): their
-    increments are kept, the interval across a restart is not, and a server without
-    per-position counters, or with requests waiting for a slot, is said once."""
+class Full(Scripted):
+    """The scripted client, its /metrics answering whole texts."""
 
-    class Full(Scripted):
-        def metrics(self):
-            return parse_metrics(str(self._next("metrics")))
+    def metrics(self):
+        return parse_metrics(str(self._next("metrics")))
+
+
+def polled(monkeypatch: pytest.MonkeyPatch, texts: list[str]) -> tuple[TrafficProfile, list[str]]:
+    """A poller over a scripted server: at every poll a request ends in slot 0 and another
+    takes it, so observe reads /metrics (the next of texts) to settle its output; the profile
+    after one poll per text, and what the poller said."""
 
     def ending(task: int) -> list[tuple[str, object]]:
-        # a poll in which the request in slot 0 ended and another took it
         return [("slots", [{"id": 0, "id_task": task, "is_processing": True,
                             "next_token": [{"n_decoded": 1}], "n_prompt_tokens": 9}])]  # fmt: skip
 
-    states: list[tuple[str, object]] = [("slots", []), ("metrics", scrape(0, [0, 0]))]
-    texts = [
-        scrape(0, [0, 0], tokens=0),
-        scrape(40, [30, 20], tokens=300),
-        scrape(90, [70, 40], tokens=700, deferred=1),
-        scrape(10, [8, 5], tokens=60),  # restarted: counters from 0 again
-        scrape(50, [38, 25], tokens=400),
-    ]
+    states: list[tuple[str, object]] = [("slots", []), ("metrics", scrape(0, None))]
     for task, text in enumerate(texts, start=1):
         states += [*ending(task), ("metrics", text), *ending(task)]
     client = Full(states)
     monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
     said: list[str] = []
     poller = Poller(
-        "http://scripted",
-        lambda event: said.append(event.text),
-        sleep=lambda s: None,
-        wall=lambda: 1000.0,
+        "http://scripted", lambda e: said.append(e.text), sleep=lambda s: None, wall=lambda: 0.0
     )
     profile = TrafficProfile(2)
     for _ in texts:
         poller.step(profile)
+    return profile, said
+
+
+def test_the_poller_reads_acceptance_and_says_what_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Readings come at polls where a request ended (observe's settling of outputs): their
+    increments are kept, the interval across a restart is not, and a server without
+    per-position counters, or with requests waiting for a slot, is said once."""
+    profile, said = polled(
+        monkeypatch,
+        [
+            scrape(0, [0, 0], tokens=0),
+            scrape(40, [30, 20], tokens=300),
+            scrape(90, [70, 40], tokens=700, deferred=1),
+            scrape(10, [8, 5], tokens=60),  # restarted: counters from 0 again
+            scrape(50, [38, 25], tokens=400),
+        ],
+    )
     counts = profile.acceptance
     # kept: 0 -> 40 -> 90, then 10 -> 50; the 90 -> 10 interval is dropped
     assert counts.drafts == 130 and counts.positions == [100, 60] and counts.readings == 3
@@ -190,35 +199,12 @@ def test_the_poller_reads_acceptance_and_says_what_it_cannot(
     assert sum("went down" in s for s in said) == 1
     assert sum("waited for a free slot" in s for s in said) == 1
 
-    stock_states: list[tuple[str, object]] = [("slots", []), ("metrics", scrape(0, None))]
-    for task, text in enumerate([scrape(0, None), scrape(40, None), scrape(90, None)], start=1):
-        stock_states += [*ending(task), ("metrics", text), *ending(task)]
-    stock = Full(stock_states)
-    monkeypatch.setattr(observe_module, "_client", lambda url, key: stock)
-    said.clear()
-    poller = Poller(
-        "http://scripted", lambda e: said.append(e.text), sleep=lambda s: None, wall=lambda: 0.0
-    )
-    profile = TrafficProfile(2)
-    for _ in range(3):
-        poller.step(profile)
-    assert not profile.acceptance.per_position and profile.acceptance.drafts == 90
+    stock, said = polled(monkeypatch, [scrape(0, None), scrape(40, None), scrape(90, None)])
+    assert not stock.acceptance.per_position and stock.acceptance.drafts == 90
     assert sum("not accepted tokens per draft position" in s for s in said) == 1
 
-    plain_states: list[tuple[str, object]] = [("slots", []), ("metrics", scrape(0, None))]
-    for task in (1, 2):
-        plain_states += [*ending(task), ("metrics", scrape(0, None, counters=False))]
-        plain_states += ending(task)
-    plain = Full(plain_states)
-    monkeypatch.setattr(observe_module, "_client", lambda url, key: plain)
-    said.clear()
-    poller = Poller(
-        "http://scripted", lambda e: said.append(e.text), sleep=lambda s: None, wall=lambda: 0.0
-    )
-    profile = TrafficProfile(2)
-    for _ in range(2):
-        poller.step(profile)
-    assert profile.acceptance.readings == 0
+    plain, said = polled(monkeypatch, [scrape(0, None, counters=False)] * 2)
+    assert plain.acceptance.readings == 0
     assert sum("has no draft counters" in s for s in said) == 1
 
 

@@ -9,6 +9,7 @@ benchmarks/watch_experiment.py --bench's."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from test_watch import answer
 from twinthread import twin_in_thread
 
 from tuner.decide.experiment import ExperimentOptions
-from tuner.decide.watch import WatchOptions, watch
+from tuner.decide.watch import WatchOptions, WatchSummary, watch
 from tuner.measure.arrivals import poisson_offsets
 from tuner.measure.client import LlamaClient
 from tuner.measure.hold import ServerHold, hold_paths
@@ -53,42 +54,58 @@ def options(budget_s: float) -> WatchOptions:
     )
 
 
-def test_watch_experiment_switches_restores_and_stores(tmp_path: Path) -> None:
+def watched(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    standing: int,
+    on_switch: Callable[[int], None],
+    duration_s: float,
+) -> tuple[WatchSummary, int | None, list[str], Store]:
+    """watch --experiment on the twin under Poisson load, the env file at N=standing, the
+    answers a stand-in's (standing); on_switch(n) after every switch the hold made. The
+    summary, the server's threshold afterwards, the log and the store."""
     twin = twin_in_thread(speed=SPEED)
     stop = threading.Event()
     env = tmp_path / "server.env"
-    env.write_text("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=2\n")
+    env.write_text(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={standing}\n")
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     said: list[str] = []
-    seen_n: list[int | None] = []
     real_switch = ServerHold.switch
 
     def switch(self: ServerHold, n: int) -> None:
         real_switch(self, n)
-        seen_n.append(LlamaClient(self.url).max_slots())
+        on_switch(n)
 
+    monkeypatch.setattr(ServerHold, "switch", switch)
     try:
         offered(twin.url, 0.3, 600.0, stop)
-        ServerHold.switch = switch  # type: ignore[method-assign]
         summary = watch(
             store, "m", "h", twin.url, env, options(240.0),
-            lambda e: said.append(e.text), name="exp", duration_s=14.0, interval_s=0.02,
-            recommender=lambda name: answer(2), state_dir=tmp_path / "state",
+            lambda e: said.append(e.text), name="exp", duration_s=duration_s, interval_s=0.02,
+            recommender=lambda name: answer(standing), state_dir=tmp_path / "state",
         )  # fmt: skip
-        after = LlamaClient(twin.url).max_slots()
+        with LlamaClient(twin.url) as api:
+            after = api.max_slots()
     finally:
-        ServerHold.switch = real_switch  # type: ignore[method-assign]
         stop.set()
         twin.stop_thread()
+    assert not hold_paths(twin.url, tmp_path / "state")[1].exists()  # no hold left behind
+    return summary, after, said, store
+
+
+def test_watch_experiment_switches_restores_and_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    switched: list[int] = []
+    summary, after, said, store = watched(tmp_path, monkeypatch, 2, switched.append, 14.0)
     assert summary.experiments, said
     report = summary.experiments[0]
-    # it switched: windows at a contender (1 or 3) between windows at N=2, read back each time
-    assert {1, 3} & set(seen_n) and 2 in seen_n, (seen_n, said)
+    # it switched: windows at a contender (1 or 3) between windows at N=2
+    assert {1, 3} & set(switched) and 2 in switched, (switched, said)
     assert any(p.contender for p, _ in report.windows), said
     assert all(f.seconds > 0 and f.levels for _, f in report.windows)
-    # and left the server at the standing N, its hold record gone
+    # and left the server at the standing N
     assert after == report.answer, (after, report.answer)
-    assert not hold_paths(twin.url, tmp_path / "state")[1].exists()
     # its verdicts carry their bounds, and the cost to users is said
     verdicts = [s for s in said if s.startswith("experiment: N=") and " against N=" in s]
     assert verdicts, said
@@ -100,36 +117,18 @@ def test_watch_experiment_switches_restores_and_stores(tmp_path: Path) -> None:
     assert stored["experiments"][0]["cost"]["seconds"] > 0
 
 
-def test_ctrl_c_in_a_contender_window_gives_n_back(tmp_path: Path) -> None:
-    twin = twin_in_thread(speed=SPEED)
-    stop = threading.Event()
-    env = tmp_path / "server.env"
-    env.write_text("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=3\n")
-    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
-    real_switch = ServerHold.switch
+def test_ctrl_c_in_a_contender_window_gives_n_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     switched: list[int] = []
 
-    def switch(self: ServerHold, n: int) -> None:
-        real_switch(self, n)
+    def pressed(n: int) -> None:
         switched.append(n)
         if n != 3:  # the first contender window: the user presses Ctrl-C in it
             raise KeyboardInterrupt
 
-    said: list[str] = []
-    try:
-        offered(twin.url, 0.3, 600.0, stop)
-        ServerHold.switch = switch  # type: ignore[method-assign]
-        summary = watch(
-            store, "m", "h", twin.url, env, options(240.0),
-            lambda e: said.append(e.text), name="exp", duration_s=30.0, interval_s=0.02,
-            recommender=lambda name: answer(3), state_dir=tmp_path / "state",
-        )  # fmt: skip
-        after = LlamaClient(twin.url).max_slots()
-    finally:
-        ServerHold.switch = real_switch  # type: ignore[method-assign]
-        stop.set()
-        twin.stop_thread()
-        store.dispose()
+    summary, after, said, store = watched(tmp_path, monkeypatch, 3, pressed, 30.0)
+    store.dispose()
     assert switched and switched[-1] != 3, switched
     assert after == 3, (after, said)
     assert any("back to 3, as found" in s for s in said), said
