@@ -84,7 +84,7 @@ def twin(args: argparse.Namespace) -> None:
         folder = Path(tempfile.mkdtemp(prefix="tuner-watch-"))
         db = profiled(world, folder, seed=entry.seed + args.seed) if args.start == "model" else ""
         for kind in kinds:
-            truth = open_loop_best(world, kind, rate)
+            truth = open_loop_best(world, kind, rate, duration_s=args.truth_s)
             best = min(truth, key=lambda n: (truth[n], n))
             seed = entry.seed + args.seed
             budget = 60.0 * args.minutes
@@ -335,6 +335,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--start", choices=("model", "offset", "best"), default="model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--truth-s",
+        type=float,
+        default=3600.0,
+        help="simulated seconds of the truth's run of every N (the same arrivals for each)",
+    )
     parser.add_argument(
         "--always", action="store_true", help="always draft a contender too (the default's)"
     )

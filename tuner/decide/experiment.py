@@ -8,23 +8,29 @@ moves N only where the paired figures show a contender ahead, by the rule `tune`
 
 Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / share) windows
 of one length, one of them a contender's, at a random place that is neither the first nor the
-last, so each contender window is flanked by two of the standing N and at most `share` of the
-time is away from it; the contenders take turns in a shuffled order, each turn among the
-comparisons still open. A window lasts as long as it takes to spend about `level_s` seconds at
-the numbers of generating slots its comparison rests on (from the traffic's time shares so
-far), within [min_window_s, max_window_s]: windows long enough for the concurrency they see.
+last, so each contender window is flanked by the standing N and at most `share` of the time is
+away from it; the contenders take turns in a shuffled order, each turn among the comparisons
+still open. Contenders are the model's tie set and the neighbours of it and of the answer
+(`allowed`), those the traffic can tell apart from the answer (it spends time at a count where
+one drafts and the other does not). A window lasts as long as it takes to spend about `level_s`
+seconds at the counts its comparison rests on (from the traffic's time shares so far), within
+[min_window_s, max_window_s]: windows long enough for the concurrency they see.
 
 Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
 the threshold counts them. Two thresholds differ only at the counts between them, where one
 drafts and the other does not; there the window's rate (tok/s with c generating: c over the
 time per output token there) is the contender's or the standing N's, and the concurrency a
-window happened to see weighs the counts without changing the rate at any. So a block (a
-contender window and its two flanks) gives one paired difference per count between them,
-drafting less not drafting: the gain g(c) that tune measures on closed levels, here on the
-server's real requests. The objective is the traffic's own: V(N) = sum_c w_c tok/s_N(c), w_c the
-share of busy time at c over the experiment's windows (shares below `min_share` count as none),
-whose relative differences are those of the time per output token at that occupancy. A count
-needs `min_blocks` differences before a comparison rests on it.
+window happened to see weighs the counts without changing the rate at any. So a cycle's
+contender window against its windows at the standing N (pooled: at light traffic a count is
+rare in each) gives one paired difference per count between them, drafting less not drafting:
+the gain g(c) that tune measures on closed levels, here on the server's real requests. A count
+needs `min_blocks` differences before a comparison rests on it. The objective is the traffic's
+own: 1 / mean time per output token under its arrivals, each count weighted by the objective's
+derivative by its rate there in the birth-death queue of tuner.model.queue (the time spent at it
+and how much sooner a faster count empties the slots: the occupancy N causes), counts the
+traffic hardly reaches weighing nothing (`weights`). settle.assess then decides; a move is
+followed (its own contenders next), but not one back to a value it left: N changes at most once
+between any two values within one experiment.
 
 What it costs the users is reported as it ran (`Cost`): the share of time and of requests
 served at a contender, and the time per output token in contender windows against the standing
