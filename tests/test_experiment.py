@@ -253,3 +253,10 @@ def test_the_twin_serves_windows_as_watch_would_see_them() -> None:
     assert seen.covered_s == pytest.approx(second.seconds, rel=1e-6)
     assert seen.finished > 0 and seen.acceptance.readings > 0
     assert second.tokens <= sum(r.tokens - 1 for r in served.engine.results() if r.token_times)
+
+
+def test_contenders_stay_within_one_and_np() -> None:
+    for standing, tie in ((1, [1, 2]), (8, [7, 8]), (0, [0])):
+        exp = Experiment(standing, 8, ExperimentOptions(), tie=tie)
+        assert all(1 <= m <= 8 for m in exp.allowed())
+        assert exp.assess().status == settle.OPEN  # nothing measured: every comparison open

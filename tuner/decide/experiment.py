@@ -452,7 +452,8 @@ class Experiment:
             allowed |= {m - 1, m + 1}
         if self.options.always:
             allowed.add(self.n_parallel)
-        return allowed | {v for v in self.visited if v > self.answer}
+        allowed |= {v for v in self.visited if v > self.answer}
+        return {m for m in allowed if 1 <= m <= self.n_parallel}
 
     def contenders(self) -> list[int]:
         """The answer's contenders now, as the server takes them (0: always draft)."""
