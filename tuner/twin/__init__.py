@@ -1,11 +1,14 @@
 """The twin: a simulated llama-server with known truth (issue 25).
 
 - `world`: a TOML world (identity, server shape, acceptance, step-cost tables, noise);
+  acceptance may move with the drafts verified together, the context depth and the request's
+  content class;
 - `engine`: the decode loop as a discrete-event model: `Engine` (incremental, for a live
-  server) and `simulate` (closed levels and open loops in virtual time);
+  server) and `simulate` (closed levels and open loops in virtual time); `bursts`: bursty
+  arrival processes (gamma gaps, a two-state MMPP) for its open-loop workloads;
 - `noise`: seeded step-time noise in virtual time, presets "off", "quiet", "vm";
 - `truth`: the noise-free value of every N at every concurrency, the best N per objective,
-  and open-loop figures under Poisson arrivals;
+  and open-loop figures under Poisson or any other arrivals;
 - `calibrate`: a world fitted to an imported table's plain and always-draft rows (import it
   from tuner.twin.calibrate: it reads tables through tuner.storage.importer); `from_run`: a world
   fitted to a stored profile run.
@@ -44,6 +47,7 @@ _EXPORTS = {
         "StepResult",
         "TwinError",
         "Workload",
+        "arrival_offsets",
         "closed_level",
         "policies",
         "request_seed",
@@ -58,7 +62,13 @@ _EXPORTS = {
         "closed_truth",
         "open_loop_truth",
     ),
-    "tuner.twin.world": ("World", "load_world", "world_from_dict", "world_to_toml"),
+    "tuner.twin.world": (
+        "AcceptanceClass",
+        "World",
+        "load_world",
+        "world_from_dict",
+        "world_to_toml",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -253,7 +253,9 @@ def launch_world(args: ServerArgs) -> tuple[World, Policy]:
         changes["n_batch"] = args.batch_size
     if args.synth_len is not None or args.synth_rates is not None:
         changes["n_max"] = args.n_max or world.n_max
-        changes["acceptance"] = (
+        # the synthetic acceptance replaced, what moves it (factors, classes) kept
+        base = world.acceptance.model_dump(exclude={"synth_len", "rates"})
+        changes["acceptance"] = base | (
             {"synth_len": args.synth_len}
             if args.synth_len is not None
             else {"rates": args.synth_rates}

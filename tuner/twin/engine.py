@@ -32,6 +32,13 @@ acceptance from the request's sampling seed. The same request seed therefore giv
 sequence of accept/reject draws under every policy (bit parity with llama-server's mt19937 is
 not attempted); that is what makes paired comparisons of policies work.
 
+Where the world's acceptance moves (tuner.twin.world.Acceptance), p_i are the request's class's
+(its class fixed when it is submitted: the class its prompt marks, else one by its seed's
+share), times by_drafting at the number of drafts made in the step and by_depth at the tokens
+the slot's context holds when the draft is verified. The draws are the same ones from the same
+generator: a policy that drafts fewer slots together changes what a draw decides, not which
+draw it is. A world without those keys runs the one table it always has.
+
 `rollback` (world): "partial" (a KV cache: rejected draft rows are simply removed) leaves no
 draft alive between steps. "checkpoint" (recurrent/hybrid targets, where llama-server restores
 a checkpoint): a draft with a rejection emits nothing in its step, and its accepted tokens plus
@@ -62,8 +69,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from tuner.policy import Policy
+from tuner.twin.bursts import gamma_offsets, mmpp_offsets
 from tuner.twin.noise import NoiseProcess
-from tuner.twin.world import World
+from tuner.twin.world import Curve, World
 
 if TYPE_CHECKING:
     from tuner.measure.arrivals import OpenLoopFigures
@@ -81,12 +89,15 @@ class Request:
     (a cached prefix, the padding of a deep level), not evaluated again (at least one prompt
     token is always evaluated, as in llama-server); max_tokens: tokens to generate (n_predict;
     no stop strings in a twin); seed: the request's sampling seed, which seeds its synthetic
-    acceptance."""
+    acceptance; content: the acceptance class its prompt marks (a class name of the world's
+    [[acceptance.classes]], as World.marked_class reads a prompt; "" unmarked: the class by
+    its seed's share, else the world's own acceptance)."""
 
     prompt_tokens: int = 32
     max_tokens: int = 128
     seed: int = 0
     cached_tokens: int = 0
+    content: str = ""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -183,6 +194,95 @@ class Workload:
         return cls.open_loop(
             poisson_offsets(rate, duration_s, seed), output_tokens, prompt_tokens, depth, seed
         )
+
+    @classmethod
+    def bursty(
+        cls,
+        rate: float,
+        duration_s: float,
+        output_tokens: int | Sequence[int] = 128,
+        prompt_tokens: int = 32,
+        depth: int = 0,
+        seed: int = 0,
+        *,
+        process: str = "gamma",
+        cv: float = 2.0,
+        peak: float = 8.0,
+        busy_share: float = 0.2,
+        busy_s: float = 30.0,
+    ) -> Workload:
+        """Bursty arrivals (tuner.twin.bursts), conditioned on their count as `poisson` is:
+        process "gamma" (gaps of coefficient of variation cv) or "mmpp" (busy spells at peak
+        times the quiet rate, busy_share of the time, busy_s seconds each on average)."""
+        return cls.open_loop(
+            arrival_offsets(
+                process,
+                rate,
+                duration_s,
+                seed,
+                cv=cv,
+                peak=peak,
+                busy_share=busy_share,
+                busy_s=busy_s,
+            ),
+            output_tokens,
+            prompt_tokens,
+            depth,
+            seed,
+        )
+
+    @classmethod
+    def mixed(
+        cls,
+        offsets: Sequence[float],
+        prompt_tokens: Sequence[int],
+        output_tokens: Sequence[int],
+        contents: Sequence[str] | None = None,
+        seed: int = 0,
+    ) -> Workload:
+        """Requests of lengths (and acceptance classes, "" unmarked) of their own, arriving at
+        the given offsets; request seeds from `seed` as every workload's."""
+        count = len(offsets)
+        marks = list(contents) if contents is not None else [""] * count
+        if not len(prompt_tokens) == len(output_tokens) == len(marks) == count:
+            raise ValueError("a mixed workload needs one prompt, output and class per arrival")
+        return cls(
+            tuple(
+                Request(
+                    int(prompt_tokens[i]), int(output_tokens[i]), request_seed(seed, i), 0, marks[i]
+                )
+                for i in range(count)
+            ),
+            tuple(float(t) for t in offsets),
+        )
+
+
+ARRIVALS = ("poisson", "gamma", "mmpp")
+
+
+def arrival_offsets(
+    process: str,
+    rate: float,
+    duration_s: float,
+    seed: int,
+    *,
+    cv: float = 2.0,
+    peak: float = 8.0,
+    busy_share: float = 0.2,
+    busy_s: float = 30.0,
+) -> list[float]:
+    """Arrival times of one of ARRIVALS, each conditioned on round(rate x duration) arrivals:
+    poisson as `tuner validate --arrivals poisson` draws them, gamma and mmpp from
+    tuner.twin.bursts (their parameters ignored by the processes that have none)."""
+    from tuner.measure.arrivals import poisson_offsets
+
+    if process == "poisson":
+        return poisson_offsets(rate, duration_s, seed)
+    if process == "gamma":
+        return gamma_offsets(rate, duration_s, cv, seed)
+    if process == "mmpp":
+        return mmpp_offsets(rate, duration_s, seed, peak=peak, busy_share=busy_share, busy_s=busy_s)
+    raise ValueError(f"unknown arrival process {process!r}; known: {', '.join(ARRIVALS)}")
 
 
 def _lengths(output_tokens: int | Sequence[int], count: int) -> list[int]:
@@ -338,6 +438,7 @@ class RequestResult:
     draft_marks: list[tuple[float, int]] = field(default_factory=list)
     finished_at: float | None = None
     cancelled: bool = False
+    klass: str = ""  # its acceptance class ("" the world's own acceptance)
 
     @property
     def tokens(self) -> int:
@@ -421,6 +522,7 @@ class _Slot:
         "kv",
         "left",
         "per_pos",
+        "probs",
         "prompt_left",
         "replay",
         "res",
@@ -428,7 +530,7 @@ class _Slot:
         "state",
     )
 
-    def __init__(self, index: int, res: RequestResult, n_max: int) -> None:
+    def __init__(self, index: int, res: RequestResult, n_max: int, probs: list[float]) -> None:
         self.index = index
         self.res = res
         req = res.request
@@ -442,6 +544,7 @@ class _Slot:
         self.behind = 0  # tokens generated since the slot last drafted (catch-up)
         self.rng = random.Random(req.seed)
         self.per_pos = [0] * n_max
+        self.probs = probs  # its class's conditional acceptance per position
 
 
 class TwinError(ValueError):
@@ -476,6 +579,17 @@ class Engine:
         self._max_slots = pol.max_slots or 0
         self._n_max = pol.n_max or world.n_max
         self._probs = world.accept_probs(self._n_max)
+        # Acceptance that moves with drafts, depth or content (World's Acceptance); else the
+        # one table above serves every slot and step, as it always has.
+        acc = world.acceptance
+        self._moves = acc.moves
+        self._class_probs = {"": self._probs} | {
+            c.name: world.accept_probs(self._n_max, c.name) for c in acc.classes
+        }
+        self._by_drafting = (
+            Curve(acc.by_drafting, world.n_parallel).at_int() if acc.by_drafting else None
+        )
+        self._by_depth = Curve(acc.by_depth, 0) if acc.by_depth else None
         self._n_parallel = world.n_parallel
         self._n_batch = world.n_batch
         self._slot_context = world.slot_context
@@ -532,10 +646,14 @@ class Engine:
                 f"request ({request.prompt_tokens} tokens) exceeds the available context size "
                 f"({self._slot_context} tokens)"
             )
+        try:
+            klass = self.world.class_of(request.seed, request.content)
+        except ValueError as exc:
+            raise TwinError(str(exc)) from exc
         arrival = self.now if at is None else max(float(at), self.now)
         rid = self._next_id
         self._next_id += 1
-        res = RequestResult(rid, request, arrival)
+        res = RequestResult(rid, request, arrival, klass=klass)
         self._results[rid] = res
         if arrival <= self.now:
             self._waiting.append(res)
@@ -685,7 +803,7 @@ class Engine:
                 res = self._waiting.popleft()
                 res.start = self.now
                 res.slot = i
-                slots[i] = _Slot(i, res, self._n_max)
+                slots[i] = _Slot(i, res, self._n_max, self._class_probs[res.klass])
                 admitted.append(res.id)
         return admitted
 
@@ -716,7 +834,7 @@ class Engine:
 
         emitted: list[Emission] = []
         finished: list[int] = []
-        verified, accepted_step = self._verify(gen, end, record, emitted, finished)
+        verified, accepted_step = self._verify(gen, len(lens), end, record, emitted, finished)
         if prefilled:
             self._first_tokens(prefilled, end, record, emitted, finished)
         if not record:
@@ -833,6 +951,7 @@ class Engine:
     def _verify(
         self,
         gen: list[_Slot],
+        drafts: int,
         end: float,
         record: bool,
         emitted: list[Emission],
@@ -840,8 +959,20 @@ class Engine:
     ) -> tuple[int, int]:
         """Verify each generating slot's draft at the step's end and emit what it gives (its
         request's end where its tokens, or its context, are used up): the drafts verified and
-        used, and the draft tokens they accepted."""
+        used, and the draft tokens they accepted. drafts: the drafts made in this step (what
+        by_drafting counts)."""
         probs = self._probs
+        moves = self._moves
+        if moves:
+            table = self._by_drafting
+            per_drafts = (
+                1.0
+                if table is None
+                else table[drafts]
+                if drafts < len(table)
+                else self.world.drafting_factor(drafts)
+            )
+            by_depth = self._by_depth
         replay_mode = self._replay_mode
         slot_context = self._slot_context
         verified = accepted_step = 0
@@ -861,8 +992,15 @@ class Engine:
             else:
                 rng = s.rng
                 k = 0
-                while k < d and rng.random() < probs[k]:
-                    k += 1
+                if moves:
+                    # the request's class, scaled by the drafts verified together and its depth
+                    scale = per_drafts * (by_depth(s.kv) if by_depth is not None else 1.0)
+                    own = s.probs
+                    while k < d and rng.random() < own[k] * scale:
+                        k += 1
+                else:
+                    while k < d and rng.random() < probs[k]:
+                        k += 1
                 res.draft_marks.append((end, res.draft_n))
                 if replay_mode and k < d:
                     s.replay = k + 1

@@ -39,10 +39,18 @@ def prompt_tokens_of(prompt: Any, synthetic: int) -> int:
     (or chat messages) at about four characters a token."""
     if prompt is None:
         return synthetic
+    text = prompt_text(prompt)
     if getattr(prompt, "messages", None) is not None:
-        text = " ".join(str(m.get("content", "")) for m in prompt.messages)
         return max(1, round(len(text) / CHARS_PER_TOKEN) + 8 * len(prompt.messages))
-    return max(1, round(len(prompt.text or "") / CHARS_PER_TOKEN))
+    return max(1, round(len(text) / CHARS_PER_TOKEN))
+
+
+def prompt_text(prompt: Any) -> str:
+    """A drawn prompt's text (chat messages' contents joined): where an acceptance class's
+    marker is looked for."""
+    if getattr(prompt, "messages", None) is not None:
+        return " ".join(str(m.get("content", "")) for m in prompt.messages)
+    return str(getattr(prompt, "text", "") or "")
 
 
 def drafting_delta(before: Metrics, after: Metrics) -> dict[str, Any]:
@@ -122,11 +130,14 @@ class TwinBackend:
             length = lengths[i] if lengths else None
             prompt, max_tokens, seed = draw_request(workload, concurrency, round_key, i, length)
             tokens = prompt_tokens_of(prompt, workload.prompt_tokens)
+            content = self.world.marked_class(prompt_text(prompt)) if prompt is not None else ""
             if workload.depth > 0:
                 total = max(workload.depth, tokens)
-                out.append(Request(total, max_tokens, seed, cached_tokens=total - tokens))
+                out.append(
+                    Request(total, max_tokens, seed, cached_tokens=total - tokens, content=content)
+                )
             else:
-                out.append(Request(tokens, max_tokens, seed))
+                out.append(Request(tokens, max_tokens, seed, content=content))
         return out
 
     def measure(self, policy: Target, cell: Cell, round_key: int, workload: Workload) -> Measured:

@@ -30,7 +30,9 @@ the engine in a thread of its own (tuner.twin.live), reached only through its co
 submits, cancels, the threshold. A client that closes its connection cancels its request.
 Prompt caching: with cache_prompt (default true) the longest common prefix with one of the last
 few prompts is not evaluated again (one token always is), as a slot or llama-server's RAM
-prompt cache would keep it.
+prompt cache would keep it. A world with acceptance classes marked by text
+([[acceptance.classes]] marker) reads each prompt for its marker (World.marked_class); the
+request's acceptance then follows its class, and /metrics counts it as llama-server counts any.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class TwinServer:
         self._listeners: dict[int, asyncio.Queue[Event]] = {}
         self._tickets = itertools.count(1)
         self._cache = PromptCache(world.n_parallel + PROMPTS_CACHED)
+        self._classes = any(c.marker for c in world.acceptance.classes)  # prompts to read
         self._server: asyncio.base_events.Server | None = None
         self._closed: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -525,11 +528,14 @@ class TwinServer:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed in (-1, SEED_RANDOM):
             seed = self._rng.getrandbits(32)
         cached = self._cache.take(tokens) if body.get("cache_prompt", True) else 0
+        # an acceptance class is marked by text its prompt holds (none: by its seed)
+        marked = self.world.marked_class(tokenizer.detokenize(tokens)) if self._classes else ""
         return Request(
             prompt_tokens=len(tokens),
             max_tokens=max_tokens,
             seed=seed % 2**32,
             cached_tokens=min(cached, len(tokens) - 1),  # one is always evaluated again
+            content=marked,
         )
 
     async def _completion(self, conn: Connection, request: HttpRequest, chat: bool) -> None:

@@ -33,13 +33,14 @@ Deterministic for a given world and arguments: every seed is fixed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuner.policy import Policy
-from tuner.twin.engine import Workload, policies, simulate
+from tuner.twin.engine import RequestResult, Workload, policies, simulate
 from tuner.twin.world import World
 
 
@@ -299,7 +300,7 @@ def _rel_se(values: list[float]) -> float:
 
 @dataclass(frozen=True)
 class OpenLoopTruth:
-    """One policy under Poisson arrivals at one rate, noise-free, over a long run."""
+    """One policy under open-loop arrivals at one rate, noise-free, over a long run."""
 
     policy: Policy
     rate: float  # offered requests per second
@@ -312,6 +313,19 @@ class OpenLoopTruth:
     tpot_ms: tuple[float, float, float]  # per request, p50/p95/p99
     ttft_ms: tuple[float, float, float]  # p50/p95/p99
     mean_generating: float  # time-averaged slots generating
+    # mean TPOT (ms, over tokens) of each stretch of requests in arrival order: the same
+    # requests under every policy of one call, so differences between policies pair up
+    tpot_batches: tuple[float, ...] = field(default=(), repr=False)
+    accept_len: float = math.nan  # tokens per verified draft, the target's own included
+
+    def difference_se(self, other: OpenLoopTruth) -> float:
+        """Standard error of tpot_mean_ms - other's from the paired stretches (the arrivals'
+        own variation, shared by both, cancels)."""
+        a, b = self.tpot_batches, other.tpot_batches
+        if len(a) != len(b) or len(a) < 2:
+            return math.nan
+        diffs = [x - y for x, y in zip(a, b, strict=True)]
+        return statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
 def open_loop_truth(
@@ -323,19 +337,35 @@ def open_loop_truth(
     prompt_tokens: int = 32,
     seed: int = 0,
     candidates: Sequence[Policy] | None = None,
+    workload: Workload | None = None,
+    batches: int = 10,
 ) -> dict[Policy, OpenLoopTruth]:
-    """Every policy (default plain, N = 0..n_parallel) under the same Poisson arrivals."""
-    work = Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
+    """Every policy (default plain, N = 0..n_parallel) under the same arrivals: Poisson at the
+    rate, or `workload` (any arrivals, lengths and acceptance classes; `rate` then only labels
+    the figures). Common random numbers: every policy serves the same requests at the same
+    times with the same request seeds. N = n_parallel is N = 0's server (never more than
+    n_parallel generate): run once. `batches`: stretches of requests for the standard errors."""
+    work = workload or Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
     out: dict[Policy, OpenLoopTruth] = {}
+    ran: dict[Policy, OpenLoopTruth] = {}
     for policy in candidates or policies(world):
+        same = _same_server(world, policy)
+        if same in ran:
+            n_max = ran[same].policy.n_max
+            out[policy] = dataclasses.replace(
+                ran[same], policy=Policy.of_max_slots(policy.max_slots, n_max)
+            )
+            continue
         result = simulate(world, policy, work, seed=seed, noise=False)
         figures = result.open_loop_figures(rate)
         done = [r for r in result.requests if r.tokens >= 2]
         gen = [r.generation_time or 0.0 for r in done]
         steps = [r.tokens - 1 for r in done]
         tpot = 1000.0 * sum(gen) / sum(steps) if steps else math.nan
-        tps_se, tpot_se = _batch_means_se(result.requests, done)
-        out[policy] = OpenLoopTruth(
+        tps_se, tpot_se, parts = _batch_means(result.requests, batches)
+        drafts = sum(r.drafts for r in result.requests)
+        accepted = sum(r.draft_accepted for r in result.requests)
+        ran[same] = out[policy] = OpenLoopTruth(
             policy=result.policy,
             rate=rate,
             requests=len(result.requests),
@@ -347,15 +377,27 @@ def open_loop_truth(
             tpot_ms=figures.tpot_ms,
             ttft_ms=figures.ttft_ms,
             mean_generating=figures.mean_generating,
+            tpot_batches=parts,
+            accept_len=1.0 + accepted / drafts if drafts else math.nan,
         )
     return out
 
 
-def _batch_means_se(requests: Sequence, done: Sequence, batches: int = 10) -> tuple[float, float]:
-    """Standard errors of throughput and token-weighted TPOT from ten stretches of requests
-    (in arrival order): the spread of stretch means over sqrt(stretches)."""
+def _same_server(world: World, policy: Policy) -> Policy:
+    """The policy whose server this one is: N >= n_parallel is N = 0 (at its n_max)."""
+    if policy.drafting and (policy.max_slots or 0) >= world.n_parallel:
+        return Policy.always(policy.n_max or world.n_max)
+    return policy
+
+
+def _batch_means(
+    requests: Sequence[RequestResult], batches: int = 10
+) -> tuple[float, float, tuple[float, ...]]:
+    """Standard errors of throughput and token-weighted TPOT from stretches of requests (in
+    arrival order): the spread of stretch means over sqrt(stretches); and each stretch's TPOT."""
+    done = [r for r in requests if r.tokens >= 2]
     if len(done) < 2 * batches:
-        return math.nan, math.nan
+        return math.nan, math.nan, ()
     size = len(requests) // batches
     tps, tpot = [], []
     for b in range(batches):
@@ -369,4 +411,5 @@ def _batch_means_se(requests: Sequence, done: Sequence, batches: int = 10) -> tu
     return (
         statistics.stdev(tps) / math.sqrt(batches),
         statistics.stdev(tpot) / math.sqrt(batches),
+        tuple(tpot),
     )

@@ -4,7 +4,9 @@ A world is a TOML file (commented example: profiles/twin/bench-smollm2-cpu.toml)
 frozen pydantic model; unknown keys are errors and every problem is one line naming its field
 (tuner.inputs). It holds the model identity (`name`, `model_name`: stored data of two worlds never
 pool), the server's shape (`n_parallel`, `n_max`, `n_batch`, `slot_context`, `rollback`), the
-synthetic acceptance, the cost of a step and the noise model (tuner.twin.noise).
+synthetic acceptance (which may move with the drafts verified together, the slot's context depth
+and the request's content class: `Acceptance`), the cost of a step and the noise model
+(tuner.twin.noise).
 
 The cost of one step, in milliseconds, before noise:
 
@@ -43,6 +45,7 @@ reeval_ms to [[1, 0]] and pay per caught-up token instead; the real figure is to
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -146,35 +149,111 @@ class CostTables:
         return self.reeval[rows] if rows < len(self.reeval) else self.reeval_curve(rows) * 1e-3
 
 
-class Acceptance(_Strict):
-    """Synthetic acceptance as llama-server's --spec-synth-len / --spec-synth-rates: exactly one.
+def _check_factors(points: Table) -> Table:
+    """A factor table [[x, factor], ...]: the same rules as a cost table (x strictly increasing
+    from at most 1, values finite and 0 or more)."""
+    return _check_table(points)
 
-    `synth_len` is the target mean acceptance length including the target's own token
-    (1 .. n_max + 1); llama.cpp turns it into geometric rates a_i = p^i. `rates` are a_i, the
-    share of drafts whose first i tokens are all accepted (non-increasing, one per position
-    up to n_max). A draft is accepted position by position until the first rejection."""
 
+def _rates_rule(rates: list[float] | None) -> list[float] | None:
+    if rates is None:
+        return rates
+    if not rates:
+        raise ValueError("rates needs one value per draft position")
+    if any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError("rates are shares between 0 and 1")
+    if any(b > a for a, b in itertools.pairwise(rates)):
+        raise ValueError("rates must not increase with position")
+    return rates
+
+
+class AcceptanceClass(_Strict):
+    """One kind of content with acceptance of its own (`[[acceptance.classes]]`).
+
+    A request belongs to the class whose `marker` its prompt carries (the twin server and the
+    in-process backend look for the text in the prompt; a workload names the class); a request
+    no marker claims falls into a class with a `share` by a hash of its seed (the shares are
+    of the unmarked requests, in the order given; what they leave is the world's default
+    acceptance). `synth_len` or `rates`, exactly one, as for the world's own acceptance."""
+
+    name: str = Field(min_length=1, max_length=64)
+    marker: str | None = Field(None, min_length=1, description="text a prompt of this class holds")
+    share: float = Field(0.0, ge=0.0, le=1.0, description="of the unmarked requests, by seed")
     synth_len: float | None = Field(None, ge=1.0)
     rates: list[float] | None = None
 
     @field_validator("rates")
     @classmethod
     def _rates(cls, rates: list[float] | None) -> list[float] | None:
-        if rates is None:
-            return rates
-        if not rates:
-            raise ValueError("rates needs one value per draft position")
-        if any(not 0.0 <= r <= 1.0 for r in rates):
-            raise ValueError("rates are shares between 0 and 1")
-        if any(b > a for a, b in itertools.pairwise(rates)):
-            raise ValueError("rates must not increase with position")
-        return rates
+        return _rates_rule(rates)
+
+    @model_validator(mode="after")
+    def _one(self) -> AcceptanceClass:
+        if (self.synth_len is None) == (self.rates is None):
+            raise ValueError(f"class {self.name!r}: give exactly one of synth_len and rates")
+        if self.marker is None and self.share == 0.0:
+            raise ValueError(f"class {self.name!r}: give a marker, a share or both")
+        return self
+
+
+class Acceptance(_Strict):
+    """Synthetic acceptance as llama-server's --spec-synth-len / --spec-synth-rates: exactly one.
+
+    `synth_len` is the target mean acceptance length including the target's own token
+    (1 .. n_max + 1); llama.cpp turns it into geometric rates a_i = p^i. `rates` are a_i, the
+    share of drafts whose first i tokens are all accepted (non-increasing, one per position
+    up to n_max). A draft is accepted position by position until the first rejection.
+
+    Acceptance that moves (all optional; a world without them is accepted exactly as before):
+
+    - `by_drafting = [[drafts, factor], ...]`: a piecewise-linear factor (as a cost table:
+      linear between points, flat below the first, along the last segment beyond the last, never
+      below 0) by the number of drafts verified in the same step (the slots that drafted
+      together: a batched draft model whose drafts get worse as more sequences share a batch);
+    - `by_depth = [[kv_tokens, factor], ...]`: the same by the tokens the slot's context holds
+      when its draft is verified (a long context the draft model follows less well);
+    - `classes`: content with acceptance of its own (AcceptanceClass): a request's class is
+      decided by its prompt's marker or its seed, never by the policy or the load.
+
+    The factors multiply the conditional acceptance probabilities p_i = a_i / a_(i-1) of the
+    request's class: position i is accepted while u < p_i x by_drafting(D) x by_depth(kv)
+    (a product above 1 accepts always). The mean accepted length at one factor is
+    `World.mean_accept_len(n, factor=...)`."""
+
+    synth_len: float | None = Field(None, ge=1.0)
+    rates: list[float] | None = None
+    by_drafting: Table | None = None
+    by_depth: Table | None = None
+    classes: list[AcceptanceClass] = Field(default_factory=list)
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, rates: list[float] | None) -> list[float] | None:
+        return _rates_rule(rates)
+
+    @field_validator("by_drafting", "by_depth")
+    @classmethod
+    def _factors(cls, points: Table | None) -> Table | None:
+        return None if points is None else _check_factors(points)
 
     @model_validator(mode="after")
     def _one(self) -> Acceptance:
         if (self.synth_len is None) == (self.rates is None):
             raise ValueError("give exactly one of synth_len and rates")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError("acceptance classes need names of their own")
+        if sum(c.share for c in self.classes) > 1.0 + 1e-9:
+            raise ValueError("the classes' shares add up to more than 1")
+        markers = [c.marker for c in self.classes if c.marker is not None]
+        if len(set(markers)) != len(markers):
+            raise ValueError("acceptance classes need markers of their own")
         return self
+
+    @property
+    def moves(self) -> bool:
+        """Whether acceptance depends on anything but the position (factors or classes)."""
+        return bool(self.by_drafting or self.by_depth or self.classes)
 
 
 def synth_rates(synth_len: float, n_max: int) -> list[float]:
@@ -270,42 +349,105 @@ class World(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> World:
-        if self.acceptance.rates is not None and len(self.acceptance.rates) < self.n_max:
-            raise ValueError(
-                f"acceptance.rates has {len(self.acceptance.rates)} values, n_max is "
-                f"{self.n_max}: give one per position up to n_max"
-            )
-        if self.acceptance.synth_len is not None and self.acceptance.synth_len > self.n_max + 1:
-            raise ValueError(
-                f"acceptance.synth_len {self.acceptance.synth_len:g} exceeds n_max + 1 = "
-                f"{self.n_max + 1}"
-            )
+        acc = self.acceptance
+        kinds = [("acceptance", acc.rates, acc.synth_len)] + [
+            (f"acceptance class {c.name!r}", c.rates, c.synth_len) for c in acc.classes
+        ]
+        for where, rates, synth_len in kinds:
+            if rates is not None and len(rates) < self.n_max:
+                raise ValueError(
+                    f"{where}: rates has {len(rates)} values, n_max is {self.n_max}: give one "
+                    "per position up to n_max"
+                )
+            if synth_len is not None and synth_len > self.n_max + 1:
+                raise ValueError(
+                    f"{where}: synth_len {synth_len:g} exceeds n_max + 1 = {self.n_max + 1}"
+                )
         return self
 
     # -- what the engine reads --
 
-    def rates(self, n_max: int | None = None) -> list[float]:
-        """a_i, i = 1..n, for draft length n (default the world's n_max).
+    def acceptance_class(self, name: str = "") -> AcceptanceClass | None:
+        """The class of that name; None for "" (the world's default acceptance)."""
+        if not name:
+            return None
+        for klass in self.acceptance.classes:
+            if klass.name == name:
+                return klass
+        known = ", ".join(c.name for c in self.acceptance.classes) or "none"
+        raise ValueError(f"world {self.name} has no acceptance class {name!r} (known: {known})")
+
+    def rates(self, n_max: int | None = None, klass: str = "") -> list[float]:
+        """a_i, i = 1..n, for draft length n (default the world's n_max), of a class (default
+        the world's own acceptance).
 
         synth_len is resolved at the draft length the server runs (llama.cpp resolves it at
         the effective n_max); rates are cut to it, or padded with 0 beyond the given ones."""
         n = n_max or self.n_max
-        if self.acceptance.synth_len is not None:
-            return synth_rates(min(self.acceptance.synth_len, n + 1), n)
-        given = list(self.acceptance.rates or [])
+        source: Acceptance | AcceptanceClass = self.acceptance_class(klass) or self.acceptance
+        if source.synth_len is not None:
+            return synth_rates(min(source.synth_len, n + 1), n)
+        given = list(source.rates or [])
         return (given + [0.0] * n)[:n]
 
-    def accept_probs(self, n_max: int | None = None) -> list[float]:
+    def accept_probs(self, n_max: int | None = None, klass: str = "") -> list[float]:
         """Conditional acceptance per position, p_i = a_i / a_(i-1) (llama.cpp's synth_probs)."""
         probs, prev = [], 1.0
-        for rate in self.rates(n_max):
+        for rate in self.rates(n_max, klass):
             probs.append(rate / prev if prev > 0 else 0.0)
             prev = rate
         return probs
 
-    def mean_accept_len(self, n_max: int | None = None) -> float:
-        """Tokens per stream per full-length draft: 1 + sum a_i."""
-        return 1.0 + sum(self.rates(n_max))
+    def mean_accept_len(
+        self, n_max: int | None = None, klass: str = "", factor: float = 1.0
+    ) -> float:
+        """Tokens per stream per full-length draft: 1 + sum a_i; with a factor on the
+        conditional probabilities (Acceptance's by_drafting x by_depth), 1 + sum_i prod_(j<=i)
+        min(1, factor x p_j)."""
+        if factor == 1.0:
+            return 1.0 + sum(self.rates(n_max, klass))
+        total, run = 1.0, 1.0
+        for p in self.accept_probs(n_max, klass):
+            run *= min(1.0, factor * p)
+            total += run
+        return total
+
+    def drafting_factor(self, drafts: int) -> float:
+        """by_drafting at that many drafts verified together (1 without the table)."""
+        table = self.acceptance.by_drafting
+        return Curve(table, 0)(float(drafts)) if table else 1.0
+
+    def depth_factor(self, kv_tokens: int) -> float:
+        """by_depth at a slot holding that many tokens (1 without the table)."""
+        table = self.acceptance.by_depth
+        return Curve(table, 0)(float(kv_tokens)) if table else 1.0
+
+    def marked_class(self, text: str) -> str:
+        """The class whose marker the prompt's text holds (the first such class), else ""."""
+        for klass in self.acceptance.classes:
+            if klass.marker is not None and klass.marker in text:
+                return klass.name
+        return ""
+
+    def class_of(self, seed: int, content: str = "") -> str:
+        """A request's class: the one it names (its prompt's marker), else one with a share by
+        a hash of its seed (the same request, the same class under every policy and load),
+        else "" (the world's own acceptance). The hash is not the acceptance generator: the
+        request's draws are untouched."""
+        if content:
+            self.acceptance_class(content)  # a name the world knows
+            return content
+        shared = [c for c in self.acceptance.classes if c.share > 0]
+        if not shared:
+            return ""
+        digest = hashlib.blake2b(f"class:{seed}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "little") / 2.0**64
+        edge = 0.0
+        for klass in shared:
+            edge += klass.share
+            if u < edge:
+                return klass.name
+        return ""
 
     def cost_tables(self, n_max: int | None = None) -> CostTables:
         """The step-cost tables in seconds, built once per draft length and kept."""
@@ -372,11 +514,21 @@ def world_to_toml(world: World) -> str:
     for name, table in tables.items():
         lines.append("")
         lines.append(f"[{name}]")
+        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and _is_tables(v)}
         for key, value in table.items():
-            if value is None:
+            if value is None or key in arrays or (isinstance(value, list) and not value):
                 continue
             lines.append(f"{key} = {_toml_value(value)}")
+        for key, items in arrays.items():
+            for item in items:
+                lines.append("")
+                lines.append(f"[[{name}.{key}]]")
+                lines += [f"{k} = {_toml_value(v)}" for k, v in item.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def _is_tables(values: list[object]) -> bool:
+    return all(isinstance(v, dict) for v in values)
 
 
 def _toml_value(value: object) -> str:
