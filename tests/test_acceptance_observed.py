@@ -38,7 +38,7 @@ from tuner.model.acceptance import MIN_DRAFTS, ObservedAcceptance, observed_acce
 from tuner.policy import Policy
 from tuner.recommendation import ReasonCode
 from tuner.traffic import AcceptanceCounts, TrafficProfile
-from tuner.twin.production import ServedTraffic, poisson_arrivals
+from tuner.twin.production import ServedTraffic, arrivals
 
 
 def scrape(
@@ -102,7 +102,7 @@ def test_counts_add_merge_and_round_trip() -> None:
 def estimand(w, rate: float) -> float:
     """What the counters converge to on a world's traffic (the same output lengths: the last
     drafts of a request are cut short, in the profile as here): a long noise-free run."""
-    served = ServedTraffic(w, poisson_arrivals(rate, 999), 0, seed=999, noise=False)
+    served = ServedTraffic(w, arrivals("poisson", rate, 999, 21_000), 0, seed=999, noise=False)
     seen = TrafficProfile(w.n_parallel)
     served.window(20_000, seen)
     observed = observed_acceptance(seen.acceptance)
@@ -118,7 +118,7 @@ def test_the_interval_of_observed_acceptance_covers_what_it_estimates() -> None:
     target = estimand(w, 0.3)
     covered, widths = 0, []
     for seed in range(30):
-        served = ServedTraffic(w, poisson_arrivals(0.3, seed), 0, seed=seed)
+        served = ServedTraffic(w, arrivals("poisson", 0.3, seed), 0, seed=seed)
         seen = TrafficProfile(w.n_parallel)
         served.window(300.0, seen)
         observed = observed_acceptance(seen.acceptance)

@@ -114,7 +114,7 @@ def test_on_a_tie_the_answers_go_back_and_forth_and_n_does_not(tmp_path: Path) -
     from tuner.decide.adaptive import profile_adaptively
     from tuner.decide.settle import TOLERANCE
     from tuner.twin.inprocess import TwinBackend
-    from tuner.twin.production import ServedTraffic, poisson_arrivals
+    from tuner.twin.production import ServedTraffic, arrivals
     from tuner.twin.truth import closed_truth
 
     tie = world("bench").with_updates(acceptance={"synth_len": 3.0}, noise={"preset": "quiet"})
@@ -123,7 +123,7 @@ def test_on_a_tie_the_answers_go_back_and_forth_and_n_does_not(tmp_path: Path) -
         store, twin_spec(tie), tmp_path, host_name=HOST,
         backend=TwinBackend(tie, switch="live"), switch="live", budget_s=600.0,
     )  # fmt: skip
-    served = ServedTraffic(tie, poisson_arrivals(arrival_rate(tie, 0.35), 0), 0, seed=0)
+    served = ServedTraffic(tie, arrivals("poisson", arrival_rate(tie, 0.35), 0), 0, seed=0)
     view = ServerView("http://twin", tie.model_name, tie.n_parallel, "slots", True)
     answers: list[int] = []
 

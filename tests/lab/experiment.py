@@ -5,8 +5,7 @@ on (benchmarks/watch_experiment.py, tests/test_experiment.py).
   generating on average under always draft, from the expected steady-state throughput of its
   closed levels (lab.frozen.expected_tps) and the birth-death queue (tuner.model.queue);
 - `open_loop_best`: the truth: every N's mean time per output token under the same arrivals,
-  noise-free (Poisson: tuner.twin.truth.open_loop_truth; bursts: the same long run on
-  tuner.twin.production, its figures' time per output token);
+  noise-free (tuner.twin.truth.open_loop_truth: Poisson, or the bursts' workload);
 - `profiled`, `model_start`: what watch stands on when the experiment begins: a profile of the
   world in-process (lab.method's spec, the live switch), the world serving the arrivals at
   always draft (the server's default) for `observe_s` while observe's view of them fills a
@@ -36,21 +35,22 @@ from tuner.recommendation import Recommendation
 from tuner.storage import traffic_profiles
 from tuner.storage.store import Store
 from tuner.traffic import ServerView, TrafficProfile
+from tuner.twin.engine import Workload
 from tuner.twin.inprocess import TwinBackend
-from tuner.twin.production import ServedTraffic, bursty_arrivals, poisson_arrivals
+from tuner.twin.production import ServedTraffic, arrivals
 from tuner.twin.truth import open_loop_truth
 from tuner.twin.world import World
 
 OUTPUT_TOKENS = 128
 TRAFFIC = ("poisson", "bursty")
+PROCESS = {"poisson": "poisson", "bursty": "mmpp"}  # tuner.twin.bursts: spells at 8x the rate
 
 
 def arrivals_of(traffic: str, rate: float, seed: int) -> Iterator[float]:
-    if traffic == "poisson":
-        return poisson_arrivals(rate, seed)
-    if traffic == "bursty":
-        return bursty_arrivals(rate, seed)
-    raise ValueError(f"unknown traffic {traffic!r}; known: {', '.join(TRAFFIC)}")
+    """The arrival times of a traffic kind: Poisson, or bursts (the twin's two-state MMPP)."""
+    if traffic not in TRAFFIC:
+        raise ValueError(f"unknown traffic {traffic!r}; known: {', '.join(TRAFFIC)}")
+    return arrivals(PROCESS[traffic], rate, seed)
 
 
 def arrival_rate(world: World, load: float) -> float:
@@ -68,19 +68,14 @@ def open_loop_best(
     """Every N's (1..n_parallel, n_parallel: always draft) mean time per output token, ms,
     noise-free, all under the same arrivals (another seed than the experiment's)."""
     candidates = [Policy.threshold(n, world.n_max) for n in range(1, world.n_parallel + 1)]
-    if traffic == "poisson":
-        truth = open_loop_truth(
-            world, rate, duration_s=duration_s, seed=seed, candidates=candidates
-        )
-        return {p.max_slots or world.n_parallel: t.tpot_mean_ms for p, t in truth.items()}
-    out = {}
-    for policy in candidates:
-        served = ServedTraffic(
-            world, arrivals_of(traffic, rate, seed), policy.max_slots or 0, seed=seed, noise=False
-        )
-        figures = served.window(duration_s)
-        out[policy.max_slots or world.n_parallel] = figures.tpot_ms or float("nan")
-    return out
+    workload = None
+    if traffic != "poisson":
+        process = PROCESS[traffic]
+        workload = Workload.bursty(rate, duration_s, OUTPUT_TOKENS, seed=seed, process=process)
+    truth = open_loop_truth(
+        world, rate, duration_s=duration_s, seed=seed, candidates=candidates, workload=workload
+    )
+    return {p.max_slots or world.n_parallel: t.tpot_mean_ms for p, t in truth.items()}
 
 
 @dataclass

@@ -10,59 +10,34 @@ describes them; it is the in-process `WindowBackend` that `watch --experiment` i
 window also fills a TrafficProfile as `tuner observe` would (time at each number of generating
 slots, requests finished, the acceptance counters read every `poll_s` where a request ended).
 
-Arrivals are a stream of times (`poisson_arrivals`, `bursty_arrivals`: seeded, endless); each
-request's prompt and output length are fixed by the caller, its seed by its index.
+Arrivals are a stream of times (`arrivals`: the twin's Poisson, gamma or two-state MMPP
+processes, tuner.twin.bursts, seeded); each request's prompt and output length are fixed by the
+caller, its seed by its index.
 """
 
 from __future__ import annotations
 
-import random
+import math
 from collections.abc import Callable, Iterator
 from itertools import count
 
 from tuner.measure.windows import WindowFigures
 from tuner.policy import Policy
 from tuner.traffic import Finished, TrafficProfile
-from tuner.twin.engine import Engine, Metrics, Request, request_seed
+from tuner.twin.engine import Engine, Metrics, Request, arrival_offsets, request_seed
 from tuner.twin.world import World
 
 POLL_S = 0.25  # how often observe reads the counters, where a request ended
+HORIZON_S = 4 * 3600.0  # arrivals are drawn this far ahead
 
 
-def poisson_arrivals(rate: float, seed: int = 0) -> Iterator[float]:
-    """Arrival times (virtual seconds from 0) of a Poisson process of this rate, endless."""
-    if rate <= 0:
-        raise ValueError(f"arrival rate must be above 0, got {rate}")
-    rng = random.Random(f"poisson-arrivals:{seed}:{rate}")
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        yield t
-
-
-def bursty_arrivals(
-    rate: float, seed: int = 0, burst: float = 4.0, share: float = 0.2, spell_s: float = 20.0
+def arrivals(
+    process: str, rate: float, seed: int = 0, horizon_s: float = HORIZON_S, **shape: float
 ) -> Iterator[float]:
-    """Arrivals in bursts, endless: a Poisson process whose rate switches between a burst
-    (burst times the calm rate) and calm, in spells of exponential length (mean spell_s), a
-    burst `share` of the time; the long-run mean rate is `rate`."""
-    if rate <= 0:
-        raise ValueError(f"arrival rate must be above 0, got {rate}")
-    rng = random.Random(f"bursty-arrivals:{seed}:{rate}")
-    calm = rate / (1.0 - share + share * burst)
-    t, bursting = 0.0, False
-    spell_end = rng.expovariate(1.0 / (spell_s * (1.0 - share)))
-    while True:
-        level = calm * burst if bursting else calm
-        gap = rng.expovariate(level)
-        if t + gap < spell_end:
-            t += gap
-            yield t
-            continue
-        t = spell_end
-        bursting = not bursting
-        mean = spell_s * (share if bursting else 1.0 - share)
-        spell_end = t + rng.expovariate(1.0 / mean)
+    """Arrival times (virtual seconds from 0) of one of the twin's processes (poisson, gamma,
+    mmpp: tuner.twin.engine.arrival_offsets, `shape` their parameters) over horizon_s,
+    conditioned on their count there; none after it."""
+    return iter(arrival_offsets(process, rate, horizon_s, seed, **shape))
 
 
 class ServedTraffic:
@@ -83,7 +58,7 @@ class ServedTraffic:
         self.world = world
         self.engine = Engine(world, Policy.of_max_slots(start_n, world.n_max), seed, noise=noise)
         self._arrivals = arrivals
-        self._next = next(arrivals)
+        self._next = next(arrivals, math.inf)
         self._index = count()
         self._seed = seed
         self._prompt = prompt_tokens
@@ -111,7 +86,7 @@ class ServedTraffic:
             length = self._output if isinstance(self._output, int) else self._output(i)
             request = Request(self._prompt, max(1, length), request_seed(self._seed, i))
             self.engine.submit(request, at=self._next)
-            self._next = next(self._arrivals)
+            self._next = next(self._arrivals, math.inf)
             submitted += 1
         return submitted
 
