@@ -463,6 +463,9 @@ class Experiment:
                 out[c] = LevelDiffs(())
                 continue
             whole = _pooled_gain(cells)
+            if n == 1:  # no spread to tell: LevelDiffs gives it no standard error
+                out[c] = LevelDiffs((whole,))
+                continue
             leave_one_out = [_pooled_gain(cells[:i] + cells[i + 1 :]) for i in range(n)]
             pseudo = [n * whole - (n - 1) * g for g in leave_one_out]
             centre = sum(pseudo) / n
