@@ -179,7 +179,7 @@ def watch(
     file atomically, set on the running server with --apply live, then --on-change runs once.
     The acceptance the server's own counters show re-decides too when it drifts. With
     --experiment each answer is then settled on the server's own traffic. SIGTERM stops it
-    cleanly (N given back after an experiment's window).
+    cleanly (N given back where an experiment had switched it).
     """
     from tuner.decide.experiment import ExperimentOptions
     from tuner.decide.watch import WatchOptions
