@@ -408,7 +408,9 @@ class Watcher:
         self.decided_acceptance: float | None = None
         self.proposed: int | None = None  # the last answer held back by the margin
         self.current = env.current_max_slots()
-        self.experiments: list[dict[str, Any]] = []
+        # the experiments stored with the traffic: a restarted watcher keeps them
+        stored = traffic_store.stored_dict(store, name) or {}
+        self.experiments: list[dict[str, Any]] = list(stored.get("experiments") or [])
         self.bucket: Bucket | None = None
         self.interval_start = self.last_flush = clock()
 
