@@ -217,6 +217,9 @@ class LiveWindows:
             while figures.seconds < seconds:
                 if not self.poller.step(self.profile()):
                     figures.problem = "the server stopped answering during the window"
+                    gone = self.poller.gone_since
+                    if gone is not None and self.poller.clock() - gone > seconds:
+                        break  # a window's length without an answer: it ends here
                 self.tick()
         finally:
             self.poller.on_poll = None
