@@ -163,3 +163,49 @@ def test_an_unpatched_server_is_refused_before_anything_runs(tmp_path: Path) -> 
             )  # fmt: skip
     finally:
         twin.stop_thread()
+
+
+def test_a_window_across_a_restart_counts_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiveWindows reads the draft counters at a window's two ends: a counter that went down
+    between them (the server restarted inside the window, back at its command line's
+    threshold) marks the window unreadable, with why; so does the threshold read back."""
+    from test_acceptance_observed import Full, scrape
+
+    from tuner.measure import observe as observe_module
+    from tuner.measure.observe import Poller
+    from tuner.measure.windows import LiveWindows
+    from tuner.traffic import TrafficProfile
+
+    def polled(t: float, decoded: int) -> list[dict]:
+        return [{"id": 0, "id_task": 1, "is_processing": True, "t_server": t,
+                 "next_token": [{"n_decoded": decoded}], "n_prompt_tokens": 40}]  # fmt: skip
+
+    states: list[tuple[str, object]] = [
+        ("slots", []),
+        ("metrics", scrape(0, [0])),  # attach
+        ("metrics", scrape(100, [60], tokens=900)),  # the window's first reading
+        ("slots", polled(0.0, 5)),
+        ("metrics", scrape(100, [60], tokens=900)),  # observe's first settling reading
+        ("slots", polled(0.0, 5)),
+        ("slots", polled(6.0, 65)),
+        ("slots", polled(12.0, 125)),
+        ("metrics", scrape(4, [2], tokens=30)),  # the last: counters began again
+    ]
+    client = Full(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    poller = Poller("http://scripted", sleep=lambda s: None, wall=lambda: 0.0)
+
+    class Hold:
+        def switch(self, n: int) -> None:
+            pass
+
+        def check(self, expected: int | None = None) -> None:
+            pass
+
+    profile = TrafficProfile(2)
+    windows = LiveWindows(poller, Hold(), lambda: profile)  # type: ignore[arg-type]
+    windows.switch(1)
+    figures = windows.window(10.0)
+    assert not client.states
+    assert figures.seconds == pytest.approx(12.0, abs=0.01) and figures.at(1) == (12.0, 120.0)
+    assert figures.problem is not None and "restarted" in figures.problem
