@@ -57,6 +57,8 @@ from lab.frozen import load_entry_world, load_manifest, select
 from record import Table, fmt, record_arguments, save_run
 
 from tuner.decide.experiment import ExperimentOptions
+from tuner.decide.objective import ObjectiveKind
+from tuner.errors import TunerError
 
 REPO = Path(__file__).resolve().parent.parent
 FROZEN = REPO / "profiles" / "twin" / "frozen"
@@ -91,7 +93,15 @@ def twin(args: argparse.Namespace) -> None:
             tie: list[int] = []
             served = None
             if args.start == "model":
-                began = model_start(world, kind, rate, db, seed=seed)
+                try:
+                    began = model_start(world, kind, rate, db, seed=seed)
+                except (TunerError, TypeError, ValueError) as exc:
+                    # recommend --objective tpot fails on some fits (a bootstrap replicate
+                    # with no tok/s at a level); watch's default objective answers instead
+                    print(f"{entry.name} {kind}: --objective tpot failed ({exc}); tps instead")
+                    began = model_start(
+                        world, kind, rate, db, seed=seed, objective=ObjectiveKind.TPS
+                    )
                 start, tie, served = began.standing, began.tie, began.served
                 budget -= served.elapsed
                 start = start or world.n_parallel
