@@ -352,7 +352,8 @@ def main() -> None:
         help="simulated seconds of the truth's run of every N (the same arrivals for each)",
     )
     parser.add_argument(
-        "--always", action="store_true", help="always draft a contender too (the default's)"
+        "--no-always", dest="always", action="store_false",
+        help="always draft is no contender unless the model's tie set or a neighbour",
     )
     parser.add_argument("--bench", action="store_true", help="against the real bench server")
     parser.add_argument("--db", help="--bench: a database holding the bench's profile")

@@ -53,15 +53,21 @@ def test_a_cycle_flanks_its_contender_and_keeps_the_share_away() -> None:
 
 
 def test_contenders_take_turns_among_the_open_comparisons() -> None:
-    exp = Experiment(4, 8, ExperimentOptions(seed=1), tie=[4, 6])
-    # the model's tie set and its neighbours, and the answer's: never N=1 or always draft
+    exp = Experiment(4, 8, ExperimentOptions(seed=1, always=False), tie=[4, 6])
+    # the model's tie set and its neighbours, and the answer's: never N=1 (nor always draft,
+    # here left out)
     assert sorted(exp.contenders()) == [3, 5, 6]
     standing = exp.assess()
     assert standing.status == settle.OPEN
     turns = [exp.next_contender(standing) for _ in range(9)]
     for i in range(0, 9, 3):
         assert sorted(turns[i : i + 3]) == [3, 5, 6]  # each once before any twice
-    assert 0 in Experiment(4, 8, ExperimentOptions(always=True)).contenders()
+    assert sorted(Experiment(4, 8, ExperimentOptions(seed=1), tie=[4, 6]).contenders()) == [
+        0,
+        3,
+        5,
+        6,
+    ]  # always draft by default
 
 
 def figures(n: int, rates: dict[int, float], seconds: float = 10.0) -> WindowFigures:
@@ -129,11 +135,14 @@ def test_the_weights_follow_the_occupancy_the_traffic_causes() -> None:
         )
     weights, objective = exp.weights()
     assert objective > 0 and all(w > 0 for w in weights[:3]) and weights[3:] == [0, 0, 0]
-    # nothing known of the arrivals: the busy-time shares
+    # nothing known of the arrivals: the occupancy seen alone (p_c / sum p_k k), which is
+    # also the least a count the traffic reaches weighs
     blind = Experiment(2, 6, ExperimentOptions(min_tokens=1.0))
     blind.report.windows = exp.report.windows
-    shares, _ = blind.weights()
-    assert shares[:3] == pytest.approx([1 / 3] * 3) and shares[3:] == [0, 0, 0]
+    seen, value = blind.weights()
+    assert seen[:3] == pytest.approx([1 / 6] * 3) and seen[3:] == [0, 0, 0]
+    assert value == pytest.approx((60.0 + 100.0 + 120.0) / 3 / 2)  # 1 / TPOT as seen
+    assert all(w >= s for w, s in zip(weights, seen, strict=True))
 
 
 def test_slot_tokens_count_decoded_tokens_by_generating_slots() -> None:
@@ -177,7 +186,8 @@ def test_it_moves_to_the_truths_best_and_says_what_it_cost() -> None:
         assert report.answer == 2 and graded.regret == 0.0, report.notes
         assert graded.minutes <= 30.0 and report.moves == [2]
         lines = report.verdicts()
-        assert lines and all("[" in line and "one-sided" in line for line in lines)
+        bounded = [line for line in lines if "[" in line and "one-sided" in line]
+        assert bounded and all(line in bounded or "not measured enough" in line for line in lines)
         cost = report.cost
         assert 0 < cost.away_s <= 0.26 * cost.seconds  # a quarter of the time at most
         assert 0 < cost.requests_away < cost.requests

@@ -10,10 +10,11 @@ Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / s
 of one length, one of them a contender's, at a random place that is neither the first nor the
 last, so each contender window is flanked by the standing N and at most `share` of the time is
 away from it; the contenders take turns in a shuffled order, each turn among the comparisons
-still open. Contenders are the model's tie set and the neighbours of it and of the answer
-(`allowed`), those the traffic can tell apart from the answer (it spends time at a count where
-one drafts and the other does not). A window lasts as long as it takes to spend about `level_s`
-seconds at the counts its comparison rests on (from the traffic's time shares so far), within
+still open. Contenders are the model's tie set, the neighbours of it and of the answer, and
+always draft (`allowed`), those the traffic can tell apart from the answer (it spends time at a
+count where one drafts and the other does not). A window lasts as long as it takes to spend
+about `level_s` seconds at the counts its comparison rests on (from the traffic's time shares so
+far), within
 [min_window_s, max_window_s]: windows long enough for the concurrency they see.
 
 Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
@@ -81,7 +82,9 @@ class ExperimentOptions:
     min_share: float = 0.005  # counts with less of the busy time weigh nothing
     min_blocks: int = 2
     seed: int = 0
-    always: bool = False  # always draft (the server's default) a contender too
+    # always draft (N=0, the server's default) a contender too, as in tune: the model's tie
+    # set can be far from the best under bursts its Poisson queue does not see
+    always: bool = True
 
     def check(self) -> None:
         if not 0 < self.share <= 1 / 3:
@@ -378,39 +381,51 @@ class Experiment:
         return None
 
     def weights(self) -> tuple[list[float], float]:
-        """The objective's weights per count and its value. The objective is the time per
-        output token under the traffic's arrivals, as 1 / TPOT (tokens per second per
-        generating slot, higher better), from the queue of tuner.model.queue over the rates
-        measured at each count under the standing N: a count's weight is the objective's
-        derivative by its rate there, so a faster count weighs both by the time spent at it
-        and by how much sooner the slots then empty (the occupancy N causes). Counts the
-        traffic spends less than min_share of its busy time at, and counts whose rate could
-        move the objective by less than min_share of it even if doubled, weigh nothing. Where
-        the arrivals or the rates are not known yet, or the queue would not empty: the
-        busy-time shares and the rate they weigh."""
+        """The objective's weights per count and its value. The objective is 1 / the time per
+        output token (tokens per second per generating slot, higher better) as the windows
+        saw it: sum_c p_c tok/s(c) / sum_c p_c c over the busy-time shares p_c. A count's
+        weight is the objective's derivative by its rate there, the larger of two: at the
+        occupancy seen (p_c / sum_k p_k k), and in the birth-death queue of tuner.model.queue
+        at the traffic's arrival rate over the rates measured under the standing N, where a
+        faster count also empties the slots sooner (the occupancy N causes). The queue takes
+        the arrivals as Poisson: bursts put far more time at the top counts than it says, and
+        the occupancy seen is the floor that keeps them weighed. Counts the traffic spends
+        less than min_share of its busy time at weigh nothing. Before any rate is measured:
+        the shares and the rate they weigh (tok/s over the busy time)."""
         shares = self.shares_weights()
-        fallback = (shares, self.objective(shares))
-        known = self.arrivals()
         tps = self._regime_rates()
-        if known is None or tps is None:
-            return fallback
-        rate, output = known
-        base = _inverse_tpot(tps, rate, output)
-        if base is None:
-            return fallback
-        weights = []
+        if tps is None:
+            return shares, self.objective(shares)
+        counts = np.arange(1, self.n_parallel + 1, dtype=float)
+        p = np.asarray(shares, dtype=float)
+        mean_c = float(p @ counts)
+        if mean_c <= 0:
+            return shares, self.objective(shares)
+        base = float(p @ tps) / mean_c
+        direct = p / mean_c
+        queued = self._queue_derivatives(tps)
+        weights = [
+            max(float(d), q) if s > 0 else 0.0
+            for d, q, s in zip(direct, queued, shares, strict=True)
+        ]
+        return weights, base
+
+    def _queue_derivatives(self, tps: np.ndarray) -> list[float]:
+        """d (1 / TPOT) / d tok/s(c) in the Poisson queue at the traffic's arrivals; zeros
+        where the arrivals are not known or the queue would not empty."""
+        known = self.arrivals()
+        zeros = [0.0] * self.n_parallel
+        if known is None or _inverse_tpot(tps, *known) is None:
+            return zeros
+        out = []
         for c in range(self.n_parallel):
-            if shares[c] == 0.0:  # the traffic (nearly) never reaches this count
-                weights.append(0.0)
-                continue
             h = 0.01 * tps[c]
             up, down = tps.copy(), tps.copy()
             up[c] += h
             down[c] -= h
-            hi, lo = _inverse_tpot(up, rate, output), _inverse_tpot(down, rate, output)
-            w = (hi - lo) / (2 * h) if hi is not None and lo is not None else 0.0
-            weights.append(w if abs(w) * tps[c] >= self.options.min_share * base else 0.0)
-        return weights, base
+            hi, lo = _inverse_tpot(up, *known), _inverse_tpot(down, *known)
+            out.append((hi - lo) / (2 * h) if hi is not None and lo is not None else 0.0)
+        return out
 
     def _regime_rates(self) -> np.ndarray | None:
         """tok/s at counts 1..n_parallel under the standing N: its regime's measured rate, else
@@ -545,7 +560,8 @@ class Experiment:
         last: flanked by the standing N), within the time left."""
         k = self.options.cycle
         place = self.rng.randint(1, k - 2)
-        seconds = min(self.window_s(contender), left / k)
+        # a window ends with the step that crosses its end: a second to spare for them
+        seconds = min(self.window_s(contender), max(left - 1.0, 0.0) / k)
         return [
             Planned(
                 contender if i == place else self.answer, i == place, seconds, index, self.answer
