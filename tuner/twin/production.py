@@ -11,20 +11,25 @@ window also fills a TrafficProfile as `tuner observe` would (time at each number
 slots, requests finished, the acceptance counters read every `poll_s` where a request ended).
 
 Arrivals are a stream of times (`arrivals`: the twin's Poisson, gamma or two-state MMPP
-processes, tuner.twin.bursts, seeded); each request's prompt and output length are fixed by the
-caller, its seed by its index.
+processes, tuner.twin.bursts, seeded), each request's prompt and output length fixed by the
+caller and its seed by its index; or a Workload's own requests (lengths, classes) and times.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
-from itertools import count
 
 from tuner.measure.windows import WindowFigures
 from tuner.policy import Policy
 from tuner.traffic import Finished, TrafficProfile
-from tuner.twin.engine import Engine, Metrics, Request, arrival_offsets, request_seed
+from tuner.twin.engine import (
+    Engine,
+    Metrics,
+    Request,
+    Workload,
+    arrival_offsets,
+    request_seed,
+)
 from tuner.twin.world import World
 
 POLL_S = 0.25  # how often observe reads the counters, where a request ended
@@ -47,7 +52,7 @@ class ServedTraffic:
     def __init__(
         self,
         world: World,
-        arrivals: Iterator[float],
+        arrivals: Iterator[float] | Workload,
         start_n: int = 0,
         *,
         seed: int = 0,
@@ -55,17 +60,26 @@ class ServedTraffic:
         output_tokens: int | Callable[[int], int] = 128,
         noise: bool = True,
     ) -> None:
+        """arrivals: times, each a request of prompt_tokens and output_tokens (a length, or
+        one by the request's index) seeded by its index; or a Workload's own requests."""
         self.world = world
         self.engine = Engine(world, Policy.of_max_slots(start_n, world.n_max), seed, noise=noise)
-        self._arrivals = arrivals
-        self._next = next(arrivals, math.inf)
-        self._index = count()
-        self._seed = seed
-        self._prompt = prompt_tokens
-        self._output = output_tokens
+        if isinstance(arrivals, Workload):
+            self._stream = zip(arrivals.arrivals, arrivals.requests, strict=True)
+        else:
+            self._stream = self._made(arrivals, seed, prompt_tokens, output_tokens)
+        self._next = next(self._stream, None)
         self._counters = self.engine.metrics()
         self._read_at = 0.0
         self.current = start_n
+
+    @staticmethod
+    def _made(
+        times: Iterator[float], seed: int, prompt: int, output: int | Callable[[int], int]
+    ) -> Iterator[tuple[float, Request]]:
+        for i, at in enumerate(times):
+            length = output if isinstance(output, int) else output(i)
+            yield at, Request(prompt, max(1, length), request_seed(seed, i))
 
     @property
     def n_slots(self) -> int:
@@ -81,12 +95,10 @@ class ServedTraffic:
 
     def _submit_until(self, end: float) -> int:
         submitted = 0
-        while self._next < end:
-            i = next(self._index)
-            length = self._output if isinstance(self._output, int) else self._output(i)
-            request = Request(self._prompt, max(1, length), request_seed(self._seed, i))
-            self.engine.submit(request, at=self._next)
-            self._next = next(self._arrivals, math.inf)
+        while self._next is not None and self._next[0] < end:
+            at, request = self._next
+            self.engine.submit(request, at=at)
+            self._next = next(self._stream, None)
             submitted += 1
         return submitted
 
