@@ -108,7 +108,16 @@ def twin(args: argparse.Namespace) -> None:
             else:
                 rng = random.Random(f"start:{entry.name}:{kind}:{args.seed}")
                 start = start_of(best, world.n_parallel, args.start, rng)
-            options = ExperimentOptions(budget_s=budget, seed=seed, always=args.always)
+            options = ExperimentOptions(
+                budget_s=budget,
+                seed=seed,
+                always=args.always,
+                reach=args.reach,
+                max_moves=args.max_moves,
+                share=args.share,
+                max_window_s=args.max_window,
+                min_tokens=args.min_tokens,
+            )
             report, seconds = run_experiment(
                 world, kind, rate, start, seed=seed, options=options, tie=tie, served=served
             )
@@ -351,8 +360,15 @@ def main() -> None:
         default=3600.0,
         help="simulated seconds of the truth's run of every N (the same arrivals for each)",
     )
+    parser.add_argument("--reach", type=int, default=1, help="neighbours this far are contenders")
+    parser.add_argument("--share", type=float, default=0.25, help="most of the time away")
+    parser.add_argument("--max-window", type=float, default=120.0, help="longest window, s")
+    parser.add_argument("--min-tokens", type=float, default=30.0, help="tokens a count needs")
+    parser.add_argument("--max-moves", type=int, default=4, help="moves one experiment may make")
     parser.add_argument(
-        "--no-always", dest="always", action="store_false",
+        "--no-always",
+        dest="always",
+        action="store_false",
         help="always draft is no contender unless the model's tie set or a neighbour",
     )
     parser.add_argument("--bench", action="store_true", help="against the real bench server")

@@ -60,7 +60,6 @@ from tuner.measure.windows import WindowBackend, WindowFigures
 from tuner.model import queue
 from tuner.recommendation import Recommendation
 
-MAX_MOVES = 4
 STOP_AFTER = 3  # windows in a row it could not use
 # windows in a row whose backlog grew, to twice -np requests waiting a slot or more: a burst
 # that fills the server passes within a few windows, arrivals above its capacity do not
@@ -85,6 +84,8 @@ class ExperimentOptions:
     # always draft (N=0, the server's default) a contender too, as in tune: the model's tie
     # set can be far from the best under bursts its Poisson queue does not see
     always: bool = True
+    reach: int = 1  # neighbours: values this far from the tie set's and the answer
+    max_moves: int = 4
 
     def check(self) -> None:
         if not 0 < self.share <= 1 / 3:
@@ -492,7 +493,7 @@ class Experiment:
         neighbours, and larger answers it held before (settle's `kept`)."""
         allowed = set(self.tie) | {self.answer}
         for m in list(allowed):
-            allowed |= {m - 1, m + 1}
+            allowed |= {m + d for d in range(-self.options.reach, self.options.reach + 1)}
         if self.options.always:
             allowed.add(self.n_parallel)
         allowed |= {v for v in self.visited if v > self.answer}
@@ -702,7 +703,7 @@ class Experiment:
         self.report.moves.append(self._out(self.answer))
         self.say(f"the server's traffic moves N from {self._out(back)} to {self._out(self.answer)}")
         self.visited.add(self.answer)
-        if len(self.report.moves) >= MAX_MOVES:
+        if len(self.report.moves) >= self.options.max_moves:
             self.report.status = settle.MOVED
             self._note("N keeps moving: the experiment stops")
             return False
