@@ -29,21 +29,24 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import json
 import math
-import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (puts tests/ on sys.path: lab)
 import numpy as np
+from common import (
+    cached_json,
+    chosen_methods,
+    grading_arguments,
+    load_rows,
+    run_grading,
+    save_rows_json,
+)
 from lab.frozen import Entry, load_manifest, select
 from lab.method import METHODS, run_method
 
@@ -122,12 +125,7 @@ def grade_world(
     # keyed by the world file and its weights: a regenerated set never reads a stale truth
     key = hashlib.sha256(path.read_bytes() + repr(entry.weights).encode()).hexdigest()[:12]
     cache = Path(truth_dir) / f"{entry.name}-{key}.json"
-    if cache.exists():
-        truth = json.loads(cache.read_text())
-    else:
-        truth = truth_summary(world, entry)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(truth, indent=1))
+    truth = cached_json(cache, lambda: truth_summary(world, entry))
     row: dict[str, Any] = {
         "name": entry.name,
         "shape": entry.shape,
@@ -182,17 +180,8 @@ def grade_world(
 # -- the run --------------------------------------------------------------------------------------
 
 
-def load_rows(out: Path) -> dict[str, dict[str, Any]]:
-    if not out.exists():
-        return {}
-    return json.loads(out.read_text()).get("rows", {})
-
-
 def save_rows(out: Path, folder: Path, rows: dict[str, dict[str, Any]]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps({"set": str(folder), "rows": rows}, indent=1))
-    os.replace(tmp, out)
+    save_rows_json(out, folder, rows)
     with out.with_suffix(".csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(
@@ -251,45 +240,14 @@ def run(
     methods: Sequence[str],
     redo: bool,
 ) -> dict[str, dict[str, Any]]:
-    rows = load_rows(out)
-    todo = [
-        e
-        for e in entries
-        if redo or e.name not in rows or any(m not in rows[e.name]["methods"] for m in methods)
-    ]
-    truth_dir = out.with_name(out.stem + ".truth")
-    print(
-        f"{len(entries)} worlds, {len(entries) - len(todo)} already in {out}, "
-        f"{len(todo)} to run with {jobs} job(s)",
-        file=sys.stderr,
-        flush=True,
-    )
-    started = time.perf_counter()
+    """Grade the worlds not yet in out (common.run_grading)."""
 
-    def done(row: dict[str, Any], k: int) -> None:
-        rows[row["name"]] = row
-        save_rows(out, folder, rows)
+    def said(row: dict[str, Any]) -> str:
         full = row["methods"].get("full")
         what = f"full {full['label']} regret {full['regret_pct']:.2f} %" if full else ""
-        print(
-            f"[{k}/{len(todo)}] {row['name']} in {row['wall_s']:.0f} s (elapsed "
-            f"{time.perf_counter() - started:.0f} s): truth {row['truth']['best']} {what}",
-            file=sys.stderr,
-            flush=True,
-        )
+        return f"truth {row['truth']['best']} {what}"
 
-    if jobs <= 1:
-        for k, entry in enumerate(todo, start=1):
-            done(grade_world(str(folder), entry, str(truth_dir), methods), k)
-    else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = [
-                pool.submit(grade_world, str(folder), e, str(truth_dir), methods) for e in todo
-            ]
-            for k, future in enumerate(as_completed(futures), start=1):
-                done(future.result(), k)
-    return rows
+    return run_grading(folder, entries, out, jobs, methods, redo, grade_world, save_rows, said)
 
 
 # -- the tables -----------------------------------------------------------------------------------
@@ -582,21 +540,10 @@ def main() -> int:
     from record import Table, record_arguments, save_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", type=Path, default=FROZEN, help="frozen set folder")
-    parser.add_argument("--worlds", help="comma list of names, indices or a-b ranges (all)")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--out", type=Path, default=REPO / "out" / "twin-regret.json")
-    parser.add_argument(
-        "--methods", default=",".join(METHODS), help="comma list; none: the truths alone"
-    )
-    parser.add_argument("--render", action="store_true", help="print from --out, run nothing")
-    parser.add_argument("--redo", action="store_true", help="run worlds already in --out again")
+    grading_arguments(parser, FROZEN, REPO / "out" / "twin-regret.json", METHODS)
     record_arguments(parser)
     args = parser.parse_args()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip() not in ("", "none")]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    methods = chosen_methods(parser, args.methods, METHODS)
     entries = select(load_manifest(args.set), args.worlds)
     if args.render:
         rows = load_rows(args.out)

@@ -31,7 +31,10 @@ import record  # noqa: E402  (benchmarks/record.py, found through the path above
 from record import Table, fmt  # noqa: E402
 
 SHARED = {"common", "record"}  # code the benchmarks share, not benchmarks
-EXEMPT = {"make_frozen_worlds": "writes the frozen twin worlds (inputs); it measures nothing"}
+EXEMPT = {
+    "make_frozen_worlds": "writes the frozen twin worlds (inputs); it measures nothing",
+    "make_openloop_worlds": "writes the open-loop twin worlds (inputs); it measures nothing",
+}
 
 
 def benchmark_names() -> list[str]:
@@ -493,6 +496,55 @@ def test_twin_regret_tables(tmp_path: Path) -> None:
         Table("s", tr.SUMMARY_COLUMNS, groups),
     ]
     written(tmp_path, "twin_regret", {"worlds": 2}, tables)
+
+
+def openloop_row(name: str, tags: list[str], regret: float) -> dict[str, Any]:
+    method = {"label": "N=2", "in_ties": regret == 0.0, "regret_pct": regret, "seconds": 300.0}
+    return {
+        "name": name,
+        "tags": tags,
+        "n_parallel": 8,
+        "load": 0.5,
+        "arrivals": "gamma",
+        "truth": {
+            "best": "N=2",
+            "margin_pct": 1.5,
+            "margin_se_pct": 0.1,
+            "plain_pct": 4.0,
+            "always_pct": 2.0,
+            "ties": ["N=2"],
+            "resolution_pct": 0.3,
+            "requests": 2400,
+            "seconds": 30.0,
+        },
+        "methods": {"closed": method},
+        "skipped": {"open": "not built"},
+    }
+
+
+def test_openloop_regret_tables(tmp_path: Path) -> None:
+    ol = load("openloop_regret")
+    rows = [
+        openloop_row("openloop-01", ["surface-apu", "load-low"], 0.0),
+        openloop_row("openloop-02", ["surface-gpu", "load-low"], 3.0),
+    ]
+    worlds = ol.world_rows(rows, ["closed", "open"])
+    assert worlds[1][2] == "gpu low" and worlds[1][11:15] == ["N=2", False, 3.0, 300.0]
+    assert worlds[1][15:] == [None] * 4  # open: skipped
+    groups = ol.summary_rows(rows, ["closed", "open"])
+    assert groups[0] == ["all", 2, "closed", 1.5, pytest.approx(2.85), 3.0, 1, 0, 300.0]
+    names = ["all", "truth: drafting best", "load-low", "surface-apu", "surface-gpu"]
+    assert [g[0] for g in groups if g[2] == "closed"] == names
+    lines = ol.summary_table(rows, ["closed"])
+    assert lines[3].split()[:7] == ["all", "2", "closed", "1.50%", "2.85%", "3.00%", "1/2"]
+    one = [SimpleNamespace(name="openloop-01")]
+    text = ol.render({r["name"]: r for r in rows}, one, ["closed"])
+    assert "openloop-01" in text and "openloop-02" not in text and "Skipped: open" in text
+    tables = [
+        Table("w", ol.world_columns(["closed", "open"]), worlds),
+        Table("s", ol.SUMMARY_COLUMNS, groups),
+    ]
+    written(tmp_path, "openloop_regret", {"worlds": 2}, tables)
 
 
 def test_twin_serve_and_twin_fidelity_keep_what_they_print(tmp_path: Path) -> None:

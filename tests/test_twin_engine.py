@@ -311,6 +311,21 @@ def test_the_step_cost_adds_rows_slots_depth_prefill_and_the_draft_phase() -> No
     ) * 1e-3
     assert step.cost == pytest.approx(expected)
     assert step.duration == step.cost  # noise off
+    # a GPU's attention by slot instead: the same step pays each slot's cache once
+    by_slot = make_world(
+        step=world.step.model_dump(),
+        draft=world.draft.model_dump(),
+        depth={"ms_per_slot_per_1k": 2.0},
+        prefill=world.prefill.model_dump(),
+    )
+    engine = Engine(by_slot, 0, seed=0)
+    engine.submit(Request(prompt_tokens=100, max_tokens=50, seed=1))
+    engine.submit(Request(prompt_tokens=100, max_tokens=2, seed=2))
+    engine.step()
+    again = engine.step()
+    assert again is not None and again.rows == step.rows
+    rows_part = 2.0 * 5 * kv / 1000
+    assert again.cost == pytest.approx(expected - (rows_part - 2.0 * 2 * kv / 1000) * 1e-3)
 
 
 def test_catch_up_is_paid_when_a_slot_drafts_again() -> None:

@@ -274,7 +274,7 @@ class Design:
     notes: list[str] = field(default_factory=list)
 
 
-def _shuffled(rng: random.Random, items: list[Any]) -> list[Any]:
+def shuffled(rng: random.Random, items: list[Any]) -> list[Any]:
     # Fisher-Yates on random() alone: Random.shuffle's integer draws are not promised stable.
     out = list(items)
     for i in range(len(out) - 1, 0, -1):
@@ -283,7 +283,7 @@ def _shuffled(rng: random.Random, items: list[Any]) -> list[Any]:
     return out
 
 
-def _spread(values: Sequence[Any], count: int) -> list[Any]:
+def spread(values: Sequence[Any], count: int) -> list[Any]:
     return [values[i % len(values)] for i in range(count)]
 
 
@@ -291,24 +291,24 @@ def plan(count: int = WORLD_COUNT, seed: int = GENERATOR_SEED) -> list[Design]:
     """The factors of every world: each spread evenly over the set, paired at random."""
     rng = random.Random(f"twin-frozen:{seed}:plan")
     half = count // 2
-    regimes = _shuffled(rng, ["cpu"] * half + ["gpu"] * (count - half))
-    shapes = _shuffled(rng, _spread(SHAPES, count))
-    nps = _shuffled(rng, _spread(N_PARALLEL, count))
-    nmaxes = _shuffled(rng, _spread(N_MAX, count))
-    targets = _shuffled(rng, _spread(TARGET_MIX, count))
-    traffic = _shuffled(rng, _spread(("uniform", "concentrated"), count))
-    depths = _shuffled(rng, [11.0] * 4 + [40.0] * 4 + [0.0] * (count - 8))
-    rates = _shuffled(rng, _spread((False, False, False, True), count))
+    regimes = shuffled(rng, ["cpu"] * half + ["gpu"] * (count - half))
+    shapes = shuffled(rng, spread(SHAPES, count))
+    nps = shuffled(rng, spread(N_PARALLEL, count))
+    nmaxes = shuffled(rng, spread(N_MAX, count))
+    targets = shuffled(rng, spread(TARGET_MIX, count))
+    traffic = shuffled(rng, spread(("uniform", "concentrated"), count))
+    depths = shuffled(rng, [11.0] * 4 + [40.0] * 4 + [0.0] * (count - 8))
+    rates = shuffled(rng, spread((False, False, False, True), count))
     # vm noise only where step times are the VM's own (cpu); the rest quiet or mid, half noisy
     cpu_count = regimes.count("cpu")
     vm = round(0.55 * cpu_count)
     mid_cpu = (cpu_count - vm) // 2
-    cpu_noise = _shuffled(
+    cpu_noise = shuffled(
         rng, ["vm"] * vm + ["mid"] * mid_cpu + ["quiet"] * (cpu_count - vm - mid_cpu)
     )
     gpu_count = count - cpu_count
     mid_gpu = max(0, count // 2 - vm - mid_cpu)
-    gpu_noise = _shuffled(rng, ["mid"] * mid_gpu + ["quiet"] * (gpu_count - mid_gpu))
+    gpu_noise = shuffled(rng, ["mid"] * mid_gpu + ["quiet"] * (gpu_count - mid_gpu))
     designs = []
     for i in range(count):
         noise = cpu_noise.pop() if regimes[i] == "cpu" else gpu_noise.pop()
@@ -332,7 +332,7 @@ def plan(count: int = WORLD_COUNT, seed: int = GENERATOR_SEED) -> list[Design]:
 # -- drawing one world ------------------------------------------------------------------------
 
 
-class _Draw:
+class Draw:
     """Uniform draws from one seeded stream, random() only."""
 
     def __init__(self, key: str) -> None:
@@ -430,7 +430,7 @@ def _world(design: Design, parts: _Parts, scale: float, prefill: float) -> World
     return World.model_validate(data)
 
 
-def _acceptance(design: Design, draw: _Draw) -> tuple[dict[str, Any], float]:
+def _acceptance(design: Design, draw: Draw) -> tuple[dict[str, Any], float]:
     n = design.n_max
     hi = min(ACCEPT_LEN[1], n + 0.85)
     if not design.rates:
@@ -450,7 +450,7 @@ def _acceptance(design: Design, draw: _Draw) -> tuple[dict[str, Any], float]:
     raise ConfigError(f"frozen world {design.index}: no acceptance rates fit 1.5..{hi:g}")
 
 
-def _parts(design: Design, draw: _Draw) -> tuple[_Parts, float]:
+def _parts(design: Design, draw: Draw) -> tuple[_Parts, float]:
     """Draw the tables of one attempt (rows before scaling) and the prefill cost."""
     reg = REGIMES[design.regime]
     n, np_ = design.n_max, design.n_parallel
@@ -512,7 +512,7 @@ def _costs(design: Design, parts: _Parts, scale: float) -> Costs:
     )
 
 
-def _target_level(design: Design, draw: _Draw) -> int:
+def _target_level(design: Design, draw: Draw) -> int:
     np_ = design.n_parallel
     base = base_levels(np_)
     if design.target == "one":
@@ -525,7 +525,7 @@ def _target_level(design: Design, draw: _Draw) -> int:
     return draw.choice([c for c in range(2, np_) if c not in base])
 
 
-def _solve_single(design: Design, parts: _Parts, c_star: int, draw: _Draw) -> float | None:
+def _solve_single(design: Design, parts: _Parts, c_star: int, draw: Draw) -> float | None:
     np_ = design.n_parallel
     if c_star >= np_:
         lift = draw.uniform(0.02, 0.12)
@@ -535,7 +535,7 @@ def _solve_single(design: Design, parts: _Parts, c_star: int, draw: _Draw) -> fl
     )
 
 
-def _draw_zigzag(design: Design, draw: _Draw) -> tuple[_Parts, float, float, str] | None:
+def _draw_zigzag(design: Design, draw: Draw) -> tuple[_Parts, float, float, str] | None:
     """A gain that changes sign twice: rows_ms cheap up to the verify batch of c1 streams, a
     step up over the next stream's verify rows, then a plateau with a slight tilt. Drafting
     wins up to c1, loses at c1 + 1 (its batch pays the step), and wins again from c2: on the
@@ -605,7 +605,7 @@ def _draw_zigzag(design: Design, draw: _Draw) -> tuple[_Parts, float, float, str
     return build(low, step, 1e-5, jump), 1.0, prefill, f"c1 {c1}, c2 {c2}"
 
 
-def _weights(design: Design, draw: _Draw) -> tuple[tuple[float, ...], int]:
+def _weights(design: Design, draw: Draw) -> tuple[tuple[float, ...], int]:
     np_ = design.n_parallel
     if design.traffic == "uniform":
         return tuple(_r(1.0 / np_, 6) for _ in range(np_)), 0
@@ -648,7 +648,7 @@ def _acceptable(design: Design, world: World, c_star: int | None, note: str) -> 
 def make_world(design: Design, seed: int = GENERATOR_SEED) -> tuple[World, Entry]:
     """Draw one world of the plan (see the module docstring), and its manifest entry."""
     for attempt in range(400):
-        draw = _Draw(f"twin-frozen:{seed}:world:{design.index}:{attempt}")
+        draw = Draw(f"twin-frozen:{seed}:world:{design.index}:{attempt}")
         note = ""
         c_star: int | None = None
         if design.shape == "zigzag":
@@ -782,23 +782,17 @@ def render_set(worlds: Sequence[tuple[World, Entry]], seed: int = GENERATOR_SEED
         )
         files[entry.file] = head + world_to_toml(world)
     header = _HEADER.format(version=GENERATOR_VERSION, seed=seed, count=len(worlds))
-    lines = [
-        header,
-        f"generator = {_toml('tests/lab/frozen.py')}",
-        f"version = {GENERATOR_VERSION}",
-        f"seed = {seed}",
-        f"count = {len(worlds)}",
-    ]
+    lines = manifest_head(header, "tests/lab/frozen.py", GENERATOR_VERSION, seed, len(worlds))
     for _, entry in worlds:
         lines += ["", "[[world]]"]
         for key, value in entry.__dict__.items():
-            lines.append(f"{key} = {_toml(value)}")
-        lines.append(f"tags = {_toml(list(entry.tags))}")
+            lines.append(f"{key} = {toml_value(value)}")
+        lines.append(f"tags = {toml_value(list(entry.tags))}")
     files[MANIFEST] = "\n".join(lines) + "\n"
     return files
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -808,7 +802,7 @@ def _toml(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -816,33 +810,75 @@ def write_set(
     folder: Path | str, count: int = WORLD_COUNT, seed: int = GENERATOR_SEED
 ) -> list[Path]:
     """Generate the set and write it into `folder`; the paths written."""
+    return write_files(folder, render_set(generate(count, seed), seed))
+
+
+def load_manifest(folder: Path | str) -> list[Entry]:
+    """The manifest's entries, in order."""
+    entries = []
+    names = set(Entry.__dataclass_fields__)
+    for row in manifest_rows(folder, "frozen set"):
+        fields = {k: v for k, v in row.items() if k in names}
+        for key in ("weights", "base_levels"):
+            fields[key] = tuple(fields[key])
+        entries.append(Entry(**fields))
+    return entries
+
+
+# -- what a set of worlds shares (this one and lab.openworlds') ---------------------------------
+
+
+def write_files(folder: Path | str, files: dict[str, str]) -> list[Path]:
+    """Every file of a set (name -> text) written into folder; the paths written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in render_set(generate(count, seed), seed).items():
+    for name, text in files.items():
         path = folder / name
         path.write_text(text)
         written.append(path)
     return written
 
 
-def load_manifest(folder: Path | str) -> list[Entry]:
-    """The manifest's entries, in order."""
+def differences(files: dict[str, str], folder: Path | str) -> list[str]:
+    """How the committed copy in folder differs from what the generator makes (name -> text):
+    one line a file that differs or is missing, and a line a world file it did not make."""
+    folder = Path(folder)
+    out = [
+        f"differs from the generator: {folder / name}"
+        for name, text in files.items()
+        if not (folder / name).exists() or (folder / name).read_text() != text
+    ]
+    if folder.exists():
+        out += [
+            f"not made by the generator: {p}"
+            for p in sorted(folder.glob("*.toml"))
+            if p.name not in files
+        ]
+    return out
+
+
+def manifest_head(header: str, generator: str, version: int, seed: int, count: int) -> list[str]:
+    """A manifest's first lines: its comment header, then what made it."""
+    return [
+        header,
+        f"generator = {toml_value(generator)}",
+        f"version = {version}",
+        f"seed = {seed}",
+        f"count = {count}",
+    ]
+
+
+def manifest_rows(folder: Path | str, what: str) -> list[dict[str, Any]]:
+    """The [[world]] tables of a set's manifest; a missing or broken one is a ConfigError."""
     path = Path(folder) / MANIFEST
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise ConfigError(f"frozen set manifest not found: {path}") from exc
+        raise ConfigError(f"{what} manifest not found: {path}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    entries = []
-    names = set(Entry.__dataclass_fields__)
-    for row in data.get("world", []):
-        fields = {k: v for k, v in row.items() if k in names}
-        for key in ("weights", "base_levels"):
-            fields[key] = tuple(fields[key])
-        entries.append(Entry(**fields))
-    return entries
+    return list(data.get("world", []))
 
 
 def load_entry_world(folder: Path | str, entry: Entry) -> World:
@@ -868,7 +904,7 @@ def select(entries: Sequence[Entry], names: str | None) -> list[Entry]:
         elif part.isdigit() and int(part) < len(entries):
             out.append(entries[int(part)])
         else:
-            raise ConfigError(f"no world {part!r} in the frozen set")
+            raise ConfigError(f"no world {part!r} in the set")
     seen: set[str] = set()
     return [e for e in out if not (e.name in seen or seen.add(e.name))]
 
@@ -880,19 +916,27 @@ __all__ = [
     "WORLD_COUNT",
     "Costs",
     "Design",
+    "Draw",
     "Entry",
     "base_levels",
     "best_n",
     "costs_of",
+    "differences",
     "expected_tps",
     "generate",
     "load_entry_world",
     "load_manifest",
     "make_world",
+    "manifest_head",
+    "manifest_rows",
     "plan",
     "render_set",
     "select",
+    "shuffled",
     "sign_changes",
     "sign_pattern",
+    "spread",
+    "toml_value",
+    "write_files",
     "write_set",
 ]

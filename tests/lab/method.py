@@ -184,16 +184,21 @@ def _run(
 def naive_rule(model: Any, measured: Mapping[str, list[int]], store: Store, name: str) -> int:
     """The last measured level where always-draft beat plain, on the measured medians (0
     levels: plain everywhere, answered as N=1, the least drafting a threshold does)."""
+    wins = naive_wins(store, name)
+    return max(wins) if wins else 1
+
+
+def naive_wins(store: Store, name: str) -> list[int]:
+    """The measured levels where always-draft beat plain, on the measured medians."""
     from tuner.storage.queries import model_points
 
     points = model_points(store, name, HOST)
     tps = {(p.config, p.concurrency): p.tokens_per_second for p in points if p.tokens_per_second}
-    wins = [
+    return [
         c
         for c in sorted({c for _, c in tps})
         if ("spec", c) in tps and ("plain", c) in tps and tps[("spec", c)] > tps[("plain", c)]
     ]
-    return max(wins) if wins else 1
 
 
 def held_out_intervals(

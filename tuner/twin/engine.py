@@ -603,6 +603,7 @@ class Engine:
         self._prefill = world.prefill.ms_per_token * ms
         self._prefill_draft = world.prefill.draft_ms_per_token * ms
         self._depth = world.depth.ms_per_row_per_1k * ms / 1000.0
+        self._depth_slot = world.depth.ms_per_slot_per_1k * ms / 1000.0
         params = world.noise.resolve()
         self._noise = NoiseProcess(params, seed) if noise and not params.is_off else None
 
@@ -822,6 +823,8 @@ class Engine:
         rows, kv_rows, lens, catch = self._draft(gen, can_start)
         prompt_rows, prefilled = self._fill_prompts(busy, rows)
         cost = self._cost(rows, n_gen, kv_rows, prompt_rows, catch, lens)
+        if self._depth_slot:
+            cost += self._depth_slot * sum(s.kv for s in gen)
         start = self.now
         duration = self._noise.duration(cost) if self._noise is not None else cost
         end = start + duration

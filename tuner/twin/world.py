@@ -17,6 +17,7 @@ The cost of one step, in milliseconds, before noise:
   + step.slots_ms(G)                per step, by the G generating slots in the batch (sampling,
                                     bookkeeping, HTTP: what grows with slots, not rows)
   + depth.ms_per_row_per_1k * sum over decode rows of (KV tokens of the row's slot) / 1000
+  + depth.ms_per_slot_per_1k * sum over generating slots of (KV tokens it holds) / 1000
   + prefill.ms_per_token * P        P prompt rows batched into this step (continuous batching)
 and, on a server started with a draft model (every policy but plain), whether it drafts or not:
   + draft.overhead_ms
@@ -317,9 +318,13 @@ class PrefillCost(_Strict):
 
 
 class DepthCost(_Strict):
-    """Attention over the KV cache: per decode row, per 1000 tokens its slot holds."""
+    """Attention over the KV cache: per decode row, per 1000 tokens its slot holds (compute:
+    every row attends on its own, as on a CPU); and per generating slot, per 1000 tokens it
+    holds, whatever its rows (a memory-bound GPU decode reads a slot's cache once for all the
+    rows of its draft)."""
 
     ms_per_row_per_1k: float = Field(0.0, ge=0.0)
+    ms_per_slot_per_1k: float = Field(0.0, ge=0.0)
 
 
 class World(_Strict):
@@ -518,6 +523,8 @@ def world_to_toml(world: World) -> str:
         for key, value in table.items():
             if value is None or key in arrays or (isinstance(value, list) and not value):
                 continue
+            if (name, key) in _WRITTEN_WHEN_SET and value == 0:
+                continue
             lines.append(f"{key} = {_toml_value(value)}")
         for key, items in arrays.items():
             for item in items:
@@ -525,6 +532,11 @@ def world_to_toml(world: World) -> str:
                 lines.append(f"[[{name}.{key}]]")
                 lines += [f"{k} = {_toml_value(v)}" for k, v in item.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+# keys added after worlds were committed: written only when set, so a world that does not use
+# them writes as it always has
+_WRITTEN_WHEN_SET = {("depth", "ms_per_slot_per_1k")}
 
 
 def _is_tables(values: list[object]) -> bool:
