@@ -35,18 +35,24 @@ the verdicts and the cost to users are recorded.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import common  # noqa: F401  (puts tests/ on sys.path: lab)
 from lab.experiment import (
+    OUTPUT_TOKENS,
     TRAFFIC,
     arrival_rate,
+    arrivals_of,
     grade,
     model_start,
     open_loop_best,
@@ -59,9 +65,13 @@ from record import Table, fmt, record_arguments, save_run
 from tuner.decide.experiment import ExperimentOptions
 from tuner.decide.objective import ObjectiveKind
 from tuner.errors import TunerError
+from tuner.twin.engine import Workload
+from tuner.twin.production import ServedTraffic
+from tuner.twin.world import World
 
 REPO = Path(__file__).resolve().parent.parent
 FROZEN = REPO / "profiles" / "twin" / "frozen"
+OPENLOOP = REPO / "profiles" / "twin" / "openloop"
 WITHIN = 0.01
 
 
@@ -72,86 +82,150 @@ def start_of(best: int, n_parallel: int, how: str, rng: random.Random) -> int:
     return best + rng.choice(offsets) if offsets else best
 
 
-def twin(args: argparse.Namespace) -> None:
-    entries = select(load_manifest(args.worlds), args.select)
+@dataclass
+class Case:
+    """One world under one traffic to grade: the world, the rate, the truth (mean TPOT by N,
+    N = -np always draft), the world serving the traffic from a threshold (noise on, the
+    method's seed), the traffic's mean output length."""
+
+    name: str
+    kind: str
+    world: World
+    rate: float
+    seed: int
+    truth: dict[int, float]
+    served: Callable[[int], ServedTraffic]
+    output_tokens: float
+
+
+def _served_kind(world: World, kind: str, rate: float, seed: int, n: int) -> ServedTraffic:
+    return ServedTraffic(world, arrivals_of(kind, rate, seed), n, seed=seed)
+
+
+def _served_workload(world: World, workload: Workload, seed: int, n: int) -> ServedTraffic:
+    return ServedTraffic(world, workload, n, seed=seed)
+
+
+def frozen_cases(args: argparse.Namespace) -> Iterator[Case]:
+    """The frozen set's worlds under each --traffic kind at --load (see the docstring)."""
     kinds = [t.strip() for t in args.traffic.split(",") if t.strip()]
     for kind in kinds:
         if kind not in TRAFFIC:
             sys.exit(f"--traffic {kind!r}: known are {', '.join(TRAFFIC)}")
-    rows: list[list] = []
-    started = time.monotonic()
-    for entry in entries:
+    for entry in select(load_manifest(args.worlds), args.select):
         world = load_entry_world(args.worlds, entry)
         rate = arrival_rate(world, args.load)
-        folder = Path(tempfile.mkdtemp(prefix="tuner-watch-"))
-        db = profiled(world, folder, seed=entry.seed + args.seed) if args.start == "model" else ""
+        seed = entry.seed + args.seed
         for kind in kinds:
             truth = open_loop_best(world, kind, rate, duration_s=args.truth_s)
-            best = min(truth, key=lambda n: (truth[n], n))
-            seed = entry.seed + args.seed
-            budget = 60.0 * args.minutes
-            tie: list[int] = []
-            served = None
-            if args.start == "model":
-                try:
-                    began = model_start(world, kind, rate, db, seed=seed)
-                except (TunerError, TypeError, ValueError) as exc:
-                    # recommend --objective tpot fails on some fits (a bootstrap replicate
-                    # with no tok/s at a level); watch's default objective answers instead
-                    print(f"{entry.name} {kind}: --objective tpot failed ({exc}); tps instead")
-                    began = model_start(
-                        world, kind, rate, db, seed=seed, objective=ObjectiveKind.TPS
-                    )
-                start, tie, served = began.standing, began.tie, began.served
-                budget -= served.elapsed
-                start = start or world.n_parallel
-            else:
-                rng = random.Random(f"start:{entry.name}:{kind}:{args.seed}")
-                start = start_of(best, world.n_parallel, args.start, rng)
-            options = ExperimentOptions(
-                budget_s=budget,
-                seed=seed,
-                always=args.always,
-                reach=args.reach,
-                max_moves=args.max_moves,
-                share=args.share,
-                max_window_s=args.max_window,
-                min_tokens=args.min_tokens,
+            served = partial(_served_kind, world, kind, rate, seed)
+            yield Case(entry.name, kind, world, rate, seed, truth, served, OUTPUT_TOKENS)
+
+
+def openloop_cases(args: argparse.Namespace) -> Iterator[Case]:
+    """The open-loop set's worlds, each under its own traffic (lab.openworlds: arrivals,
+    prompt and output lengths, content classes); the truth openloop_regret's, cached."""
+    from lab.openworlds import load_manifest as load_open_manifest
+    from openloop_regret import world_truth
+
+    for entry in select(load_open_manifest(args.worlds), args.select):
+        world, truth = world_truth(str(args.worlds), entry, str(args.truth_dir))
+        thresholds = {
+            int(label[2:]) or world.n_parallel: value
+            for label, value in truth["values"].items()
+            if label.startswith("N=")
+        }
+        count = int(entry.rate * 60.0 * args.minutes * 1.5) + 100
+        workload = entry.traffic.workload(count, entry.observe_seed)
+        output = entry.traffic.output
+
+        served = partial(_served_workload, world, workload, entry.seed)
+        mean_output = output.median * math.exp(output.sigma**2 / 2)
+        kind = entry.traffic.arrivals
+        yield Case(entry.name, kind, world, entry.rate, entry.seed, thresholds, served, mean_output)
+
+
+def graded(case: Case, args: argparse.Namespace, db: str) -> list:
+    """The experiment on one case, from the model's answer (db: the world's profile) or an
+    offset from the truth's best: its row."""
+    world, truth = case.world, case.truth
+    best = min(truth, key=lambda n: (truth[n], n))
+    budget, tie, output = 60.0 * args.minutes, [], case.output_tokens
+    served = case.served(0)
+    if args.start == "model":
+        try:
+            began = model_start(world, served, case.rate, db, seed=case.seed)
+        except (TunerError, TypeError, ValueError) as exc:
+            # recommend --objective tpot fails on some fits (a bootstrap replicate with no
+            # tok/s at a level); watch's default objective answers instead
+            print(f"{case.name} {case.kind}: --objective tpot failed ({exc}); tps instead")
+            served = case.served(0)
+            began = model_start(
+                world, served, case.rate, db, seed=case.seed, objective=ObjectiveKind.TPS
             )
-            report, seconds = run_experiment(
-                world, kind, rate, start, seed=seed, options=options, tie=tie, served=served
-            )
-            # the minutes of traffic in all: the observation at the start included
-            graded = grade(report, truth, served.elapsed if served is not None else seconds)
-            near = sorted(n for n, v in truth.items() if v <= truth[best] * (1 + WITHIN))
-            cost = report.cost
-            rows.append(
-                [
-                    entry.name,
-                    kind,
-                    round(rate, 4),
-                    best,
-                    start,
-                    report.answer or world.n_parallel,
-                    report.status,
-                    100 * graded.regret,
-                    graded.minutes,
-                    100 * cost.away_s / cost.seconds if cost.seconds else None,
-                    100 * cost.requests_away / cost.requests if cost.requests else None,
-                    100 * cost.tpot_ratio if cost.tpot_ratio is not None else None,
-                    graded.changes,
-                    len(near) > 1,
-                ]
-            )
-            r = rows[-1]
-            print(
-                f"{entry.name:<12} {kind:<8} rate {rate:6.3f}  best N={best:<2} start N={start:<2}"
-                f" -> N={r[5]:<2} {report.status:<10} regret {fmt(r[7], '5.2f')} %  "
-                f"{r[8]:5.1f} min  away {fmt(r[9], '.0f')} % of time, {fmt(r[10], '.0f')} % of "
-                f"requests, TPOT {fmt(r[11], '+.1f')} %  changes {r[12]}",
-                flush=True,
-            )
-        shutil.rmtree(folder, ignore_errors=True)
+        start, tie = began.standing or world.n_parallel, began.tie
+        output = began.traffic.mean_output_tokens or output
+        budget -= served.elapsed
+    else:
+        rng = random.Random(f"start:{case.name}:{case.kind}:{args.seed}")
+        start = start_of(best, world.n_parallel, args.start, rng)
+        served.switch(start)
+    options = ExperimentOptions(
+        budget_s=budget,
+        seed=case.seed,
+        always=args.always,
+        reach=args.reach,
+        max_moves=args.max_moves,
+        share=args.share,
+        max_window_s=args.max_window,
+        min_tokens=args.min_tokens,
+    )
+    report, _ = run_experiment(
+        world, case.kind, case.rate, start, seed=case.seed, options=options, tie=tie,
+        served=served, output_tokens=output,
+    )  # fmt: skip
+    # the minutes of traffic in all: the observation at the start included
+    result = grade(report, truth, served.elapsed)
+    near = sorted(n for n, v in truth.items() if v <= truth[best] * (1 + WITHIN))
+    cost = report.cost
+    row = [
+        case.name,
+        case.kind,
+        round(case.rate, 4),
+        best,
+        start,
+        report.answer or world.n_parallel,
+        report.status,
+        100 * result.regret,
+        result.minutes,
+        100 * cost.away_s / cost.seconds if cost.seconds else None,
+        100 * cost.requests_away / cost.requests if cost.requests else None,
+        100 * cost.tpot_ratio if cost.tpot_ratio is not None else None,
+        result.changes,
+        len(near) > 1,
+    ]
+    print(
+        f"{case.name:<12} {case.kind:<8} rate {case.rate:6.3f}  best N={best:<2} start N={start:<2}"
+        f" -> N={row[5]:<2} {report.status:<10} regret {fmt(row[7], '5.2f')} %  "
+        f"{row[8]:5.1f} min  away {fmt(row[9], '.0f')} % of time, {fmt(row[10], '.0f')} % of "
+        f"requests, TPOT {fmt(row[11], '+.1f')} %  changes {row[12]}",
+        flush=True,
+    )
+    return row
+
+
+def twin(args: argparse.Namespace) -> None:
+    rows: list[list] = []
+    started = time.monotonic()
+    cases = openloop_cases(args) if args.openloop else frozen_cases(args)
+    profiles: dict[str, str] = {}
+    folder = Path(tempfile.mkdtemp(prefix="tuner-watch-"))
+    for case in cases:
+        if args.start == "model" and case.name not in profiles:
+            profiles[case.name] = profiled(case.world, folder / case.name, seed=case.seed)
+        rows.append(graded(case, args, profiles.get(case.name, "")))
+    shutil.rmtree(folder, ignore_errors=True)
+    kinds = sorted({r[1] for r in rows})
     within = [r for r in rows if r[7] <= 100 * WITHIN + 1e-9]
     ties = [r for r in rows if r[13]]
     flaps = [r for r in ties if r[12] > 1]
@@ -181,7 +255,8 @@ def twin(args: argparse.Namespace) -> None:
         **{f"within 1 %, {k} (share)": v for k, v in by_kind.items()},
         "truth on a tie": len(ties),
         "N changed more than once on a tie": len(flaps),
-        "load (mean generating share under always draft)": args.load,
+        "set": "openloop" if args.openloop else "frozen",
+        "load (mean generating share under always draft)": None if args.openloop else args.load,
         "minutes of traffic at most": args.minutes,
         "start": args.start,
     }
@@ -347,7 +422,18 @@ def bench(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=Path, default=FROZEN)
+    parser.add_argument("--worlds", type=Path, default=None, help="the set's folder")
+    parser.add_argument(
+        "--openloop",
+        action="store_true",
+        help="the open-loop set (profiles/twin/openloop), each world under its own traffic",
+    )
+    parser.add_argument(
+        "--truth-dir",
+        type=Path,
+        default=REPO / "out" / "openloop-regret.truth",
+        help="--openloop: where the truths are cached (openloop_regret's)",
+    )
     parser.add_argument("--select", default=None, help="world names, comma-separated")
     parser.add_argument("--traffic", default="poisson,bursty")
     parser.add_argument("--load", type=float, default=0.5)
@@ -388,6 +474,7 @@ def main() -> None:
     )
     record_arguments(parser)
     args = parser.parse_args()
+    args.worlds = args.worlds or (OPENLOOP if args.openloop else FROZEN)
     if args.bench:
         bench(args)
     else:

@@ -129,7 +129,7 @@ def profiled(world: World, folder: Path, *, seed: int = 0, box: World | None = N
 
 def model_start(
     world: World,
-    traffic: str,
+    traffic: str | ServedTraffic,
     rate: float,
     db: str,
     *,
@@ -137,15 +137,21 @@ def model_start(
     observe_s: float = 300.0,
     objective: ObjectiveKind = ObjectiveKind.TPOT,
 ) -> ModelStart:
-    """Observe the arrivals at always draft and recommend for them on the profile in `db`
-    (see `profiled` and the module docstring)."""
-    served = ServedTraffic(world, arrivals_of(traffic, rate, seed), 0, seed=seed)
+    """Observe the arrivals (a traffic kind at the rate, or a server already serving its own)
+    at always draft and recommend for them on the profile in `db` (see `profiled` and the
+    module docstring)."""
+    served = (
+        traffic
+        if isinstance(traffic, ServedTraffic)
+        else ServedTraffic(world, arrivals_of(traffic, rate, seed), 0, seed=seed)
+    )
+    served.switch(0)
     seen = TrafficProfile(world.n_parallel)
     served.window(observe_s, seen)
     store = Store(db)
     try:
         view = ServerView("http://twin", world.model_name, world.n_parallel, "slots", True)
-        name = f"watch-{traffic}"
+        name = "watch"
         traffic_profiles.save(store, name, view, seen.to_dict(), "watching")
         rec = advice.recommend(
             store, world.model_name, HOST, traffic=name, objective=objective, seed=seed
@@ -166,6 +172,7 @@ def run_experiment(
     options: ExperimentOptions | None = None,
     say: Callable[[str], None] = lambda _: None,
     served: ServedTraffic | None = None,
+    output_tokens: float = OUTPUT_TOKENS,
 ) -> tuple[ExperimentReport, float]:
     """The experiment from N=start on the world serving the traffic (going on from `served`
     where given); its report and the simulated seconds it took. It knows the rate and mean
@@ -179,7 +186,7 @@ def run_experiment(
         options or ExperimentOptions(seed=seed),
         tie=tie,
         rate=rate,
-        output_tokens=OUTPUT_TOKENS,
+        output_tokens=output_tokens,
         say=say,
     )
     report = experiment.run(served)
