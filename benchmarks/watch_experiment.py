@@ -220,10 +220,15 @@ def twin(args: argparse.Namespace) -> None:
     cases = openloop_cases(args) if args.openloop else frozen_cases(args)
     profiles: dict[str, str] = {}
     folder = Path(tempfile.mkdtemp(prefix="tuner-watch-"))
+    skipped: list[str] = []
     for case in cases:
         if args.start == "model" and case.name not in profiles:
             profiles[case.name] = profiled(case.world, folder / case.name, seed=case.seed)
-        rows.append(graded(case, args, profiles.get(case.name, "")))
+        try:
+            rows.append(graded(case, args, profiles.get(case.name, "")))
+        except TunerError as exc:  # no answer to start from: said, and counted
+            print(f"{case.name} {case.kind}: skipped: {exc}", flush=True)
+            skipped.append(f"{case.name} {case.kind}")
     shutil.rmtree(folder, ignore_errors=True)
     kinds = sorted({r[1] for r in rows})
     within = [r for r in rows if r[7] <= 100 * WITHIN + 1e-9]
@@ -256,6 +261,7 @@ def twin(args: argparse.Namespace) -> None:
         "truth on a tie": len(ties),
         "N changed more than once on a tie": len(flaps),
         "set": "openloop" if args.openloop else "frozen",
+        "skipped (no answer to start from)": ", ".join(skipped) or "none",
         "load (mean generating share under always draft)": None if args.openloop else args.load,
         "minutes of traffic at most": args.minutes,
         "start": args.start,

@@ -29,6 +29,7 @@ from tuner.decide import advice
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.experiment import Experiment, ExperimentOptions, ExperimentReport, model_tie
 from tuner.decide.objective import ObjectiveKind
+from tuner.decide.watch import MIN_BUSY_S
 from tuner.model import queue
 from tuner.policy import Policy
 from tuner.recommendation import Recommendation
@@ -148,6 +149,9 @@ def model_start(
     served.switch(0)
     seen = TrafficProfile(world.n_parallel)
     served.window(observe_s, seen)
+    # as watch waits for busy time before it decides (--min-busy), a quiet spell is waited out
+    while seen.covered_s - seen.seconds.get(0, 0.0) < MIN_BUSY_S and seen.covered_s < 3 * observe_s:
+        served.window(observe_s / 5, seen)
     store = Store(db)
     try:
         view = ServerView("http://twin", world.model_name, world.n_parallel, "slots", True)
