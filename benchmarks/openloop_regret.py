@@ -127,19 +127,24 @@ def _order(label: str) -> tuple[int, int]:
 # -- one world ----------------------------------------------------------------------------------
 
 
+def world_truth(folder: str, entry: Entry, truth_dir: str) -> tuple[World, dict[str, Any]]:
+    """A world of the set and its truth (truth_summary), cached in truth_dir: keyed by the
+    world file and its traffic, so a regenerated set never reads a stale truth."""
+    path = Path(folder) / entry.file
+    world = load_world(path)
+    traffic = json.dumps(entry.traffic.as_dict(), sort_keys=True)
+    stamp = f"{entry.truth_seed}:{entry.truth_requests}:{traffic}".encode()
+    key = hashlib.sha256(path.read_bytes() + stamp).hexdigest()[:12]
+    cache = Path(truth_dir) / f"{entry.name}-{key}.json"
+    return world, cached_json(cache, lambda: truth_summary(world, entry))
+
+
 def grade_world(
     folder: str, entry: Entry, truth_dir: str, methods: Sequence[str]
 ) -> dict[str, Any]:
     """The truth (cached in truth_dir) and every method on one world: its row."""
     start = time.perf_counter()
-    path = Path(folder) / entry.file
-    world = load_world(path)
-    # keyed by the world file and its traffic: a regenerated set never reads a stale truth
-    traffic = json.dumps(entry.traffic.as_dict(), sort_keys=True)
-    stamp = f"{entry.truth_seed}:{entry.truth_requests}:{traffic}".encode()
-    key = hashlib.sha256(path.read_bytes() + stamp).hexdigest()[:12]
-    cache = Path(truth_dir) / f"{entry.name}-{key}.json"
-    truth = cached_json(cache, lambda: truth_summary(world, entry))
+    world, truth = world_truth(folder, entry, truth_dir)
     row: dict[str, Any] = {
         "name": entry.name,
         "tags": list(entry.tags),

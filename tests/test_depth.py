@@ -54,6 +54,8 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
             "workload.warmup=0",
             "--set",
             "kernel.enabled=false",
+            "--set",
+            "probes.enabled=false",
             "--skip-preflight",
         ],
         env,
@@ -93,7 +95,8 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     # A depth not measured is interpolated between the measured ones: printed, said, not stored.
     between = run_tuner(["recommend", "--model", MODEL, "--context", "1000"], env)
     assert between.returncode == 0, between.stderr[-3000:]
-    assert between.stdout.startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    # the env line last (a "# unresolved: ..." comment above it where the model cannot settle it)
+    assert between.stdout.splitlines()[-1].startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
     assert f"predicted from the fits at depths 0, {DEEP}" in between.stderr
     assert "not stored" in between.stderr
     # fit answers for measured depths only, and names them.

@@ -44,6 +44,10 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
     base = set(SHARED_PROFILE_LEVELS)
     # always-draft and its off arm (threshold c-1: no draft at c) on one launch, above 1 stream
     off_arms = {(f"max-slots-{c - 1}", c) for c in base if c > 1}
+    # the arrival probes: joins on plain and always-draft; catch-up needs the live switch
+    probes = {("probe:join", 1), ("probe:catch-up", 2)}
+    assert probes <= set(levels), sorted(levels)
+    levels = {k: v for k, v in levels.items() if k not in probes}
     assert set(levels) == {(cfg, c) for cfg in ("plain", "spec") for c in base} | off_arms
     with store.session() as session:
         run = session.get(Run, bench_profile.run_id)

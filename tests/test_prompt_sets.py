@@ -44,6 +44,8 @@ QUICK = [
     "workload.warmup=0",
     "--set",
     "kernel.enabled=false",
+    "--set",
+    "probes.enabled=false",
 ]
 
 

@@ -103,14 +103,19 @@ def test_the_window_drops_old_intervals_and_a_restart_goes_on(tmp_path: Path) ->
     assert [r.arrival for r in again.requests] == [1300.0, 1400.0]
 
 
-def answer(n: int) -> Recommendation:
+def answer(n: int, scores: dict[int, float] | None = None) -> Recommendation:
+    """A stand-in answer; scores: the model's objective of each N (its study's alternatives),
+    the answer's 100 and every other 20 % lower by default."""
+    scores = scores or {m: 100.0 if m == n else 80.0 for m in range(1, 7)}
     return Recommendation(
         id=1,
         model="m",
         host="h",
         policy=Policy.of_max_slots(n, 6),
         fit_id=1,
+        objective=scores[n],
         reasons=[Reason(ReasonCode.TRAFFIC, "stand-in")],
+        alternatives=[{"max_slots": m, "objective": v} for m, v in scores.items()],
     )
 
 

@@ -46,6 +46,8 @@ class ReasonCode(StrEnum):
     TIE = "tie"  # values of N shown equivalent within the tolerance: the smallest chosen
     UNRESOLVED = "unresolved"  # a contender neither shown ahead nor within the tolerance
     TRAFFIC = "traffic"  # the objective is weighted by an observed traffic profile
+    # acceptance observed on the traffic stands in for the profile's (or why it does not)
+    OBSERVED_ACCEPTANCE = "observed-acceptance"
     OBJECTIVE = "objective"  # an objective other than tps: what it scores and from what
     DERIVED_DEPTH = "derived-depth"  # a context depth (or mix) predicted from other depths
     OPEN_LOOP = "open-loop"  # scored under arrivals in a twin of the fit: what came from where

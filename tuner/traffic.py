@@ -1,7 +1,7 @@
 """Traffic, as `tuner observe` and `tuner watch` see it and `recommend --traffic` weighs it: the
-time a server spends at each number of generating slots, the requests seen finishing, and the
-server they were seen on. A shared type: measure fills it, storage keeps it, decide reads it.
-Pure."""
+time a server spends at each number of generating slots, the requests seen finishing, the
+server's own acceptance counters over the same time (`AcceptanceCounts`), and the server they
+were seen on. A shared type: measure fills it, storage keeps it, decide reads it. Pure."""
 
 from __future__ import annotations
 
@@ -16,6 +16,136 @@ SOURCE_METRICS = "metrics"
 
 
 LENGTHS_KEPT = 4000  # the most recent finished requests a profile keeps (memory stays flat)
+
+
+@dataclass
+class AcceptanceCounts:
+    """The server's acceptance counters over an observation, as increments between readings.
+
+    llama-server adds a request's drafts (`spec_decode_num_drafts_total`), draft tokens and
+    accepted tokens, in all and per draft position
+    (`spec_decode_num_accepted_tokens_per_pos_total{position}`), when the request ends; so
+    the increase between two readings of /metrics belongs to the requests that ended between
+    them, and readings are groups of whole requests. Kept are the totals and, for the interval
+    (tuner.model.acceptance.observed_acceptance: a ratio estimate, its variance from the spread
+    of the readings, which carries the requests' own differences), the sums of squares and
+    products of each reading's increments: d (drafts) and x = (accepted, accepted at position
+    1, 2, ...). Sums add, so buckets and observations combine (`plus`) and the size stays flat.
+
+    `per_position` is False once the server reported drafts without per-position counts (a
+    build without that family): accepted and drafts still give the mean, not the rates.
+    `dropped` counts the readings left out because a counter went down (a restart); `tokens`
+    is tokens_predicted_total's increase over the readings kept (what was generated, drafted
+    or not)."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    tokens: float = 0.0
+    readings: int = 0  # increments added
+    x: list[float] = field(default_factory=list)  # sum of x: accepted, then per position
+    dd: float = 0.0  # sum of d^2
+    xd: list[float] = field(default_factory=list)  # sum of x * d
+    xx: list[list[float]] = field(default_factory=list)  # sum of x x^T
+    per_position: bool = True
+    dropped: int = 0
+
+    @property
+    def accepted(self) -> float:
+        return self.x[0] if self.x else 0.0
+
+    @property
+    def positions(self) -> list[float]:
+        """Accepted tokens at draft positions 1, 2, ... (empty without per-position counts)."""
+        return list(self.x[1:]) if self.per_position else []
+
+    def _grow(self, size: int) -> None:
+        while len(self.x) < size:
+            self.x.append(0.0)
+            self.xd.append(0.0)
+            for row in self.xx:
+                row.append(0.0)
+            self.xx.append([0.0] * len(self.x))
+
+    def add(
+        self,
+        drafts: float,
+        draft_tokens: float,
+        accepted: float,
+        positions: list[float] | None,
+        tokens: float = 0.0,
+    ) -> None:
+        """One reading's increments (positions None: the server gave no per-position counts)."""
+        if positions is None and drafts > 0:
+            self.per_position = False
+        vector = [accepted, *(positions or [])] if self.per_position else [accepted]
+        self._grow(len(vector))
+        vector += [0.0] * (len(self.x) - len(vector))
+        self.drafts += drafts
+        self.draft_tokens += draft_tokens
+        self.tokens += tokens
+        self.readings += 1
+        self.dd += drafts * drafts
+        for i, v in enumerate(vector):
+            self.x[i] += v
+            self.xd[i] += v * drafts
+            row = self.xx[i]
+            for k, w in enumerate(vector):
+                row[k] += v * w
+
+    def plus(self, other: AcceptanceCounts) -> AcceptanceCounts:
+        out = AcceptanceCounts.from_dict(self.to_dict())
+        size = max(len(self.x), len(other.x))
+        out._grow(size)
+        theirs = AcceptanceCounts.from_dict(other.to_dict())
+        theirs._grow(size)
+        out.drafts += theirs.drafts
+        out.draft_tokens += theirs.draft_tokens
+        out.tokens += theirs.tokens
+        out.readings += theirs.readings
+        out.dd += theirs.dd
+        out.dropped += theirs.dropped
+        for i in range(size):
+            out.x[i] += theirs.x[i]
+            out.xd[i] += theirs.xd[i]
+            for k in range(size):
+                out.xx[i][k] += theirs.xx[i][k]
+        if not (self.per_position and other.per_position):
+            out._drop_positions()
+        return out
+
+    def _drop_positions(self) -> None:
+        self.per_position = False
+        self.x, self.xd = self.x[:1], self.xd[:1]
+        self.xx = [row[:1] for row in self.xx[:1]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "tokens": self.tokens,
+            "readings": self.readings,
+            "x": list(self.x),
+            "dd": self.dd,
+            "xd": list(self.xd),
+            "xx": [list(row) for row in self.xx],
+            "per_position": self.per_position,
+            "dropped": self.dropped,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceCounts:
+        return cls(
+            drafts=float(data.get("drafts") or 0.0),
+            draft_tokens=float(data.get("draft_tokens") or 0.0),
+            tokens=float(data.get("tokens") or 0.0),
+            readings=int(data.get("readings") or 0),
+            x=[float(v) for v in data.get("x") or []],
+            dd=float(data.get("dd") or 0.0),
+            xd=[float(v) for v in data.get("xd") or []],
+            xx=[[float(v) for v in row] for row in data.get("xx") or []],
+            per_position=bool(data.get("per_position", True)),
+            dropped=int(data.get("dropped") or 0),
+        )
 
 
 class Finished(NamedTuple):
@@ -42,6 +172,11 @@ class TrafficProfile:
     source: str = SOURCE_SLOTS
     finished: int = 0  # requests seen finishing, all of them
     output_total: int = 0  # their output tokens, all of them
+    acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    # readings of /metrics, and those at which requests waited for a free slot
+    # (requests_deferred above 0: the server at capacity, its arrival rate the rate it served)
+    readings: int = 0
+    deferred: int = 0
 
     def add(self, generating: int, dt: float) -> None:
         self.seconds[generating] = self.seconds.get(generating, 0.0) + dt
@@ -104,6 +239,9 @@ class TrafficProfile:
             other.source,
             self.finished + other.finished,
             self.output_total + other.output_total,
+            self.acceptance.plus(other.acceptance),
+            self.readings + other.readings,
+            self.deferred + other.deferred,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +270,9 @@ class TrafficProfile:
             "prompt_tokens": summary(self.prompt_tokens),
             "output_tokens": summary(self.output_tokens),
             "requests": [[round(r.arrival, 3), r.prompt, r.output] for r in self.requests],
+            "acceptance": self.acceptance.to_dict(),
+            "readings": self.readings,
+            "deferred": self.deferred,
         }
 
     @classmethod
@@ -148,6 +289,9 @@ class TrafficProfile:
             source=str(data.get("source") or SOURCE_SLOTS),
             finished=int(data.get("finished") or len(requests)),
             output_total=int(data.get("output_total") or sum(r.output for r in requests)),
+            acceptance=AcceptanceCounts.from_dict(data.get("acceptance") or {}),
+            readings=int(data.get("readings") or 0),
+            deferred=int(data.get("deferred") or 0),
         )
 
 

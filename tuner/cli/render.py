@@ -307,6 +307,9 @@ def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
                 f"{summary['p90']:.0f} over {summary['n']} finished requests",
                 highlight=False,
             )
+    from tuner.decide.observed import acceptance_line  # lazily: see TYPE_CHECKING above
+
+    out.print(acceptance_line(profile), highlight=False, markup=False)
     rate = profile.arrival_rate
     out.print(
         f"mean generating slots {profile.mean_generating():.2f}"
@@ -318,13 +321,20 @@ def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
 
 
 def watch_summary(summary: WatchSummary) -> None:
-    """What a watch did before it stopped."""
+    """What a watch did before it stopped, and what its experiments cost the users."""
     out.print(
         f"watched {summary.view.url} as {summary.name}: {len(summary.events)} intervals, "
         f"{summary.changes} answer changes, {summary.writes} env-file writes",
         highlight=False,
         markup=False,
     )
+    for report in summary.experiments:
+        out.print(
+            f"experiment from N={report.start}: {report.status}, N={report.answer}; "
+            f"{report.cost.text()}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def open_loop(report: OpenLoopReport) -> None:

@@ -78,6 +78,43 @@ StopAfterOption = Annotated[
     str | None,
     advanced("--duration", help="stop after this long (default: until SIGTERM)"),
 ]
+ExperimentOption = Annotated[
+    bool,
+    typer.Option(
+        "--experiment",
+        help="settle each answer on the server's own traffic: in short windows the server runs "
+        "the answer's contenders (the model's tie set and neighbours) instead, N moves only "
+        "where a one-sided bound clears the tolerance, the cost to users is printed and "
+        "stored, and N is given back on every way out (needs --apply live)",
+    ),
+]
+ExperimentShareOption = Annotated[
+    float,
+    advanced(
+        "--experiment-share",
+        help="the most of the time an experiment serves a contender instead of the standing N",
+    ),
+]
+ExperimentBudgetOption = Annotated[
+    str,
+    advanced("--experiment-budget", help="the longest one experiment runs: 30m, 1h"),
+]
+AcceptDriftOption = Annotated[
+    float,
+    advanced(
+        "--accept-drift",
+        help="recommend again when the acceptance observed moved beyond its interval and by "
+        "this share from what the standing answer was made with",
+    ),
+]
+MarginOption = Annotated[
+    float,
+    advanced(
+        "--margin",
+        help="a new answer replaces the standing N only when the model puts it ahead by more "
+        "than this share of the objective (so N does not flap on a tie)",
+    ),
+]
 
 
 @reports_errors
@@ -130,6 +167,11 @@ def watch(
     drift: DriftOption = 0.1,
     min_busy: MinBusyOption = "5s",
     duration: StopAfterOption = None,
+    experiment: ExperimentOption = False,
+    experiment_share: ExperimentShareOption = 0.25,
+    experiment_budget: ExperimentBudgetOption = "30m",
+    accept_drift: AcceptDriftOption = 0.1,
+    margin: MarginOption = 0.01,
 ) -> None:
     """The service: observe a running server continuously and keep its N current.
 
@@ -137,8 +179,11 @@ def watch(
     (saved every 10 s: a crash loses at most that), and at the end of every --every interval
     runs `tuner recommend --traffic` when the traffic drifted. A new answer is written to the env
     file atomically, set on the running server with --apply live, then --on-change runs once.
-    SIGTERM stops it cleanly.
+    The acceptance the server's own counters show re-decides too when it drifts. With
+    --experiment each answer is then settled on the server's own traffic. SIGTERM stops it
+    cleanly (N given back where an experiment had switched it).
     """
+    from tuner.decide.experiment import ExperimentOptions
     from tuner.decide.watch import WatchOptions
     from tuner.decide.watch import watch as run_watch
 
@@ -152,6 +197,14 @@ def watch(
         on_change=on_change,
         apply=apply.value,
         min_busy_s=duration_option(min_busy, "--min-busy"),
+        accept_drift=accept_drift,
+        margin=margin,
+        experiment=ExperimentOptions(
+            share=experiment_share,
+            budget_s=duration_option(experiment_budget, "--experiment-budget"),
+        )
+        if experiment
+        else None,
         recommend={
             "objective": objective,
             "slo_tpot_ms": slo_tpot_ms,

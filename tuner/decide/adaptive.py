@@ -158,7 +158,10 @@ def profile_adaptively(
         plain=plain,
     )
     base_s = clock() - started
-    probe(store, spec, log_dir, observer, run_id, switch, backend)
+    if spec.probes.enabled:
+        probe(store, spec, log_dir, observer, run_id, switch, backend)
+    else:
+        observer(ProgressEvent("message", text="arrival probes: off (probes.enabled = false)"))
     report = AdaptiveProfile(run_id, budget_s, base_s)
     if len(set(spec.levels)) < 2:
         report.outcome = "one-level"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
 from tuner.decide.objective import Objective, ObjectiveKind
+from tuner.decide.observed import observed_in_place
 from tuner.decide.openadvice import (
     REPLICATES,
     OpenQuestion,
@@ -62,8 +64,10 @@ def recommend(
     context: the context depth whose measurements to use (default the shallowest), or a mix
     {depth: share of time}. A depth that was not measured, or a mix, is answered by a model
     combined from the fits at the measured depths (tuner.model.depth); that answer rests on no
-    measured level of its own, so it is printed, not stored. traffic: an observed traffic
-    profile (closed levels weigh by its busy-time shares).
+    measured level of its own, so it is printed, not stored. traffic: weight the objective by
+    an observed traffic profile (share of busy time at each number of generating slots)
+    instead of the spec's workload weights, and use the acceptance seen on that traffic in
+    place of the profile's where enough was seen (tuner.decide.observed).
 
     objective: tps (the default), tpot or capacity (tuner.decide.objective). Arrivals (traffic,
     rate, tpot, capacity) are answered in the open loop where the fit has arrival costs and not
@@ -86,11 +90,19 @@ def recommend(
     cm, measured_gains, measured_levels, reasons_first = _answered_by(
         store, stored, where, model, host, host_explicit, seed
     )
+    seen: dict[str, Any] | None = None
+    if traffic is not None:
+        # The acceptance seen on the traffic, where enough was seen, in place of the profile's;
+        # the profile's gains were measured at its own acceptance, so they no longer bound N.
+        cm, said, seen = observed_in_place(cm, traffic_store.load(store, traffic), traffic, seed)
+        reasons_first.append(said)
+        measured_gains = {} if seen else measured_gains
     if not plain_question or traffic is not None:
         asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
         question = OpenQuestion(*asked, replicates or REPLICATES)
         blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
-        answered = _open_loop(store, stored, question, blocked, measured_levels)
+        answering = dataclasses.replace(stored, model=cm)
+        answered = _open_loop(store, answering, question, blocked, measured_levels, reasons_first)
         if isinstance(answered, Recommendation):
             return answered
         reasons_first.append(answered)
@@ -99,6 +111,7 @@ def recommend(
     )
     reasons_first += said_how
     options = _study_options(where, traffic, tune_n_max, min_single_stream, weights, seed, goal)
+    options |= seen or {}
     name = search.study_name(
         model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
     )
@@ -146,6 +159,7 @@ def _open_loop(
     question: OpenQuestion,
     blocked: str | None,
     measured_levels: dict[str, list[int]],
+    reasons_first: list[Reason],
 ) -> Recommendation | Reason:
     """The open-loop answer, stored, where the open loop answers the question; else the reason
     the answer comes from closed levels."""
@@ -153,6 +167,8 @@ def _open_loop(
     if not answers_open(cm, question) or blocked is not None:
         return closed_loop_reason(cm, question.objective, blocked)
     rec, details = open_recommendation(store, stored, question, [])
+    # which acceptance it rests on (the traffic's observed, or the profile's) is said first
+    rec.reasons[:0] = [r for r in reasons_first if r.code is ReasonCode.OBSERVED_ACCEPTANCE]
     rec.table = prediction_table(cm, rec.policy, measured_levels)
     recommendations.save(store, rec, details)
     return rec

@@ -34,7 +34,7 @@ and names the levels to measure next.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,12 +60,20 @@ TIE_EDGE = 0.5
 SETTLED, MOVED, OPEN = "settled", "moved", "unresolved"
 
 
-def contenders(answer: int, n_parallel: int, kept: Sequence[int] = ()) -> list[int]:
+def contenders(
+    answer: int,
+    n_parallel: int,
+    kept: Sequence[int] = (),
+    allowed: Collection[int] | None = None,
+) -> list[int]:
     """N-2, N-1, N+1, N+2 and always draft (n_parallel), within 1..n_parallel, then the
-    values in `kept` (larger answers a tie moved down from: see assess)."""
+    values in `kept` (larger answers a tie moved down from: see assess); only those in
+    `allowed` where it is given (watch --experiment: the model's tie set and neighbours)."""
     near = [answer - 2, answer - 1, answer + 1, answer + 2, n_parallel, *sorted(kept)]
     out: list[int] = []
     for m in near:
+        if allowed is not None and m not in allowed:
+            continue
         if 1 <= m <= n_parallel and m != answer and m not in out:
             out.append(m)
     return out
@@ -193,6 +201,7 @@ def assess(
     tolerance: float = TOLERANCE,
     confidence: float = CONFIDENCE,
     kept: Sequence[int] = (),
+    allowed: Collection[int] | None = None,
 ) -> Standing:
     """The answer against its contenders on the gains measured so far (see the module
     docstring). objective: the answer's objective value, which the tolerance is a share of.
@@ -201,10 +210,11 @@ def assess(
     N=4 it left is no N+-2, so each move could take the answer another tolerance down the
     slope with none of the values it left in view (N=4, N=2, N=1, each step within the
     tolerance of the last, the last not within it of the first); tune adds the N the
-    measured gains put first (measured_best), which no N+-2 may reach."""
+    measured gains put first (measured_best), which no N+-2 may reach.
+    allowed: the only values that may be contenders (None: any)."""
     tol = tolerance * abs(objective)
     comparisons = []
-    for m in contenders(answer, n_parallel, kept):
+    for m in contenders(answer, n_parallel, kept, allowed):
         adv = advantage(gains, weights, answer, m)
         comparisons.append(Comparison(m, adv, verdict(adv, tol, confidence), between(answer, m)))
     ahead = [c for c in comparisons if c.verdict == AHEAD]

@@ -7,13 +7,25 @@ every FLUSH_S, so a crash or kill of the watcher loses at most those seconds; a 
 watcher reads its buckets back and goes on.
 
 At the end of every interval it compares the rolling profile with the one its standing answer
-was made for (total-variation distance of the busy-time shares). When they differ by at least
-`--drift`, or when no answer stands yet, it runs `tuner recommend --traffic NAME` (with the
-objective asked for). When the answer changes it writes the new
+was made for (total-variation distance of the busy-time shares), and the acceptance observed on
+it (the server's own counters, tuner.decide.observed) with the acceptance the standing answer
+was made with (`acceptance_drift`: moved beyond its 90 % interval and by at least
+`--accept-drift` of it, or observed enough for the first time). When either moved, or when no
+answer stands yet, it runs `tuner recommend --traffic NAME` (with the objective asked for).
+A new answer replaces the standing N only where the model puts it ahead of the standing N by
+more than `--margin` of the objective (`replaces`), or, where the model's study did not score
+the standing N, where two decisions in a row gave it: so a server whose best N sits on a tie
+does not flap between the tied values. When the answer changes it writes the new
 `LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=N` into the env file atomically (a temporary file in the same
 folder, renamed over it; other lines kept) and then runs the user's `--on-change` command once.
 Decisions happen once per interval, so the command runs at most once per interval. It restarts
 nothing itself unless told to. Every decision is one log line that says why.
+
+With `--experiment` (and `--apply live`) each answer the model makes is then settled on the
+server's own traffic (tuner.decide.experiment): in short windows the server runs the answer's
+contenders instead (the switch held by tuner.measure.hold.ServerHold, so the threshold is given
+back on every way out), until the verdicts settle; what it cost the users is logged, and the
+experiment (verdicts with their bounds, windows, cost) is stored with the watch's traffic.
 
 SIGTERM or Ctrl-C ends it cleanly: the current bucket is saved, nothing else changes.
 """
@@ -30,11 +42,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.decide.experiment import (
+    Experiment,
+    ExperimentOptions,
+    ExperimentReport,
+    model_tie,
+)
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.client import LlamaClient
-from tuner.measure.hold import recover_left_hold
+from tuner.measure.hold import ServerHold, recover_left_hold
 from tuner.measure.observe import FLUSH_S, SAMPLE_INTERVAL_S, Poller
 from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.measure.windows import LiveWindows
+from tuner.model.acceptance import ObservedAcceptance, observed_acceptance
 from tuner.recommendation import ENV_MAX_SLOTS, Recommendation
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.store import Store
@@ -42,6 +62,7 @@ from tuner.storage.traffic_profiles import server_of
 from tuner.traffic import ServerView, TrafficProfile, total_variation
 
 MIN_BUSY_S = 5.0  # default: below this much busy time in the window, no answer is made from it
+EXPERIMENTS_KEPT = 5  # the latest experiments stored with the watch's traffic
 
 
 # --- the env file -------------------------------------------------------------------------------
@@ -220,6 +241,47 @@ def decide(
     )
 
 
+def acceptance_drift(
+    now: ObservedAcceptance | None, then: float | None, threshold: float
+) -> str | None:
+    """Why the acceptance observed now calls for a new answer, or None: observed enough for
+    the first time (`then` None: the standing answer rests on the profile's), or moved from
+    what the standing answer was made with beyond the observed interval and by at least
+    `threshold` of it. Pure."""
+    if now is None or now.enough() is not None:
+        return None
+    lo, hi = now.interval()
+    seen = f"{now.mean_length:.2f} tokens a drafting step [{lo:.2f}, {hi:.2f}]"
+    if then is None:
+        return f"acceptance now observed enough ({seen}) to stand in for the profile's"
+    moved = now.mean_length / then - 1.0
+    if lo <= then <= hi or abs(moved) < threshold:
+        return None
+    return (
+        f"acceptance drifted: {seen} against {then:.2f} the standing answer was made with "
+        f"({moved:+.0%}: beyond its interval and {threshold:.0%})"
+    )
+
+
+def replaces(rec: Recommendation, standing: int | None, margin: float) -> tuple[bool | None, str]:
+    """Whether a new answer replaces the standing N: True or False with why, None where the
+    model's study did not score the standing N (then two decisions in a row decide). Pure."""
+    new = rec.max_slots
+    if standing is None:
+        return True, "no N stood"
+    values = {int(a["max_slots"]): float(a["objective"]) for a in rec.alternatives}
+    top = values.get(new, rec.objective)
+    if standing not in values or not top:
+        return None, f"the model did not score the standing N={standing}"
+    ahead = (top - values[standing]) / abs(top)
+    if ahead > margin:
+        return True, f"{ahead:.1%} ahead of N={standing} in the model (more than {margin:.0%})"
+    return False, (
+        f"the model puts N={new} only {ahead:.1%} ahead of the standing N={standing} (within "
+        f"{margin:.0%}): N={standing} stands"
+    )
+
+
 @dataclass
 class WatchEvent:
     """One interval's outcome, as logged (kept in the summary for tests and the soak)."""
@@ -242,6 +304,7 @@ class WatchSummary:
     events: list[WatchEvent] = field(default_factory=list)
     changes: int = 0
     writes: int = 0
+    experiments: list[ExperimentReport] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -258,10 +321,24 @@ class WatchOptions:
     # through POST /props, read it back, and re-read GET /props every interval.
     apply: str = "env"
     min_busy_s: float = MIN_BUSY_S  # a window with less busy time than this decides nothing
+    accept_drift: float = 0.1  # relative move of the observed acceptance that re-decides
+    margin: float = 0.01  # a new answer must be ahead of the standing N by more than this
+    experiment: ExperimentOptions | None = None  # --experiment: settle each answer live
 
     def check(self) -> None:
         if self.apply not in ("env", "live"):
             raise ConfigError(f"--apply {self.apply!r}: expected env or live")
+        if self.experiment is not None:
+            if self.apply != "live":
+                raise ConfigError(
+                    "--experiment switches N on the running server between windows: it needs "
+                    "--apply live (the patched llama-server started with --props)"
+                )
+            self.experiment.check()
+        if not 0 < self.accept_drift < 1:
+            raise ConfigError(f"--accept-drift {self.accept_drift:g}: a share in (0, 1)")
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"--margin {self.margin:g}: a share of the objective in [0, 1)")
         if self.every_s <= 0:
             raise ConfigError("--every must be above 0")
         if self.window_s < self.every_s:
@@ -278,6 +355,8 @@ class WatchOptions:
 
 
 Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
+# the standing answer, its N and the traffic -> what the experiment did
+Experimenter = Callable[[Recommendation, int, TrafficProfile], ExperimentReport]
 
 
 def run_command(command: str, timeout_s: float) -> tuple[int, str]:
@@ -313,16 +392,27 @@ class Watcher:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         live: LlamaClient | None = None,
+        experimenter: Experimenter | None = None,
     ) -> None:
         self.store, self.poller, self.env, self.name = store, poller, env, name
         self.live = live  # --apply live: the server's threshold, set and read back
         self.options, self.recommender, self.observer = options, recommender, observer
+        self.experimenter = experimenter  # --experiment: settles each answer live
         self.clock, self.wall = clock, wall
         view = poller.view
         self.summary = WatchSummary(name, view)
         self.rolling = self._restored(view)
         self.decided_for: dict[int, float] | None = None
+        # the observed mean accepted length the standing answer was made with (None: the
+        # profile's acceptance, the observed one not being enough then)
+        self.decided_acceptance: float | None = None
+        self.proposed: int | None = None  # the last answer held back by the margin
         self.current = env.current_max_slots()
+        # the experiments stored with the traffic: a restarted watcher keeps them
+        stored = traffic_store.stored_dict(store, name) or {}
+        self.experiments: list[dict[str, Any]] = list(stored.get("experiments") or [])
+        self.bucket: Bucket | None = None
+        self.interval_start = self.last_flush = clock()
 
     def log(self, text: str) -> None:
         self.observer(ProgressEvent("message", text=text))
@@ -341,11 +431,34 @@ class Watcher:
 
     def save(self, final: bool = False) -> None:
         status = "stopped" if final else "watching"
-        traffic_store.save(self.store, self.name, self.poller.view, self.rolling.to_dict(), status)
+        data = self.rolling.to_dict()
+        if self.experiments:
+            data["experiments"] = self.experiments[-EXPERIMENTS_KEPT:]
+        traffic_store.save(self.store, self.name, self.poller.view, data, status)
 
     def apply_live_start(self) -> None:
         """--apply live at start: the env file's N, where it holds one, is what should run."""
         self.keep_live()
+
+    def adopt(self, rec: Recommendation | None) -> None:
+        """At start: where the env file holds no N, the answer that stands for the model
+        (`tuner recommend`'s) is written into it, and set live with --apply live. An env file
+        that holds one keeps it: that is what this service applied last."""
+        if rec is None:
+            return
+        if rec.policy.max_slots is None:
+            self.log(f"the standing answer is {rec.policy.label}: no N to apply")
+            return
+        if self.current is not None:
+            if self.current != rec.max_slots:
+                self.log(
+                    f"{self.env.path} holds N={self.current}, the stored answer N={rec.max_slots}:"
+                    " the env file's stands until the traffic says otherwise"
+                )
+            return
+        event = WatchEvent(self.wall(), Decision(False, "start"), 0.0, None)
+        status = "" if rec.status == "settled" else f" ({rec.status})"
+        self.change(rec.max_slots, f"the standing answer{status}", event)
 
     def keep_live(self) -> None:
         """--apply live: the server must run the standing N. A restarted server (it starts
@@ -376,12 +489,25 @@ class Watcher:
             return
         self.log(f"set N={n} on the running server (read back from GET /props)")
 
+    def _decision(self, total: TrafficProfile) -> tuple[Decision, ObservedAcceptance | None]:
+        """The traffic's drift rule, then the acceptance's (see the module docstring)."""
+        opts = self.options
+        decision = decide(total, self.decided_for, opts.drift, opts.min_busy_s)
+        observed = observed_acceptance(total.acceptance)
+        busy = total.covered_s - total.seconds.get(0, 0.0)
+        if decision.recommend or busy < opts.min_busy_s:
+            return decision, observed
+        moved = acceptance_drift(observed, self.decided_acceptance, opts.accept_drift)
+        if moved is not None:
+            return Decision(True, moved, decision.drift), observed
+        return decision, observed
+
     def end_of_interval(self) -> WatchEvent:
         """Decide on the rolling profile; on a new answer write the env file, set it live
-        (--apply live) and run the command."""
+        (--apply live) and run the command; with --experiment, settle the answer live."""
         self.keep_live()
         total = self.rolling.total()
-        decision = decide(total, self.decided_for, self.options.drift, self.options.min_busy_s)
+        decision, observed = self._decision(total)
         event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
         self.summary.events.append(event)
         if not decision.recommend:
@@ -395,39 +521,100 @@ class Watcher:
             self.log(f"{decision.why}; recommend failed ({exc}): the answer stands")
             return event
         self.decided_for = total.shares(busy_only=True)
-        event.max_slots = rec.max_slots
+        enough = observed is not None and observed.enough() is None
+        self.decided_acceptance = observed.mean_length if enough and observed else None
         head = f"{decision.why}; {total.mean_generating():.2f} slots generating on average"
+        answer = self._held(rec, head)
+        event.max_slots = answer
+        if answer != self.current:
+            self.change(answer, head, event)
+        if self.experimenter is not None and self.current is not None:
+            self.experiment(rec, total)
+        return event
+
+    def _held(self, rec: Recommendation, head: str) -> int | None:
+        """The N that stands after a new answer: the answer where it replaces the standing N
+        (see `replaces`), else the standing N."""
         if rec.max_slots == self.current:
+            self.proposed = None
             self.log(f"{head}: N={rec.max_slots} stands")
-            return event
+            return self.current
+        verdict, why = replaces(rec, self.current, self.options.margin)
+        if verdict is None:
+            verdict = self.proposed == rec.max_slots
+            why += (
+                "; the same answer twice in a row"
+                if verdict
+                else f": N={rec.max_slots} waits for a second decision in a row"
+            )
+        if not verdict:
+            self.proposed = rec.max_slots
+            self.log(f"{head}: {why}")
+            return self.current
+        self.proposed = None
+        self.log(f"{head}: N={rec.max_slots}, {why}")
+        return rec.max_slots
+
+    def change(self, answer: int | None, head: str, event: WatchEvent) -> None:
+        """Write the env file, set it live and run the command for a new standing N."""
+        if answer is None:
+            return
         before = self.current
         try:
-            self.env.write(rec.env())
+            self.env.write({ENV_MAX_SLOTS: str(answer)})
         except OSError as exc:
             # The service keeps going and tries again at the next interval's end.
             self.decided_for = None
             self.log(
-                f"{head}: N={rec.max_slots}, but {self.env.path} could not be written "
+                f"{head}: N={answer}, but {self.env.path} could not be written "
                 f"({exc.strerror or exc}); trying again at the next interval"
             )
-            return event
+            return
         self.summary.writes += 1
         self.summary.changes += 1
-        self.current = rec.max_slots
+        self.current = answer
         event.changed = True
         was = f"N={before}" if before is not None else "nothing"
-        self.log(f"{head}: N={rec.max_slots} (was {was}); wrote {self.env.path}")
-        self.apply_live(rec.max_slots)
+        self.log(f"N={answer} (was {was}); wrote {self.env.path}")
+        self.apply_live(answer)
         if self.options.on_change:
             code, tail = run_command(self.options.on_change, self.options.on_change_timeout_s)
             event.command_exit = code
             self.log(
                 f"ran `{self.options.on_change}`: exit {code}" + (f" ({tail})" if tail else "")
             )
-        return event
+
+    def experiment(self, rec: Recommendation, total: TrafficProfile) -> None:
+        """--experiment: settle the standing N on the server's own traffic; a verdict that
+        moves it is applied like an answer; the report is logged and stored."""
+        assert self.experimenter is not None and self.current is not None
+        try:
+            report = self.experimenter(rec, self.current, total)
+        except TunerError as exc:
+            self.log(f"--experiment: {exc}; N={self.current} stands")
+            return
+        self.summary.experiments.append(report)
+        self.experiments.append(report.as_dict())
+        for line in report.verdicts():
+            self.log(f"experiment: {line}")
+        self.log(f"experiment {report.status}: N={report.answer}; {report.cost.text()}")
+        if report.answer != self.current:
+            event = WatchEvent(self.wall(), Decision(True, "experiment"), total.mean_generating())
+            self.summary.events.append(event)
+            self.change(report.answer, "the server's own traffic settled it", event)
+        self.save()
+
+    def tick(self) -> None:
+        """After every poll: the flush, and a new bucket when an interval ended (the decision
+        itself is run's, between polls)."""
+        now = self.clock()
+        if now - self.last_flush >= FLUSH_S:
+            self.save()
+            self.last_flush = now
 
     def run(self, duration_s: float | None = None) -> WatchSummary:
-        """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak)."""
+        """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak; an experiment under
+        way finishes first)."""
         opts = self.options
         view = self.poller.view
         self.log(
@@ -437,24 +624,63 @@ class Watcher:
             + (f" (now N={self.current})" if self.current is not None else "")
         )
         started = self.clock()
-        bucket = self.rolling.open(self.wall())
-        interval_start = last_flush = self.clock()
+        self.bucket = self.rolling.open(self.wall())
+        self.interval_start = self.last_flush = self.clock()
         try:
             while duration_s is None or self.clock() - started < duration_s:
-                self.poller.step(bucket.profile)
-                now = self.clock()
-                if now - last_flush >= FLUSH_S:
-                    self.save()
-                    last_flush = now
-                if now - interval_start >= opts.every_s:
+                self.poller.step(self.bucket.profile)
+                self.tick()
+                if self.clock() - self.interval_start >= opts.every_s:
+                    began = self.interval_start
                     self.end_of_interval()
-                    bucket = self.rolling.open(self.wall())
-                    interval_start = now
+                    if self.interval_start == began:  # an experiment opens buckets as it goes
+                        self.bucket = self.rolling.open(self.wall())
+                        self.interval_start = self.clock()
         except KeyboardInterrupt:
             self.log("stopped: saving the current interval")
         finally:
             self.save(final=True)
         return self.summary
+
+    def live_experimenter(self, hold: Callable[[], ServerHold]) -> Experimenter:
+        """The experiment on this watch's server: its windows polled by the watch's poller
+        (the rolling traffic goes on filling, a new bucket each interval), N switched under a
+        ServerHold made by `hold` for each experiment."""
+        opts = self.options.experiment
+        assert opts is not None
+
+        def profile() -> TrafficProfile:
+            assert self.bucket is not None
+            return self.bucket.profile
+
+        def tick() -> None:
+            self.tick()
+            if self.clock() - self.interval_start >= self.options.every_s:
+                self.bucket = self.rolling.open(self.wall())
+                self.interval_start = self.clock()
+
+        def run(rec: Recommendation, standing: int, total: TrafficProfile) -> ExperimentReport:
+            shares = total.shares()
+            experiment = Experiment(
+                standing,
+                self.poller.view.n_slots,
+                opts,
+                tie=model_tie(rec, opts.tolerance),
+                shares=shares,
+                rate=total.arrival_rate,
+                output_tokens=total.mean_output_tokens,
+                say=lambda text: self.log(f"experiment: {text}"),
+            )
+            self.log(
+                f"experiment from N={standing}: contenders "
+                + ", ".join(f"N={n}" for n in experiment.contenders())
+                + f"; at most {opts.share:.0%} of the time away from N={standing}, "
+                f"{opts.budget_s:.0f} s at most"
+            )
+            with hold() as held:
+                return experiment.run(LiveWindows(self.poller, held, profile, tick))
+
+        return run
 
 
 def default_name(view: ServerView) -> str:
@@ -504,11 +730,32 @@ def watch(
                 observer,
                 live=live,
             )
+            if options.experiment is not None:
+                if state_dir is None:
+                    raise ConfigError("--experiment needs a state folder for the server's hold")
+                folder = state_dir
+                watcher.experimenter = watcher.live_experimenter(
+                    lambda: ServerHold(url, api_key, folder, observer)
+                )
+            watcher.adopt(_standing_answer(store, model, host, observer))
             watcher.apply_live_start()
             return watcher.run(duration_s)
     finally:
         if live is not None:
             live.close()
+
+
+def _standing_answer(
+    store: Store, model: str, host: str, observer: Observer
+) -> Recommendation | None:
+    """The answer that stands for the model at start (None, said, where there is none yet)."""
+    from tuner.decide.advice import standing
+
+    try:
+        return standing(store, model, host)
+    except TunerError as exc:
+        observer(ProgressEvent("message", text=f"no stored answer to start from ({exc})"))
+        return None
 
 
 def live_switch(url: str, api_key: str | None) -> LlamaClient:

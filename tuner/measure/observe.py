@@ -16,6 +16,14 @@ what it was allowed (`split_tokens`: exact when one ended alone or all ran to th
 Without /metrics an output is exact when its slot is seen idle before it takes the next request
 (the idle slot's context holds prompt + output - 1 tokens), else the decoded count last seen.
 
+The same readings of /metrics carry the server's own acceptance counters (drafts, draft tokens,
+accepted tokens in all and per draft position: `counter_reading`), which llama-server adds to
+when a request ends: their increases between readings go into the profile's AcceptanceCounts,
+one group of whole requests a reading (`counter_step`). A counter that went down (the server
+restarted) leaves that interval out, and says so; a server without the counters, or without
+the per-position ones, is said once; so are requests waiting for a free slot (requests_deferred:
+the server at capacity, its arrival rate the rate it served).
+
 It never changes how the server serves; reading /metrics restarts the averaging window of the
 server's two rate gauges (prompt and predicted tokens per second) for anyone else scraping them,
 so observe reads it only to start and at polls where a request ended. When the server goes away
@@ -38,8 +46,9 @@ from typing import Any, NamedTuple
 import httpx
 
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
-from tuner.measure.client import LlamaClient
+from tuner.measure.client import LlamaClient, Metrics
 from tuner.measure.hold import recover_left_hold
+from tuner.measure.metrics import PER_POSITION
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.traffic import (
     SOURCE_METRICS,
@@ -52,6 +61,10 @@ from tuner.traffic import (
 SAMPLE_INTERVAL_S = 0.25  # 4 polls a second: slots change at request, not token, rate
 FLUSH_S = 10.0
 RETRY_S = 2.0
+
+DRAFTS = "spec_decode_num_drafts_total"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
 
 
 # --- pure parts -------------------------------------------------------------------------------
@@ -228,6 +241,66 @@ class TokenLedger:
         return done
 
 
+class CounterReading(NamedTuple):
+    """The counters of one /metrics reading that acceptance and saturation are read from."""
+
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    positions: tuple[float, ...] | None  # accepted per draft position; None: no such family
+    tokens: float  # tokens_predicted_total
+    deferred: float  # requests_deferred (a gauge): requests waiting for a free slot
+
+
+def counter_reading(scrape: Metrics) -> CounterReading | None:
+    """The draft counters of a scrape; None where it has none (no spec_decode_num_drafts_total:
+    a server that reports no drafting)."""
+    if DRAFTS not in scrape:
+        return None
+    by_position = {int(k): v for k, v in scrape.by_label(PER_POSITION, "position").items()}
+    width = max(by_position) + 1 if by_position else 0
+    positions = tuple(by_position.get(i, 0.0) for i in range(width)) if by_position else None
+    return CounterReading(
+        scrape.value(DRAFTS),
+        scrape.value(DRAFT_TOKENS),
+        scrape.value(ACCEPTED),
+        positions,
+        scrape.value("tokens_predicted_total"),
+        scrape.value("requests_deferred"),
+    )
+
+
+RESTARTED = "restarted"
+
+
+def counter_step(
+    before: CounterReading, after: CounterReading
+) -> tuple[float, float, float, list[float] | None, float] | str:
+    """The increments from one reading to the next (drafts, draft tokens, accepted, accepted per
+    position or None, tokens), or RESTARTED where a counter went down: the server restarted
+    between them (its counters began again from 0), and the interval cannot be read."""
+    firsts = (before.drafts, before.draft_tokens, before.accepted, before.tokens)
+    lasts = (after.drafts, after.draft_tokens, after.accepted, after.tokens)
+    if any(b < a for a, b in zip(firsts, lasts, strict=True)):
+        return RESTARTED
+    positions: list[float] | None = None
+    if after.positions is not None:
+        old = list(before.positions or ())
+        old += [0.0] * (len(after.positions) - len(old))
+        if len(old) > len(after.positions) or any(
+            b < a for a, b in zip(old, after.positions, strict=True)
+        ):
+            return RESTARTED
+        positions = [b - a for a, b in zip(old, after.positions, strict=True)]
+    return (
+        after.drafts - before.drafts,
+        after.draft_tokens - before.draft_tokens,
+        after.accepted - before.accepted,
+        positions,
+        after.tokens - before.tokens,
+    )
+
+
 # --- the loop ---------------------------------------------------------------------------------
 
 
@@ -305,11 +378,18 @@ class Poller:
             raise
         self.finished = FinishedRequests()
         self.ledger = TokenLedger()
+        self.counters: CounterReading | None = None  # the last reading of the draft counters
+        self.counters_at = clock()
+        self.said: set[str] = set()  # the once-only lines already said
         self.gone_since: float | None = None
         self.last = clock()
         # A server that reports its own clock (the twin's virtual time, whatever its speed):
         # time at each count and arrival times are taken on it, as the load generator does.
         self.served_last: float | None = None
+        # Called after every poll that answered, with the seconds it added (None: the first
+        # poll after the server came back, which adds none) and the slots: watch --experiment's
+        # windows count the tokens decoded at each number of generating slots from them.
+        self.on_poll: Callable[[float | None, list[Mapping[str, Any]]], None] | None = None
 
     def close(self) -> None:
         self.client.close()
@@ -340,16 +420,22 @@ class Poller:
             return False
         now = self.clock()
         served = served_time(slots)
+        dt: float | None = None
         if self.gone_since is not None:
             self.message(f"the server is back after {now - self.gone_since:.0f} s; observing")
             self.gone_since = None
             self.finished = FinishedRequests()  # a restarted server numbers tasks anew
+            self.counters = None  # nothing is read across the time it did not answer
             for request in self.ledger.reset():
                 profile.add_finished(request)
         elif served is not None and self.served_last is not None:
-            profile.add(count, max(0.0, served - self.served_last))
+            dt = max(0.0, served - self.served_last)
         else:
-            profile.add(count, now - self.last)
+            dt = now - self.last
+        if dt is not None:
+            profile.add(count, dt)
+        if self.on_poll is not None:
+            self.on_poll(dt, slots)
         self.served_last = served
         ended = self.finished.update(slots, self._stamp(slots))
         if self.view.counters:
@@ -375,16 +461,67 @@ class Poller:
         the reading holds exactly the outputs of the requests waiting (and those never seen),
         so they are settled; otherwise they wait for a later poll."""
         try:
-            counter = self.client.metrics().value("tokens_predicted_total")
+            scrape = self.client.metrics()
             again = self.client.slots()
         except ServerError:
             return  # the next poll says whether the server is gone
+        counter = scrape.value("tokens_predicted_total")
+        self.read_counters(scrape, profile)
         more = self.finished.update(again, self._stamp(again))
         if more:
             self.ledger.waiting += more
             return
         for request in self.ledger.settle(counter):
             profile.add_finished(request)
+
+    def once(self, key: str, text: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            self.message(text)
+
+    def read_counters(self, scrape: Metrics, profile: TrafficProfile) -> None:
+        """The draft counters' increase since the last reading into the profile's acceptance;
+        an interval in which a counter went down (a restart) is left out, and said."""
+        reading = counter_reading(scrape)
+        now = self.clock()
+        if reading is None:
+            self.once(
+                "no-counters",
+                f"{self.url}/metrics has no draft counters ({DRAFTS}): no acceptance is "
+                "observed, and `recommend --traffic` keeps the profile's",
+            )
+            return
+        profile.readings += 1
+        if reading.deferred > 0:
+            profile.deferred += 1
+            self.once(
+                "deferred",
+                f"requests waited for a free slot (requests_deferred {reading.deferred:g}): the "
+                "server is at its capacity, so the arrival rate observed is the rate it served, "
+                "not the rate offered",
+            )
+        before, self.counters = self.counters, reading
+        since, self.counters_at = now - self.counters_at, now
+        if before is None:
+            return
+        step = counter_step(before, reading)
+        if step == RESTARTED:
+            profile.acceptance.dropped += 1
+            self.message(
+                f"a draft counter went down between two readings of /metrics (the server "
+                f"restarted): the {since:.0f} s between them are left out of the acceptance"
+            )
+            return
+        assert not isinstance(step, str)
+        drafts, draft_tokens, accepted, positions, tokens = step
+        if positions is None and drafts > 0:
+            self.once(
+                "no-positions",
+                f"the server counts drafts but not accepted tokens per draft position "
+                f"({PER_POSITION}: a build without it): acceptance is observed as accepted "
+                "tokens per draft, its per-position rates inferred",
+            )
+        profile.acceptance.add(drafts, draft_tokens, accepted, positions, tokens)
 
 
 def observe(

@@ -104,6 +104,12 @@ class Profiler:
     _rounds: int = field(init=False, default=0)
     _busy: list[RoundLoad] = field(init=False, default_factory=list)
     _foreign: int = field(init=False, default=0)
+    # On the backend's clock: past it a disturbed round is not measured again, and once a
+    # round was disturbed a pass measures no further round, so a budgeted command on a busy
+    # machine (rounds there can take many times as long) still ends near its budget; on a
+    # quiet one a pass finishes the pairs it started. None: no deadline.
+    deadline: float | None = None
+    _disturbed: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.depth = self.spec.workload.context_tokens[0]
@@ -112,6 +118,10 @@ class Profiler:
             self.backend = ServerBackend(
                 self.spec, self.log_dir, self.observer, self.switch, side_by_side=self.side_by_side
             )
+
+    def past_deadline(self) -> bool:
+        assert self.backend is not None
+        return self.deadline is not None and self.backend.elapsed >= self.deadline
 
     @property
     def depths(self) -> list[int]:
@@ -241,7 +251,9 @@ class Profiler:
             paused = pause_in_window(measured.samples, concurrency)
             marks, disturbed = self._interference(measured, figures.tokens_per_second)
             stall = disturbed or self._stall(step, paused, figures.tokens_per_second)
-            if stall is None or attempt == STALL_TRIES:
+            if stall is not None:
+                self._disturbed += 1
+            if stall is None or attempt == STALL_TRIES or self.past_deadline():
                 break
             # Kept, not counted, and the same round (key, prompts, seeds) measured again: a
             # minute the machine stood still is not a figure of the policy.
@@ -256,10 +268,12 @@ class Profiler:
             extra["longest_pause_s"] = paused[0]
         if stall is not None:  # stalled every time: kept as measured, and said so
             extra["stall"] = stall
-            self._warn_stall(
-                policy, concurrency, stall,
-                f"it stalled {STALL_TRIES} times in a row, so this one is kept as measured",
-            )  # fmt: skip
+            why = (
+                "the budget is spent"
+                if attempt < STALL_TRIES
+                else f"it stalled {STALL_TRIES} times in a row"
+            )
+            self._warn_stall(policy, concurrency, stall, f"{why}, so this one is kept as measured")
         extra.update(self._round_marks(policy, concurrency, measured, figures))
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
@@ -428,6 +442,10 @@ class Profiler:
             widest[k] = max(widest.get(k, 0), s.concurrency)
         prefilled: set[tuple[Any, int, int]] = set()
         for step in steps:
+            if self._disturbed and self.past_deadline():
+                text = "budget spent on a disturbed machine: the pass ends here"
+                self.observer(ProgressEvent("message", text=text))
+                return
             k = (key(step.policy), step.depth, step.pass_index)
             if step.depth > 0 and k not in prefilled:
                 self._prefill(step.policy, step.depth, widest[k])

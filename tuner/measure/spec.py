@@ -226,6 +226,15 @@ class KernelSpec(_Strict):
     args: list[str] = Field(default_factory=list, description="extra llama-batched-bench arguments")
 
 
+class ProbesSpec(_Strict):
+    """The arrival probes after the base levels (tuner.measure.probes): what a request costs
+    beyond its decode steps, which the open-loop answers need."""
+
+    enabled: bool = Field(
+        True, description="off: open-loop answers fall back to closed levels, said so"
+    )
+
+
 class ProfileSpec(_Strict):
     """A whole profile spec."""
 
@@ -235,6 +244,7 @@ class ProfileSpec(_Strict):
     speculative: SpeculativeSpec
     workload: WorkloadSpec = WorkloadSpec()
     kernel: KernelSpec = KernelSpec()
+    probes: ProbesSpec = ProbesSpec()
 
     @model_validator(mode="after")
     def _levels_fit_slots(self) -> ProfileSpec:

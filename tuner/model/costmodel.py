@@ -49,8 +49,9 @@ as it falls: it need not contain the point estimate.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -308,6 +309,33 @@ class CostModel:
             self.trend.with_slope(rep["trend_slope"])
             if self.trend is not None and "trend_slope" in rep
             else self.trend,
+        )
+
+    def with_acceptance(
+        self, rates: Sequence[float], draws: Sequence[Sequence[float]], source: str
+    ) -> CostModel:
+        """This model with other per-position acceptance rates (observed on the server's own
+        traffic) at every level it drafts: the step times stay as fitted, each replicate takes
+        one of `draws` (the rates' own sampling spread) in place of its own, and both keep
+        their realisation ratio (tokens per step over the rates' expectation: steps without a
+        draft)."""
+        if not self.acceptance.supports_other_n or self.acceptance.rates is None:
+            raise ValueError("this fit folds acceptance into its spec curve: it cannot be replaced")
+        own = self.acceptance
+        acceptance = replace(own.with_rates(rates), source=source)
+        reps = []
+        for rep, drawn in zip(self.replicates, draws, strict=False):
+            had = rep.get("rates")
+            rho = (
+                float(rep["mean_length"]) / (1.0 + sum(had[: own.n_max]))
+                if had is not None and rep.get("mean_length") is not None
+                else own.mean_length / own.expected(own.n_max)
+            )
+            reps.append(
+                {**rep, "rates": list(drawn), "mean_length": rho * (1.0 + sum(drawn[: own.n_max]))}
+            )
+        return dataclasses.replace(
+            self, acceptance=acceptance, replicates=reps or list(self.replicates)
         )
 
     @cached_property

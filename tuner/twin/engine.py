@@ -694,6 +694,12 @@ class Engine:
         return bool(self._waiting) or any(s is not None for s in self._slots)
 
     @property
+    def deferred(self) -> int:
+        """Requests that arrived and found no idle slot at the last step's start (the gauge
+        requests_deferred)."""
+        return len(self._waiting)
+
+    @property
     def next_arrival(self) -> float | None:
         return self._pending[0][0] if self._pending else None
 

@@ -202,6 +202,7 @@ class Tuning:
             f"sweep {self.report.sweeps + 1}: {sweep_text(self.answer, standing)}; "
             f"on and off in turn at {levels} streams"
         )
+        profiler.deadline = self.started + self.limits.budget_s
         profiler.run_pass(arms, pairs=SWEEP_PAIRS)
         self.report.sweeps += 1
 
@@ -234,6 +235,7 @@ class Tuning:
                 f"plain against N={self.answer}: pass {said.passes + 1}, side by side at every "
                 "level the traffic weighs"
             )
+            self.profiler.deadline = self.started + self.limits.budget_s
             self.profiler.run_pass({cell: [Policy.plain(), policy] for cell in cells}, pairs=1)
 
     def drafting_pool(self) -> list[Any]:

@@ -1,0 +1,496 @@
+"""`tuner watch --experiment`: is N, settled on the server's own traffic, within 1 % of the
+open-loop best after at most 30 simulated minutes, and what did it cost the users?
+
+Twin mode (the default): for every world of a set (--worlds, default profiles/twin/frozen) and
+each traffic (--traffic poisson,bursty), arrivals at the rate that keeps --load of the slots
+generating on average under always draft; the experiment runs in-process in virtual time
+(tests/lab/experiment.py over tuner.twin.production) from what watch stands on (--start model:
+five minutes of the traffic observed at always draft, the world profiled in-process and
+`recommend --traffic --objective tpot` on it: the standing N and the model's tie set), or from
+an N one or two away from the truth's best (--start offset, drawn per world) or at it (--start
+best), for at most --minutes of traffic in all; the truth is every N's noise-free mean time
+per output token under the same kind of arrivals (tuner.twin.truth.open_loop_truth for
+Poisson). Per world: the answer,
+its regret, how the experiment ended, the minutes it served, the cost to users (share of time
+and of requests at a contender, their time per output token against the standing N's) and the
+changes of N, whether the truth sits on a tie (another N within 1 % of its best) and the start
+within it. Summary: the share of worlds within 1 %, the mean cost, and flaps: on a tie, started
+within it, N changed more than once (it never moves back within one experiment by its rule; a
+walk from outside the tie to it may take two moves and is no flap).
+
+Bench mode (--bench; the lead runs it, it needs the machine to itself): the bench spec profiled
+into a fresh database (or --db holding it), a patched drafting llama-server of the spec started
+with --props --metrics at the model's answer, the bench's open-loop load (Poisson arrivals at
+the rate the cost model says keeps half the slots generating, the spec's requests) for
+--minutes, and `tuner watch --apply live --experiment` (the CLI, as a user runs it) beside it
+for the same time. Afterwards: that it switched (windows at a contender in the stored
+experiments), that the server's threshold is the env file's (given back, or moved by a verdict
+and applied) with no hold left behind, that every verdict line carries its bounds; the windows,
+the verdicts and the cost to users are recorded.
+
+    .venv/bin/python benchmarks/watch_experiment.py [--worlds DIR] [--select a,b]
+        [--traffic poisson,bursty] [--load 0.5] [--minutes 30] [--start offset|best]
+    .venv/bin/python benchmarks/watch_experiment.py --bench --minutes 20 [--db URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import common  # noqa: F401  (puts tests/ on sys.path: lab)
+from lab.experiment import (
+    OUTPUT_TOKENS,
+    TRAFFIC,
+    arrival_rate,
+    arrivals_of,
+    grade,
+    model_start,
+    open_loop_best,
+    profiled,
+    run_experiment,
+)
+from lab.frozen import load_entry_world, load_manifest, select
+from record import Table, fmt, record_arguments, save_run
+
+from tuner.decide.experiment import ExperimentOptions
+from tuner.decide.objective import ObjectiveKind
+from tuner.errors import TunerError
+from tuner.twin.engine import Workload
+from tuner.twin.production import ServedTraffic
+from tuner.twin.world import World
+
+REPO = Path(__file__).resolve().parent.parent
+FROZEN = REPO / "profiles" / "twin" / "frozen"
+OPENLOOP = REPO / "profiles" / "twin" / "openloop"
+WITHIN = 0.01
+
+
+def start_of(best: int, n_parallel: int, how: str, rng: random.Random) -> int:
+    if how == "best":
+        return best
+    offsets = [d for d in (-2, -1, 1, 2) if 1 <= best + d <= n_parallel]
+    return best + rng.choice(offsets) if offsets else best
+
+
+@dataclass
+class Case:
+    """One world under one traffic to grade: the world, the rate, the truth (mean TPOT by N,
+    N = -np always draft), the world serving the traffic from a threshold (noise on, the
+    method's seed), the traffic's mean output length."""
+
+    name: str
+    kind: str
+    world: World
+    rate: float
+    seed: int
+    truth: dict[int, float]
+    served: Callable[[int], ServedTraffic]
+    output_tokens: float
+
+
+def _served_kind(world: World, kind: str, rate: float, seed: int, n: int) -> ServedTraffic:
+    return ServedTraffic(world, arrivals_of(kind, rate, seed), n, seed=seed)
+
+
+def _served_workload(world: World, workload: Workload, seed: int, n: int) -> ServedTraffic:
+    return ServedTraffic(world, workload, n, seed=seed)
+
+
+def frozen_cases(args: argparse.Namespace) -> Iterator[Case]:
+    """The frozen set's worlds under each --traffic kind at --load (see the docstring)."""
+    kinds = [t.strip() for t in args.traffic.split(",") if t.strip()]
+    for kind in kinds:
+        if kind not in TRAFFIC:
+            sys.exit(f"--traffic {kind!r}: known are {', '.join(TRAFFIC)}")
+    for entry in select(load_manifest(args.worlds), args.select):
+        world = load_entry_world(args.worlds, entry)
+        rate = arrival_rate(world, args.load)
+        seed = entry.seed + args.seed
+        for kind in kinds:
+            truth = open_loop_best(world, kind, rate, duration_s=args.truth_s)
+            served = partial(_served_kind, world, kind, rate, seed)
+            yield Case(entry.name, kind, world, rate, seed, truth, served, OUTPUT_TOKENS)
+
+
+def openloop_cases(args: argparse.Namespace) -> Iterator[Case]:
+    """The open-loop set's worlds, each under its own traffic (lab.openworlds: arrivals,
+    prompt and output lengths, content classes); the truth openloop_regret's, cached."""
+    from lab.openworlds import load_manifest as load_open_manifest
+    from openloop_regret import world_truth
+
+    for entry in select(load_open_manifest(args.worlds), args.select):
+        world, truth = world_truth(str(args.worlds), entry, str(args.truth_dir))
+        thresholds = {
+            int(label[2:]) or world.n_parallel: value
+            for label, value in truth["values"].items()
+            if label.startswith("N=")
+        }
+        count = int(entry.rate * 60.0 * args.minutes * 1.5) + 100
+        workload = entry.traffic.workload(count, entry.observe_seed)
+        output = entry.traffic.output
+
+        served = partial(_served_workload, world, workload, entry.seed)
+        mean_output = output.median * math.exp(output.sigma**2 / 2)
+        kind = entry.traffic.arrivals
+        yield Case(entry.name, kind, world, entry.rate, entry.seed, thresholds, served, mean_output)
+
+
+def graded(case: Case, args: argparse.Namespace, db: str) -> list:
+    """The experiment on one case, from the model's answer (db: the world's profile) or an
+    offset from the truth's best: its row."""
+    world, truth = case.world, case.truth
+    best = min(truth, key=lambda n: (truth[n], n))
+    budget, tie, output = 60.0 * args.minutes, [], case.output_tokens
+    served = case.served(0)
+    if args.start == "model":
+        try:
+            began = model_start(world, served, case.rate, db, seed=case.seed)
+        except (TunerError, TypeError, ValueError) as exc:
+            # recommend --objective tpot fails on some fits (a bootstrap replicate with no
+            # tok/s at a level); watch's default objective answers instead
+            print(f"{case.name} {case.kind}: --objective tpot failed ({exc}); tps instead")
+            served = case.served(0)
+            began = model_start(
+                world, served, case.rate, db, seed=case.seed, objective=ObjectiveKind.TPS
+            )
+        start, tie = began.standing or world.n_parallel, began.tie
+        output = began.traffic.mean_output_tokens or output
+        budget -= served.elapsed
+    else:
+        rng = random.Random(f"start:{case.name}:{case.kind}:{args.seed}")
+        start = start_of(best, world.n_parallel, args.start, rng)
+        served.switch(start)
+    options = ExperimentOptions(
+        budget_s=budget,
+        seed=case.seed,
+        always=args.always,
+        reach=args.reach,
+        max_moves=args.max_moves,
+        share=args.share,
+        max_window_s=args.max_window,
+        min_tokens=args.min_tokens,
+    )
+    report, _ = run_experiment(
+        world, case.kind, case.rate, start, seed=case.seed, options=options, tie=tie,
+        served=served, output_tokens=output,
+    )  # fmt: skip
+    # the minutes of traffic in all: the observation at the start included
+    result = grade(report, truth, served.elapsed)
+    near = sorted(n for n, v in truth.items() if v <= truth[best] * (1 + WITHIN))
+    cost = report.cost
+    row = [
+        case.name,
+        case.kind,
+        round(case.rate, 4),
+        best,
+        start,
+        report.answer or world.n_parallel,
+        report.status,
+        100 * result.regret,
+        result.minutes,
+        100 * cost.away_s / cost.seconds if cost.seconds else None,
+        100 * cost.requests_away / cost.requests if cost.requests else None,
+        100 * cost.tpot_ratio if cost.tpot_ratio is not None else None,
+        result.changes,
+        len(near) > 1,
+        start in near,
+    ]
+    print(
+        f"{case.name:<12} {case.kind:<8} rate {case.rate:6.3f}  best N={best:<2} start N={start:<2}"
+        f" -> N={row[5]:<2} {report.status:<10} regret {fmt(row[7], '5.2f')} %  "
+        f"{row[8]:5.1f} min  away {fmt(row[9], '.0f')} % of time, {fmt(row[10], '.0f')} % of "
+        f"requests, TPOT {fmt(row[11], '+.1f')} %  changes {row[12]}",
+        flush=True,
+    )
+    return row
+
+
+def twin(args: argparse.Namespace) -> None:
+    rows: list[list] = []
+    started = time.monotonic()
+    cases = openloop_cases(args) if args.openloop else frozen_cases(args)
+    profiles: dict[str, str] = {}
+    folder = Path(tempfile.mkdtemp(prefix="tuner-watch-"))
+    skipped: list[str] = []
+    for case in cases:
+        if args.start == "model" and case.name not in profiles:
+            profiles[case.name] = profiled(case.world, folder / case.name, seed=case.seed)
+        try:
+            rows.append(graded(case, args, profiles.get(case.name, "")))
+        except TunerError as exc:  # no answer to start from: said, and counted
+            print(f"{case.name} {case.kind}: skipped: {exc}", flush=True)
+            skipped.append(f"{case.name} {case.kind}")
+    shutil.rmtree(folder, ignore_errors=True)
+    kinds = sorted({r[1] for r in rows})
+    within = [r for r in rows if r[7] <= 100 * WITHIN + 1e-9]
+    ties = [r for r in rows if r[13]]
+    # a flap: N changed more than once where it started within the truth's tie (a walk from
+    # outside it to the best may take two moves and is none)
+    flaps = [r for r in ties if r[14] and r[12] > 1]
+    share = len(within) / len(rows) if rows else 0.0
+    print(
+        f"\nwithin 1 % of the open-loop best: {len(within)} of {len(rows)} ({share:.0%}); "
+        f"truth on a tie (another N within 1 %): {len(ties)}, of them started within it and N "
+        f"changed more than once (flaps): {len(flaps)}; {time.monotonic() - started:.0f} s"
+    )
+    by_kind = {}
+    for kind in kinds:
+        mine = [r for r in rows if r[1] == kind]
+        if not mine:
+            continue
+        by_kind[kind] = sum(r[7] <= 100 * WITHIN + 1e-9 for r in mine) / len(mine)
+        away = [r[9] for r in mine if r[9] is not None]
+        tpot = [r[11] for r in mine if r[11] is not None]
+        print(
+            f"  {kind}: {by_kind[kind]:.0%} within 1 %; mean {statistics.fmean(away):.0f} % of the "
+            f"time at a contender, their TPOT {statistics.fmean(tpot):+.1f} % on average"
+            if away and tpot
+            else f"  {kind}: {by_kind[kind]:.0%} within 1 %"
+        )
+    summary = {
+        "worlds x traffic": len(rows),
+        "within 1 % of the open-loop best (share)": share,
+        **{f"within 1 %, {k} (share)": v for k, v in by_kind.items()},
+        "truth on a tie": len(ties),
+        "flaps (on a tie, started within it, N changed more than once)": len(flaps),
+        "set": "openloop" if args.openloop else "frozen",
+        "skipped (no answer to start from)": ", ".join(skipped) or "none",
+        "load (mean generating share under always draft)": None if args.openloop else args.load,
+        "minutes of traffic at most": args.minutes,
+        "start": args.start,
+    }
+    columns = [
+        "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
+        "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
+        "start in tie",
+    ]  # fmt: skip
+    save_run(__file__, args, summary, [Table("per world and traffic", columns, rows)])
+
+
+def bench(args: argparse.Namespace) -> None:
+    """`tuner watch --experiment` against the real bench (see the module docstring)."""
+    import re
+    import socket
+    import threading
+
+    from common import tuner, tuner_env
+    from tunerproc import finish, start_tuner
+
+    from tuner.bench import load_bench
+    from tuner.decide.advice import standing
+    from tuner.measure.arrivals import poisson_offsets
+    from tuner.measure.client import LlamaClient
+    from tuner.measure.hold import hold_paths
+    from tuner.measure.launcher import ManagedServer
+    from tuner.measure.load import LoadGenerator, Workload
+    from tuner.measure.plan import launch_config
+    from tuner.measure.spec import load_spec
+    from tuner.model import queue
+    from tuner.policy import Policy
+    from tuner.settings import Settings
+    from tuner.storage.fits import current_fit
+    from tuner.storage.store import Store
+    from tuner.storage.traffic_profiles import stored_dict
+
+    spec_path, model = args.spec, args.model
+    work = Path(tempfile.mkdtemp(prefix="tuner-watch-experiment-"))
+    db = args.db or f"sqlite:///{work / 'tuner.db'}"
+    env = tuner_env(db, work / "cache", TUNER_STATE_DIR=str(work / "state"))
+    if not args.db:
+        began = time.monotonic()
+        tuner(env, "profile", str(spec_path))
+        print(f"profile: {time.monotonic() - began:.0f} s", flush=True)
+    host = socket.gethostname()
+    store = Store(db)
+    answer = standing(store, model, host)
+    cm = current_fit(store, model, host).model
+    spec = load_spec(spec_path, [], lambda: load_bench(Settings().bench_manifest_path).as_refs())
+    length = float(spec.workload.max_tokens)
+    tps = cm.policy_tps(cm.levels, answer.policy)
+    rate = queue.rate_for_mean_generating(tps, length, cm.n_parallel / 2)
+    config = launch_config(spec, Policy.of_max_slots(answer.max_slots, spec.speculative.n_max))
+    config.args += ["--props", "--metrics"]
+    env_file = work / "server.env"
+    env_file.write_text(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={answer.max_slots}\n")
+    print(f"standing N={answer.max_slots}; Poisson arrivals at {rate:.3f}/s", flush=True)
+    stop = threading.Event()
+    served: list = []
+    with ManagedServer(config, work / "server.log", start_timeout_s=180) as server:
+
+        def offer() -> None:
+            generator = LoadGenerator(
+                server.url,
+                Workload(prompt_tokens=spec.workload.prompt_tokens, max_tokens=int(length)),
+            )
+            key = 0
+            while not stop.is_set():
+                offsets = poisson_offsets(rate, 300.0, seed=args.seed * 1000 + key)
+                served.extend(generator.run_arrivals(offsets, round_key=key)[1])
+                key += 1
+
+        load = threading.Thread(target=offer, daemon=True)
+        load.start()
+        name = "bench-experiment"
+        proc = start_tuner(
+            [
+                "watch", "--model", model, "--url", server.url, "--env-file", str(env_file),
+                "--apply", "live", "--experiment", "--every", f"{args.every:g}m", "--name", name,
+                "--duration", f"{args.minutes:g}m",
+                "--experiment-budget", f"{args.minutes - args.every:g}m",
+            ],
+            env,
+        )  # fmt: skip
+        watched = finish(proc, timeout_s=60.0 * args.minutes + 900)
+        stop.set()
+        with LlamaClient(server.url) as api:
+            after = api.max_slots()
+        load.join(timeout=600)
+    log = watched.stdout + watched.stderr
+    print(log[-6000:])
+    stored = stored_dict(store, name) or {}
+    store.dispose()
+    experiments = stored.get("experiments") or []
+    windows = [w for e in experiments for w in e.get("windows", [])]
+    switched = any(w.get("contender") for w in windows)
+    env_n = int(env_file.read_text().strip().rsplit("=", 1)[-1])
+    restored = after == env_n and not hold_paths(server.url, work / "state")[1].exists()
+    verdicts = [line for line in log.splitlines() if re.search(r"experiment: N=\d+ against", line)]
+    # a verdict carries its one-sided bounds, or says its comparison was not measured enough
+    bounded = bool(verdicts) and all(
+        re.search(r"\[[-+0-9.]+, [-+0-9.]+\]", v) or "not measured enough" in v for v in verdicts
+    )
+    print(
+        f"exit {watched.returncode}; {len(experiments)} experiment(s), {len(windows)} windows, "
+        f"switched: {switched}; server at N={after}, env file N={env_n}: restored {restored}; "
+        f"{len(verdicts)} verdicts, all with bounds: {bounded}; {len(served)} requests offered"
+    )
+    costs = [e["cost"] for e in experiments]
+    summary = {
+        "exit status": watched.returncode,
+        "experiments": len(experiments),
+        "windows": len(windows),
+        "switched": switched,
+        "restored": restored,
+        "verdicts with bounds": bounded,
+        "standing N": answer.max_slots,
+        "answer N": env_n,
+        "rate /s": rate,
+        "minutes": args.minutes,
+    }
+    cost_rows = [
+        [
+            e["start"], e["answer"], e["status"], c["seconds"],
+            100 * c["away_s"] / c["seconds"] if c["seconds"] else None,
+            100 * c["requests_away"] / c["requests"] if c["requests"] else None,
+            100 * c["tpot_ratio"] if c["tpot_ratio"] is not None else None,
+        ]
+        for e, c in zip(experiments, costs, strict=True)
+    ]  # fmt: skip
+    verdict_rows = [
+        [c["contender"], c.get("against"), c["advantage"], c["lower"], c["upper"], c["verdict"]]
+        for e in experiments
+        for c in e["comparisons"] + e["questions"]
+    ]
+    save_run(
+        __file__,
+        args,
+        summary,
+        [
+            Table(
+                "experiments and their cost to users",
+                [
+                    "from N",
+                    "to N",
+                    "status",
+                    "seconds",
+                    "time away %",
+                    "requests away %",
+                    "contender TPOT %",
+                ],
+                cost_rows,
+            ),
+            Table(
+                "verdicts (advantage in the objective's units, one-sided 95 % bounds)",
+                ["contender", "against", "advantage", "lower", "upper", "verdict"],
+                verdict_rows,
+            ),
+        ],
+    )
+    if not (watched.returncode == 0 and switched and restored and bounded):
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=Path, default=None, help="the set's folder")
+    parser.add_argument(
+        "--openloop",
+        action="store_true",
+        help="the open-loop set (profiles/twin/openloop), each world under its own traffic",
+    )
+    parser.add_argument(
+        "--truth-dir",
+        type=Path,
+        default=REPO / "out" / "openloop-regret.truth",
+        help="--openloop: where the truths are cached (openloop_regret's)",
+    )
+    parser.add_argument("--select", default=None, help="world names, comma-separated")
+    parser.add_argument("--traffic", default="poisson,bursty")
+    parser.add_argument("--load", type=float, default=0.5)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--start", choices=("model", "offset", "best"), default="model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--truth-s",
+        type=float,
+        default=3600.0,
+        help="simulated seconds of the truth's run of every N (the same arrivals for each)",
+    )
+    parser.add_argument("--reach", type=int, default=1, help="neighbours this far are contenders")
+    parser.add_argument("--share", type=float, default=0.25, help="most of the time away")
+    parser.add_argument("--max-window", type=float, default=120.0, help="longest window, s")
+    parser.add_argument("--min-tokens", type=float, default=30.0, help="tokens a count needs")
+    parser.add_argument("--max-moves", type=int, default=4, help="moves one experiment may make")
+    parser.add_argument(
+        "--no-always",
+        dest="always",
+        action="store_false",
+        help="always draft is no contender unless the model's tie set or a neighbour",
+    )
+    parser.add_argument("--bench", action="store_true", help="against the real bench server")
+    parser.add_argument("--db", help="--bench: a database holding the bench's profile")
+    parser.add_argument(
+        "--spec",
+        type=Path,
+        default=REPO / "profiles" / "bench-smollm2-cpu.toml",
+        help="--bench: the profile spec of the server (profiles/twin/bench-twin.toml: a dry run)",
+    )
+    parser.add_argument("--model", default="smollm2-135m-f32", help="--bench: its model_name")
+    parser.add_argument(
+        "--every",
+        type=float,
+        default=2.0,
+        help="--bench: watch decides every this many minutes; the experiment has the rest",
+    )
+    record_arguments(parser)
+    args = parser.parse_args()
+    args.worlds = args.worlds or (OPENLOOP if args.openloop else FROZEN)
+    if args.bench:
+        bench(args)
+    else:
+        twin(args)
+
+
+if __name__ == "__main__":
+    main()

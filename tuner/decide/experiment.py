@@ -1,0 +1,713 @@
+"""`tuner watch --experiment`: N settled on the server's own traffic.
+
+The cost model answers from closed levels measured on the profile's prompts; real traffic comes
+and goes at random and accepts what its own content accepts. The experiment asks the server
+itself: it serves the standing N most of the time and, in short windows, its contenders, then
+moves N only where the paired figures show a contender ahead, by the rule `tune` settles N with
+(tuner.decide.settle: one-sided 95 % bounds, the tolerance, ties to the smallest).
+
+Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / share) windows
+of one length, one of them a contender's, at a random place that is neither the first nor the
+last, so each contender window is flanked by the standing N and at most `share` of the time is
+away from it; the contenders take turns in a shuffled order, each turn among the comparisons
+still open. Contenders are the model's tie set, the neighbours of it and of the answer, and
+always draft (`allowed`), those the traffic can tell apart from the answer (it spends time at a
+count where one drafts and the other does not). A window lasts as long as it takes to spend
+about `level_s` seconds at the counts its comparison rests on (from the traffic's time shares so
+far), within
+[min_window_s, max_window_s]: windows long enough for the concurrency they see.
+
+Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
+the threshold counts them. Two thresholds differ only at the counts between them, where one
+drafts and the other does not; there the window's rate (tok/s with c generating: c over the
+time per output token there) is the contender's or the standing N's, and the concurrency a
+window happened to see weighs the counts without changing the rate at any. So a cycle's
+contender window against its windows at the standing N (pooled: at light traffic a count is
+rare in each) gives one paired difference per count between them, drafting less not drafting:
+the gain g(c) that tune measures on closed levels, here on the server's real requests. A count
+needs `min_blocks` differences before a comparison rests on it. The objective is the traffic's
+own: 1 / mean time per output token under its arrivals, each count weighted by the objective's
+derivative by its rate there in the birth-death queue of tuner.model.queue (the time spent at it
+and how much sooner a faster count empties the slots: the occupancy N causes), counts the
+traffic hardly reaches weighing nothing (`weights`). settle.assess then decides; a move is
+followed (its own contenders next), but not one back to a value it left: N changes at most once
+between any two values within one experiment.
+
+What it costs the users is reported as it ran (`Cost`): the share of time and of requests
+served at a contender, and the time per output token in contender windows against the standing
+N's windows. Windows it could not read (a restart, the server gone, the threshold changed under
+it) count for nothing and are said; three in a row stop the experiment, and so does a backlog of
+requests waiting for a free slot that grew over six windows in a row to twice -np or more (the
+server above its capacity: the arrivals outrun it whatever N, and the queue, not N, decides who
+is served when; a burst passes sooner).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.decide import settle
+from tuner.decide.paired import LevelDiffs
+from tuner.errors import ConfigError
+from tuner.measure.windows import WindowBackend, WindowFigures
+from tuner.model import queue
+from tuner.recommendation import Recommendation
+
+STOP_AFTER = 3  # windows in a row it could not use
+# windows in a row whose backlog grew, to twice -np requests waiting a slot or more: a burst
+# that fills the server passes within a few windows, arrivals above its capacity do not
+OVERLOADED_AFTER = 6
+STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """How the experiment runs (see the module docstring)."""
+
+    share: float = 0.25  # most of the time away from the standing N
+    budget_s: float = 1800.0  # the longest an experiment runs (the backend's clock)
+    tolerance: float = settle.TOLERANCE
+    min_window_s: float = 10.0
+    max_window_s: float = 120.0
+    level_s: float = 4.0  # seconds a window should spend at the counts its comparison rests on
+    min_tokens: float = 30.0  # fewer tokens at a count in a window: no difference from it there
+    min_share: float = 0.005  # counts with less of the busy time weigh nothing
+    min_blocks: int = 2
+    seed: int = 0
+    # always draft (N=0, the server's default) a contender too, as in tune: the model's tie
+    # set can be far from the best under bursts its Poisson queue does not see
+    always: bool = True
+    reach: int = 1  # neighbours: values this far from the tie set's and the answer
+    max_moves: int = 4
+
+    def check(self) -> None:
+        if not 0 < self.share <= 1 / 3:
+            raise ConfigError(
+                f"--experiment-share {self.share:g}: a share of the time in (0, 1/3] (each "
+                "contender window is flanked by two of the standing N)"
+            )
+        if self.budget_s <= 0:
+            raise ConfigError("--experiment-budget must be above 0")
+        if not 0 < self.min_window_s <= self.max_window_s:
+            raise ConfigError("experiment windows: 0 < min_window_s <= max_window_s")
+        if not 0 < self.tolerance < 1:
+            raise ConfigError(f"--tolerance {self.tolerance:g}: a share of the objective in (0, 1)")
+
+    @property
+    def cycle(self) -> int:
+        return max(3, math.ceil(1.0 / self.share - 1e-9))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A window of the plan: which N, whether it is a contender's, how long, in which cycle."""
+
+    n: int
+    contender: bool
+    seconds: float
+    cycle: int
+    answer: int  # the standing N of its cycle
+
+
+@dataclass
+class Cost:
+    """What the experiment cost the users while it ran."""
+
+    seconds: float = 0.0
+    away_s: float = 0.0  # at a contender
+    requests: int = 0
+    requests_away: int = 0
+    slot_s: list[float] = field(default_factory=lambda: [0.0, 0.0])  # standing, contender
+    tokens: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def add(self, planned: Planned, figures: WindowFigures) -> None:
+        arm = 1 if planned.contender else 0
+        self.seconds += figures.seconds
+        self.requests += figures.finished
+        if planned.contender:
+            self.away_s += figures.seconds
+            self.requests_away += figures.finished
+        self.slot_s[arm] += figures.slot_seconds
+        self.tokens[arm] += figures.tokens
+
+    def tpot_ms(self, contender: bool) -> float | None:
+        arm = 1 if contender else 0
+        return 1000.0 * self.slot_s[arm] / self.tokens[arm] if self.tokens[arm] else None
+
+    @property
+    def tpot_ratio(self) -> float | None:
+        """Contender windows' time per output token over the standing N's, less 1."""
+        away, home = self.tpot_ms(True), self.tpot_ms(False)
+        return away / home - 1.0 if away is not None and home else None
+
+    def text(self) -> str:
+        time_share = self.away_s / self.seconds if self.seconds else 0.0
+        req_share = self.requests_away / self.requests if self.requests else 0.0
+        away, home, ratio = self.tpot_ms(True), self.tpot_ms(False), self.tpot_ratio
+        tpot = (
+            f"; their time per output token {away:.1f} ms against {home:.1f} ms at the standing "
+            f"N ({ratio:+.1%})"
+            if away is not None and home is not None and ratio is not None
+            else ""
+        )
+        return (
+            f"cost to users: {time_share:.0%} of {self.seconds:.0f} s at a contender, "
+            f"{self.requests_away} of {self.requests} requests ({req_share:.0%}) served there"
+            + tpot
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "away_s": self.away_s,
+            "requests": self.requests,
+            "requests_away": self.requests_away,
+            "tpot_standing_ms": self.tpot_ms(False),
+            "tpot_contender_ms": self.tpot_ms(True),
+            "tpot_ratio": self.tpot_ratio,
+        }
+
+
+@dataclass
+class ExperimentReport:
+    """What an experiment did and found: the N it started from and the one it leaves, how it
+    ended (settled, unresolved: the budget ran out, stopped: windows it could not use), the
+    last standing with every verdict and its bounds, the windows, the cost."""
+
+    start: int
+    answer: int
+    n_parallel: int
+    status: str = settle.OPEN
+    standing: settle.Standing | None = None
+    windows: list[tuple[Planned, WindowFigures]] = field(default_factory=list)
+    moves: list[int] = field(default_factory=list)
+    cost: Cost = field(default_factory=Cost)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.answer != self.start
+
+    def verdicts(self) -> list[str]:
+        """One line per comparison of the last standing: verdict and one-sided bounds."""
+        if self.standing is None:
+            return []
+        out = []
+        for c in self.standing.comparisons + self.standing.questions:
+            against = c.against if c.against is not None else self.standing.answer
+            n, m = _as_set(c.contender, self.n_parallel), _as_set(against, self.n_parallel)
+            head = f"N={n} against N={m}"
+            if math.isnan(c.advantage.estimate) or math.isinf(c.advantage.se):
+                levels = ", ".join(map(str, c.levels))
+                out.append(f"{head}: not measured enough yet at {levels} generating, {c.verdict}")
+                continue
+            low, high = c.advantage.bounds(settle.CONFIDENCE)
+            out.append(
+                f"{head}: {c.advantage.estimate:+.3f} [{low:+.3f}, {high:+.3f}] (the "
+                f"objective's units, tolerance {self.standing.tolerance:.3f}; 95 % one-sided "
+                f"each), {c.verdict}"
+            )
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        standing = self.standing
+        return {
+            "start": self.start,
+            "answer": self.answer,
+            "status": self.status,
+            "moves": self.moves,
+            "tolerance": standing.tolerance if standing else None,
+            "tie": standing.tie if standing else [],
+            "comparisons": [c.as_dict() for c in standing.comparisons] if standing else [],
+            "questions": [c.as_dict() for c in standing.questions] if standing else [],
+            "cost": self.cost.as_dict(),
+            "notes": self.notes,
+            # a window it could not read is kept as what it was meant to be and why not,
+            # none of its figures
+            "windows": [
+                {"n": f.n, "seconds": f.seconds, "problem": f.problem}
+                | ({} if f.problem else f.to_dict())
+                | {"contender": p.contender, "cycle": p.cycle, "answer": p.answer}
+                for p, f in self.windows
+            ],
+        }
+
+
+def model_tie(rec: Recommendation, tolerance: float = settle.TOLERANCE) -> list[int]:
+    """The values of N the model cannot tell from its answer: those its study puts within the
+    tolerance of the answer's objective, and a live tie where `tune` stored one."""
+    values = {int(a["max_slots"]): float(a["objective"]) for a in rec.alternatives}
+    chosen = rec.max_slots
+    top = values.get(chosen, rec.objective)
+    tie = set(rec.tie) | {chosen}
+    if top:
+        tie |= {n for n, v in values.items() if top - v <= tolerance * abs(top)}
+    return sorted(tie)
+
+
+def _inverse_tpot(tps: np.ndarray, rate: float, output_tokens: float) -> float | None:
+    """1 / (mean time per output token, s) under Poisson arrivals: None where the queue would
+    not empty."""
+    occ = queue.occupancy(tps, rate, output_tokens)
+    if occ.saturated:
+        return None
+    return 1000.0 / queue.mean_tpot_ms(tps, occ)
+
+
+def _as_set(n: int, n_parallel: int) -> int:
+    """N as the server takes it: always draft (n_parallel) is 0."""
+    return 0 if n >= n_parallel else n
+
+
+def _pooled_gain(cells: list[tuple[float, float, float, float]]) -> float:
+    """Pooled on rate less pooled off rate over (on tokens, on s, off tokens, off s) cells."""
+    on_t, on_s, off_t, off_s = (sum(cell[i] for cell in cells) for i in range(4))
+    return on_t / on_s - off_t / off_s
+
+
+def drafts_at(n: int, c: int) -> bool:
+    """Whether threshold n (already effective: 1..n_parallel) starts drafts with c generating."""
+    return c <= n
+
+
+class Experiment:
+    """One experiment from a standing N (see the module docstring). `tie`: the model's tie set
+    (values of N the model cannot tell apart from the answer); contenders are it and the
+    neighbours of it and of the answer."""
+
+    def __init__(
+        self,
+        standing: int,
+        n_parallel: int,
+        options: ExperimentOptions,
+        *,
+        tie: Collection[int] = (),
+        shares: Mapping[int, float] | None = None,
+        rate: float | None = None,
+        output_tokens: float | None = None,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        options.check()
+        self.n_parallel = n_parallel
+        self.options = options
+        self.say = say
+        self.answer = self._eff(standing)
+        self.tie = {self._eff(n) for n in tie}
+        self.prior = dict(shares or {})  # time shares by count, idle included, before any window
+        self.rate, self.output_tokens = rate, output_tokens  # the traffic's, before any window
+        self.rng = random.Random(f"experiment:{options.seed}")
+        self.turns: list[int] = []
+        # per count, one (on tokens, on seconds, off tokens, off seconds) a block
+        self.cells: dict[int, list[tuple[float, float, float, float]]] = {}
+        self.visited = {self.answer}
+        self.unusable_run = 0
+        self.overloaded = False
+        self.current = self.answer
+        self.report = ExperimentReport(self._out(self.answer), self._out(self.answer), n_parallel)
+
+    def _eff(self, n: int) -> int:
+        return self.n_parallel if n <= 0 or n >= self.n_parallel else n
+
+    # --- the figures so far ------------------------------------------------------------------
+
+    def usable(self) -> list[WindowFigures]:
+        return [f for _, f in self.report.windows if self._usable(f)]
+
+    @staticmethod
+    def _usable(figures: WindowFigures) -> bool:
+        return figures.problem is None
+
+    def time_shares(self) -> dict[int, float]:
+        """Share of all the time (idle included) at each count: the windows', else the prior."""
+        seconds: dict[int, float] = {}
+        for f in self.usable():
+            for c, (s, _) in f.levels.items():
+                seconds[c] = seconds.get(c, 0.0) + s
+        total = sum(seconds.values())
+        if total > 0:
+            return {c: s / total for c, s in seconds.items()}
+        if self.prior:
+            return dict(self.prior)
+        # nothing known of the traffic yet: every count alike
+        return {c: 1.0 / self.n_parallel for c in range(1, self.n_parallel + 1)}
+
+    def shares_weights(self) -> list[float]:
+        """w_c for c = 1..n_parallel: share of the busy time (the occupancy as seen, none below
+        min_share): the objective's weights where the arrivals are not known."""
+        shares = self.time_shares()
+        busy = sum(v for c, v in shares.items() if c > 0)
+        n = self.n_parallel
+        out = [shares.get(c, 0.0) / busy if busy > 0 else 0.0 for c in range(1, n + 1)]
+        return [w if w >= self.options.min_share else 0.0 for w in out]
+
+    def level_rates(self) -> tuple[list[float | None], list[float | None]]:
+        """tok/s at each count (index c, 0 unused), drafting (on) and not (off), pooled over
+        every usable window by whether its N drafts there."""
+        n = self.n_parallel
+        sums = {on: [[0.0, 0.0] for _ in range(n + 1)] for on in (True, False)}
+        for planned, f in self.report.windows:
+            if not self._usable(f):
+                continue
+            for c, (s, t) in f.levels.items():
+                if 1 <= c <= n:
+                    cell = sums[drafts_at(planned.n, c)][c]
+                    cell[0] += s
+                    cell[1] += t
+
+        def rates(on: bool) -> list[float | None]:
+            least = self.options.min_tokens
+            return [t / s if t >= least and s > 0 else None for s, t in sums[on]]
+
+        return rates(True), rates(False)
+
+    def arrivals(self) -> tuple[float, float] | None:
+        """Arrival rate and mean output tokens: the windows' own where they saw enough
+        requests, else what the traffic said before."""
+        windows = self.usable()
+        seconds = sum(f.seconds for f in windows)
+        finished = sum(f.finished for f in windows)
+        if finished >= 20 and seconds > 0:
+            # below capacity (a saturated window counts for nothing) requests finish as fast
+            # as they arrive
+            return finished / seconds, sum(f.tokens for f in windows) / finished
+        if self.rate and self.output_tokens:
+            return self.rate, self.output_tokens
+        return None
+
+    def weights(self) -> tuple[list[float], float]:
+        """The objective's weights per count and its value. The objective is 1 / the time per
+        output token (tokens per second per generating slot, higher better) as the windows
+        saw it: sum_c p_c tok/s(c) / sum_c p_c c over the busy-time shares p_c. A count's
+        weight is the objective's derivative by its rate there, the larger of two: at the
+        occupancy seen (p_c / sum_k p_k k), and in the birth-death queue of tuner.model.queue
+        at the traffic's arrival rate over the rates measured under the standing N, where a
+        faster count also empties the slots sooner (the occupancy N causes). The queue takes
+        the arrivals as Poisson: bursts put far more time at the top counts than it says, and
+        the occupancy seen is the floor that keeps them weighed. Counts the traffic spends
+        less than min_share of its busy time at weigh nothing. Before any rate is measured:
+        the shares and the rate they weigh (tok/s over the busy time)."""
+        shares = self.shares_weights()
+        tps = self._regime_rates()
+        if tps is None:
+            return shares, self.objective(shares)
+        counts = np.arange(1, self.n_parallel + 1, dtype=float)
+        p = np.asarray(shares, dtype=float)
+        mean_c = float(p @ counts)
+        if mean_c <= 0:
+            return shares, self.objective(shares)
+        base = float(p @ tps) / mean_c
+        direct = p / mean_c
+        queued = self._queue_derivatives(tps)
+        weights = [
+            max(float(d), q) if s > 0 else 0.0
+            for d, q, s in zip(direct, queued, shares, strict=True)
+        ]
+        return weights, base
+
+    def _queue_derivatives(self, tps: np.ndarray) -> list[float]:
+        """d (1 / TPOT) / d tok/s(c) in the Poisson queue at the traffic's arrivals; zeros
+        where the arrivals are not known or the queue would not empty."""
+        known = self.arrivals()
+        zeros = [0.0] * self.n_parallel
+        if known is None or _inverse_tpot(tps, *known) is None:
+            return zeros
+        out = []
+        for c in range(self.n_parallel):
+            h = 0.01 * tps[c]
+            up, down = tps.copy(), tps.copy()
+            up[c] += h
+            down[c] -= h
+            hi, lo = _inverse_tpot(up, *known), _inverse_tpot(down, *known)
+            out.append((hi - lo) / (2 * h) if hi is not None and lo is not None else 0.0)
+        return out
+
+    def _regime_rates(self) -> np.ndarray | None:
+        """tok/s at counts 1..n_parallel under the standing N: its regime's measured rate, else
+        the other regime's, else the nearest count's; None before any count was measured."""
+        on, off = self.level_rates()
+        n = self.n_parallel
+        own = [(on if drafts_at(self.answer, c) else off)[c] for c in range(1, n + 1)]
+        other = [(off if drafts_at(self.answer, c) else on)[c] for c in range(1, n + 1)]
+        values = [a if a is not None else b for a, b in zip(own, other, strict=True)]
+        known = [i for i, v in enumerate(values) if v is not None]
+        if not known:
+            return None
+        filled = [
+            v if v is not None else values[min(known, key=lambda k: abs(k - i))]
+            for i, v in enumerate(values)
+        ]
+        return np.array(filled, dtype=float)
+
+    def objective(self, weights: list[float]) -> float:
+        """sum_c w_c tok/s(c), the rates pooled over every usable window."""
+        seconds = [0.0] * (self.n_parallel + 1)
+        tokens = [0.0] * (self.n_parallel + 1)
+        for f in self.usable():
+            for c, (s, t) in f.levels.items():
+                if 1 <= c <= self.n_parallel:
+                    seconds[c] += s
+                    tokens[c] += t
+        return sum(
+            w * tokens[c] / seconds[c]
+            for c, w in enumerate(weights, start=1)
+            if w > 0 and seconds[c] > 0
+        )
+
+    def gains(self) -> dict[int, LevelDiffs]:
+        """on - off per count: the pooled estimate, with the jackknife's pseudo-values over the
+        blocks about it (their spread its standard error; fewer than min_blocks: none).
+
+        The estimate is the difference of the rates pooled over the blocks (tokens over
+        seconds, on and off apart), not the mean of each block's difference: a window's rate
+        where slots draft is biased upward when the window saw little of the count, because a
+        stretch at a count ends when a request ends, and a request ends sooner after steps
+        that accepted many tokens, so short stretches are the lucky ones (the mean of ratios
+        over stopping times; a twin world whose gain at three slots is nil showed +7 to +11
+        tok/s on 50 from single windows of 1-4 s there). Pooling shrinks that with the time
+        seen."""
+        out = {}
+        for c, cells in self.cells.items():
+            n = len(cells)
+            if n < self.options.min_blocks:
+                out[c] = LevelDiffs(())
+                continue
+            whole = _pooled_gain(cells)
+            if n == 1:  # no spread to tell: LevelDiffs gives it no standard error
+                out[c] = LevelDiffs((whole,))
+                continue
+            leave_one_out = [_pooled_gain(cells[:i] + cells[i + 1 :]) for i in range(n)]
+            pseudo = [n * whole - (n - 1) * g for g in leave_one_out]
+            centre = sum(pseudo) / n
+            out[c] = LevelDiffs(tuple(whole + v - centre for v in pseudo))
+        return out
+
+    def allowed(self) -> set[int]:
+        """The values that may be contenders now: the model's tie set, the answer, their
+        neighbours, and larger answers it held before (settle's `kept`)."""
+        allowed = set(self.tie) | {self.answer}
+        for m in list(allowed):
+            allowed |= {m + d for d in range(-self.options.reach, self.options.reach + 1)}
+        if self.options.always:
+            allowed.add(self.n_parallel)
+        allowed |= {v for v in self.visited if v > self.answer}
+        return {m for m in allowed if 1 <= m <= self.n_parallel}
+
+    def contenders(self) -> list[int]:
+        """The answer's contenders now, as the server takes them (0: always draft)."""
+        above = [v for v in self.visited if v > self.answer]
+        found = settle.contenders(self.answer, self.n_parallel, above, self.allowed())
+        return [self._out(n) for n in found]
+
+    def assess(self) -> settle.Standing:
+        weights, objective = self.weights()
+        # a contender that differs from the answer only where the traffic never goes is the
+        # same server for it: not worth a window, nor a move
+        allowed = {
+            m
+            for m in self.allowed()
+            if any(weights[c - 1] > 0 for c in settle.between(self.answer, m))
+        }
+        above = [v for v in self.visited if v > self.answer]
+        standing = settle.assess(
+            self.gains(),
+            weights,
+            self.answer,
+            self.n_parallel,
+            objective,
+            self.options.tolerance,
+            kept=above,
+            allowed=allowed,
+        )
+        self.report.standing = standing
+        return standing
+
+    # --- the schedule ------------------------------------------------------------------------
+
+    def next_contender(self, standing: settle.Standing) -> int | None:
+        """The next contender to serve: turns through the values the open comparisons need,
+        shuffled, none twice before each had a turn."""
+        wanted: set[int] = set()
+        for c in standing.measuring:
+            wanted.add(c.contender)
+            if c.against is not None and c.against != self.answer:
+                wanted.add(c.against)
+        wanted.discard(self.answer)
+        if not wanted:
+            return None
+        self.turns = [n for n in self.turns if n in wanted]
+        if not self.turns:
+            self.turns = sorted(wanted)
+            self.rng.shuffle(self.turns)
+        return self.turns.pop(0)
+
+    def window_s(self, contender: int) -> float:
+        """Long enough to spend about level_s seconds at the counts the comparison rests on."""
+        opts = self.options
+        shares = self.time_shares()
+        at = sum(shares.get(c, 0.0) for c in settle.between(self.answer, contender))
+        if at <= 0:
+            return opts.max_window_s
+        return min(opts.max_window_s, max(opts.min_window_s, opts.level_s / at))
+
+    def plan_cycle(self, contender: int, index: int, left: float = math.inf) -> list[Planned]:
+        """k windows of one length, the contender's at a random place inside (never first or
+        last: flanked by the standing N), within the time left."""
+        k = self.options.cycle
+        place = self.rng.randint(1, k - 2)
+        # a window ends with the step that crosses its end: a second to spare for them
+        seconds = min(self.window_s(contender), max(left - 1.0, 0.0) / k)
+        return [
+            Planned(
+                contender if i == place else self.answer, i == place, seconds, index, self.answer
+            )
+            for i in range(k)
+        ]
+
+    # --- the blocks --------------------------------------------------------------------------
+
+    def add_block(self, cycle: list[tuple[Planned, WindowFigures]]) -> int:
+        """A block: a cycle's contender window against the cycle's windows of the standing N
+        (pooled: at light traffic a count the comparison rests on is rare, and each of them
+        saw some of it), its tokens and seconds drafting and not at each count between them;
+        how many counts got them."""
+        planned, mine = next((p, f) for p, f in cycle if p.contender)
+        if not self._usable(mine):
+            return 0
+        flanks = [f for p, f in cycle if not p.contender and self._usable(f)]
+        if not flanks:
+            return 0
+        answer, contender = planned.answer, planned.n
+        least = self.options.min_tokens
+        added = 0
+        for c in settle.between(answer, contender):
+            theirs = (sum(f.at(c)[1] for f in flanks), sum(f.at(c)[0] for f in flanks))
+            own = (mine.at(c)[1], mine.at(c)[0])
+            if theirs[0] < least or own[0] < least or not theirs[1] or not own[1]:
+                continue
+            on, off = (own, theirs) if drafts_at(contender, c) else (theirs, own)
+            self.cells.setdefault(c, []).append((*on, *off))
+            added += 1
+        return added
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def record(self, planned: Planned, figures: WindowFigures) -> None:
+        report = self.report
+        report.windows.append((planned, figures))
+        report.cost.add(planned, figures)
+        if figures.problem is not None:
+            self.unusable_run += 1
+            self._note(
+                f"window {len(report.windows)} (N={self._out(planned.n)}): {figures.problem}: "
+                "it counts for nothing"
+            )
+        else:
+            self.unusable_run = 0
+        backlogs = [f.backlog for _, f in report.windows[-(OVERLOADED_AFTER + 1) :]]
+        growing = len(backlogs) > OVERLOADED_AFTER and all(
+            b > a for a, b in itertools.pairwise(backlogs)
+        )
+        if growing and backlogs[-1] >= 2 * self.n_parallel:
+            self.overloaded = True
+            self._note(
+                f"requests waiting for a free slot grew window after window ({backlogs[0]} to "
+                f"{backlogs[-1]}): the arrivals outrun the server whatever N, the queue decides "
+                "who is served when"
+            )
+
+    def _note(self, text: str) -> None:
+        self.report.notes.append(text)
+        self.say(text)
+
+    def run(self, backend: WindowBackend) -> ExperimentReport:
+        """Windows until the standing settles, the budget runs out or windows cannot be used;
+        the server is left at the answer."""
+        report = self.report
+        started = backend.elapsed
+        backend.switch(self._out(self.answer))
+        self.current = self.answer
+        standing = self.assess()
+        cycles = 0
+        while True:
+            if standing.status == settle.MOVED:
+                if not self._moved(standing):
+                    break
+                standing = self.assess()
+                continue
+            if standing.status == settle.SETTLED:
+                report.status = settle.SETTLED
+                break
+            left = self.options.budget_s - (backend.elapsed - started)
+            contender = self.next_contender(standing)
+            if contender is None or left < self.options.min_window_s * self.options.cycle:
+                report.status = settle.OPEN
+                self._note(
+                    f"the experiment's {self.options.budget_s:.0f} s are spent: "
+                    f"N={self._out(self.answer)} stands, {len(standing.measuring)} "
+                    "comparison(s) unresolved"
+                )
+                break
+            standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
+            cycles += 1
+            if self.unusable_run >= STOP_AFTER or self.overloaded:
+                report.status = STOPPED
+                why = (
+                    "the server is above its capacity"
+                    if self.overloaded
+                    else f"{STOP_AFTER} windows in a row could not be used"
+                )
+                self._note(f"{why}: the experiment stops, N={self._out(self.answer)} stands")
+                break
+        if self.current != self.answer:
+            backend.switch(self._out(self.answer))
+        report.answer = self._out(self.answer)
+        return report
+
+    def _cycle(
+        self, backend: WindowBackend, plan: list[Planned], standing: settle.Standing
+    ) -> settle.Standing:
+        """Serve a cycle's windows; then the block's differences and a new standing."""
+        done: list[tuple[Planned, WindowFigures]] = []
+        for planned in plan:
+            if planned.n != self.current:
+                backend.switch(self._out(planned.n))
+                self.current = planned.n
+            figures = backend.window(planned.seconds)
+            self.record(planned, figures)
+            done.append((planned, figures))
+            if self.unusable_run >= STOP_AFTER or self.overloaded:
+                return standing
+        self.add_block(done)
+        return self.assess()
+
+    def _moved(self, standing: settle.Standing) -> bool:
+        """Follow a move (True), or stop (False) where it would go back to a value it left,
+        which would change N twice in one decision (the traffic does not keep the two apart:
+        the value it moved to stands), or where it keeps moving."""
+        if standing.answer in self.visited:
+            self.report.status = settle.OPEN
+            self._note(
+                f"the traffic would move N back from {self._out(self.answer)} to "
+                f"{self._out(standing.answer)}: it does not keep them apart, so "
+                f"N={self._out(self.answer)} stands"
+            )
+            return False
+        back, self.answer = self.answer, standing.answer
+        self.report.moves.append(self._out(self.answer))
+        self.say(f"the server's traffic moves N from {self._out(back)} to {self._out(self.answer)}")
+        self.visited.add(self.answer)
+        if len(self.report.moves) >= self.options.max_moves:
+            self.report.status = settle.MOVED
+            self._note("N keeps moving: the experiment stops")
+            return False
+        return True
+
+    def _out(self, n: int) -> int:
+        return _as_set(n, self.n_parallel)
