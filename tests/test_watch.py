@@ -232,3 +232,26 @@ def test_an_env_file_that_cannot_be_written_later_is_tried_again(tmp_path: Path)
     w.rolling.open(60.0).profile.add(2, 60.0)  # the same traffic: it tries again all the same
     again = w.end_of_interval()
     assert again.changed and w.env.current_max_slots() == 3
+
+
+def test_the_standing_answer_is_applied_at_start_where_the_env_file_has_none(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "reloads"
+    w = watcher(tmp_path, Answers(), on_change=f"echo reload >> {marker}")
+    w.adopt(None)  # nothing stored yet: nothing written
+    assert w.env.current_max_slots() is None and not marker.exists()
+    w.adopt(answer(4))
+    assert w.env.current_max_slots() == 4 and w.current == 4
+    assert marker.read_text() == "reload\n" and w.summary.writes == 1
+    # a restarted watcher keeps what its env file holds: the last N it applied
+    again = watcher(tmp_path, Answers())
+    again.adopt(answer(2))
+    assert again.env.current_max_slots() == 4 and again.current == 4
+    # an answer without a threshold (plain) has no N to write
+    (tmp_path / "other").mkdir()
+    fresh = watcher(tmp_path / "other", Answers())
+    plain = answer(4)
+    plain.policy = Policy.plain()
+    fresh.adopt(plain)
+    assert fresh.env.current_max_slots() is None
