@@ -16,6 +16,9 @@ has no NaN or Infinity).
 
     .venv/bin/python benchmarks/record.py render           # write docs/results.md
     .venv/bin/python benchmarks/record.py render --check   # exit 1 when it is not current
+
+The same command writes the README's table of headline figures (between its `figures` markers):
+the newest run of each benchmark in QUOTED, the figures `headline` picks from it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ BENCHMARKS = Path(__file__).resolve().parent
 REPO = BENCHMARKS.parent
 RESULTS = BENCHMARKS / "results"
 PAGE = REPO / "docs" / "results.md"
+README = REPO / "README.md"
+BEGIN = "<!-- figures: written by benchmarks/record.py render; do not edit -->"
+END = "<!-- figures: end -->"
 RENDER = ".venv/bin/python benchmarks/record.py render"
 
 
@@ -301,6 +307,92 @@ def render_page(runs: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the README's headline figures ---------------------------------------------------------------
+
+# benchmark -> what its figures show, in the README's order
+QUOTED = {
+    "twin_regret": "closed-loop decisions on frozen twin worlds (regret against the truth)",
+    "openloop_regret": "open-loop traffic on frozen twin worlds (regret in mean time per token)",
+    "watch_experiment": "`watch --experiment` on the open-loop worlds",
+    "tune_url": "`tune --url` on a running twin server against profile + tune",
+    "function_lengths": "functions over 80 lines in tuner/",
+}
+
+
+def _table(run: Mapping[str, Any], title: str) -> tuple[list[str], list[list[Any]]]:
+    for t in run.get("tables", []):
+        if t["title"] == title:
+            return list(t["columns"]), [list(r) for r in t["rows"]]
+    return [], []
+
+
+def _regret_rows(run: Mapping[str, Any], title: str) -> list[tuple[str, str]]:
+    """Median / p95 / max regret of each method over all worlds."""
+    columns, rows = _table(run, title)
+    if not columns:
+        return []
+    at = {c: i for i, c in enumerate(columns)}
+    out = []
+    for row in rows:
+        if row[at["group"]] != "all":
+            continue
+        figures = "/".join(
+            cell(row[at[k]]) for k in ("median regret %", "p95 regret %", "max regret %")
+        )
+        out.append((f"{row[at['method']]}: regret % median/p95/max", figures))
+    return out
+
+
+def headline(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The figures the README quotes from a run: (what, value)."""
+    name = run["benchmark"]
+    summary = run.get("summary") or {}
+    if name == "twin_regret":
+        return [("worlds", cell(summary.get("worlds"))), *_regret_rows(run, "summary by group")]
+    if name == "openloop_regret":
+        return [("worlds", cell(summary.get("worlds"))), *_regret_rows(run, "summary by tag")]
+    keys = {
+        "watch_experiment": (
+            "worlds x traffic",
+            "within 1 % of the open-loop best (share)",
+            "flaps (on a tie, started within it, N changed more than once)",
+        ),
+        "tune_url": ("runs", "agree", "restored", "check_ok"),
+        "function_lengths": ("functions", "over_limit", "longest"),
+    }.get(name)
+    items = [(k, summary[k]) for k in keys if k in summary] if keys else list(summary.items())[:4]
+    return [(k, cell(v)) for k, v in items]
+
+
+def readme_block(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The README's table: per quoted benchmark, its newest run's headline figures."""
+    lines = [BEGIN, "", "| what | figure | value | measured | command |", "|---|---|---|---|---|"]
+    for name, what in QUOTED.items():
+        mine = [r for r in runs if r["benchmark"] == name]
+        if not mine:
+            continue
+        run = max(mine, key=lambda r: (r["date"], r.get("_file", "")))
+        date = str(run["date"])[:10]
+        command = " ".join(map(str, run.get("command") or [f"benchmarks/{name}.py"]))
+        for i, (figure, value) in enumerate(headline(run)):
+            first = i == 0
+            lines.append(
+                f"| {what if first else ''} | {figure} | {value} | {date if first else ''} | "
+                + (f"`{command}`" if first else "")
+                + " |"
+            )
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def with_readme_block(text: str, block: str) -> str | None:
+    """The README with its figures block replaced; None where it has no markers."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        return None
+    return text[:start] + block + text[end + len(END) :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Render docs/results.md from benchmark runs.")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -308,17 +400,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
     render.add_argument("--results-dir", type=Path, default=RESULTS)
     render.add_argument("--page", type=Path, default=PAGE)
+    render.add_argument("--readme", type=Path, default=README)
     args = parser.parse_args(argv)
     runs = load_runs(args.results_dir)
     text = render_page(runs)
+    readme = args.readme.read_text() if args.readme.exists() else ""
+    quoted = with_readme_block(readme, readme_block(runs))
     if args.check:
         current = args.page.read_text() if args.page.exists() else None
-        if current != text:
-            print(f"{args.page} is not current: run {RENDER}", file=sys.stderr)
-            return 1
-        return 0
+        stale = [p for p, now, want in ((args.page, current, text), (args.readme, readme, quoted))
+                 if want is not None and now != want]  # fmt: skip
+        for page in stale:
+            print(f"{page} is not current: run {RENDER}", file=sys.stderr)
+        return 1 if stale else 0
     args.page.parent.mkdir(parents=True, exist_ok=True)
     args.page.write_text(text)
+    if quoted is not None:
+        args.readme.write_text(quoted)
     names = {r["benchmark"] for r in runs}
     print(f"wrote {args.page}: {len(runs)} runs of {len(names)} benchmarks")
     return 0

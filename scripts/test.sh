@@ -47,6 +47,6 @@ if [ $# -gt 0 ]; then
     exec .venv/bin/pytest -q "$@"  # a selection: as asked, in one process
 fi
 status=0
-.venv/bin/pytest -q -n 3 --dist worksteal -m "not bench" --durations=15 || status=$?
-.venv/bin/pytest -q -m bench --durations=15 || status=$?
+.venv/bin/pytest -q -n 3 --dist worksteal -m "not bench" --durations=30 || status=$?
+.venv/bin/pytest -q -m bench --durations=30 || status=$?
 exit $status

@@ -49,6 +49,8 @@ QUICK = [
     "workload.warmup=0",
     "--set",
     "kernel.enabled=false",
+    "--set",
+    "probes.enabled=false",  # the arrival probes have tests of their own
 ]
 
 

@@ -48,7 +48,7 @@ def server(bench: Bench, tmp_path: Path) -> Iterator[ManagedServer]:
 def test_observe_reads_the_servers_acceptance_as_the_load_generator_counted_it(
     server: ManagedServer,
 ) -> None:
-    offsets = poisson_offsets(0.5, 90.0, seed=5)
+    offsets = poisson_offsets(0.5, 50.0, seed=5)
     samples: list[RequestSample] = []
 
     def offer() -> None:

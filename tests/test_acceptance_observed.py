@@ -367,9 +367,15 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     traffic_profiles.save(store, "prod", view, seen.to_dict(), "complete")
     blind = TrafficProfile.from_dict({**seen.to_dict(), "acceptance": {}})
     traffic_profiles.save(store, "blind", view, blind.to_dict(), "complete")
-    with_counters = advice.recommend(store, real.model_name, HOST, traffic="prod")
-    without = advice.recommend(store, real.model_name, HOST, traffic="blind")
+    # the closed-loop study (busy-time weights), whose truth is the closed truth below
+    with_counters = advice.recommend(store, real.model_name, HOST, traffic="prod", closed_loop=True)
+    without = advice.recommend(store, real.model_name, HOST, traffic="blind", closed_loop=True)
+    # the open loop (the default where the fit has arrival costs) rests on it too, and says so
+    opened = advice.recommend(store, real.model_name, HOST, traffic="prod")
     store.dispose()
+    assert opened.sampler == "twin simulation", opened.reasons
+    said = [r.text for r in opened.reasons if r.code is ReasonCode.OBSERVED_ACCEPTANCE]
+    assert said and "in place of the profile's" in said[0], opened.reasons
     codes = [r.code for r in with_counters.reasons]
     assert ReasonCode.OBSERVED_ACCEPTANCE in codes
     weights = {c: w for c, w in seen.weights(real.n_parallel).items() if w > 0}

@@ -7,7 +7,6 @@ too (concurrent writers, the soak, per-host results).
 
 from __future__ import annotations
 
-import re
 import signal
 from pathlib import Path
 
@@ -155,10 +154,8 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     resumed = run_tuner([*args, "--resume"], env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming run 1" in resumed.stderr
-    # only plain was left of the levels: no drafting level is measured again (a drafting
-    # server is launched for the arrival probes alone, which come after the levels)
-    assert not re.search(r"(spec|max-slots-\d+) +c=\d", resumed.stderr), resumed.stderr
-    assert "arrival probes:" in resumed.stderr, resumed.stderr
+    # only plain was left: the resume launched no drafting server to check the switch on
+    assert "starting llama-server (drafting" not in resumed.stderr, resumed.stderr
     assert_kept(pg_url, before)
     assert_run_complete(pg_url, 1, (1, 2))
 
@@ -173,7 +170,8 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     assert validated.returncode == 0, validated.stderr[-3000:]
     tuned = run_tuner(["tune", "--model", model, "--budget", "5s", *quick], env)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
-    assert "stands" in tuned.stdout, tuned.stdout
+    # its answer printed (settled or not: 5 s on a busy machine may settle nothing) and stored
+    assert "LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=" in tuned.stdout, tuned.stdout
     kinds = peek(pg_url, "SELECT kind, status FROM tuner_runs ORDER BY id")
     assert kinds == [("profile", "completed"), ("validate", "completed"), ("tune", "completed")]
     assert peek(pg_url, "SELECT COUNT(*) FROM studies WHERE study_name LIKE 'tuner:live:%'") == [

@@ -128,7 +128,8 @@ def test_on_a_tie_the_answers_go_back_and_forth_and_n_does_not(tmp_path: Path) -
     answers: list[int] = []
 
     def recommend(name: str):
-        rec = advice.recommend(store, tie.model_name, HOST, traffic=name)
+        # the closed-loop study: its answers on this tie go back and forth
+        rec = advice.recommend(store, tie.model_name, HOST, traffic=name, closed_loop=True)
         answers.append(rec.max_slots)
         return rec
 

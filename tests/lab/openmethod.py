@@ -41,6 +41,7 @@ from tuner.storage import traffic_profiles
 from tuner.storage.store import Store
 from tuner.traffic import SOURCE_SLOTS, Finished, ServerView, TrafficProfile
 from tuner.twin.engine import Engine, Workload
+from tuner.twin.production import POLL_S, add_reading
 from tuner.twin.world import World
 
 METHODS = ("closed", "naive", "open")
@@ -64,13 +65,15 @@ class OpenResult:
 def observe(world: World, policy: Policy, workload: Workload, seed: int) -> TrafficProfile:
     """The traffic profile `tuner observe` would record of a server of this world running
     `policy` while `workload` arrives (noise on, seeded: a server, not the truth): seconds at
-    each number of generating slots (idle time at 0) and every request seen finishing, with its
-    arrival on the server's clock, its prompt and output lengths."""
+    each number of generating slots (idle time at 0), every request seen finishing, with its
+    arrival on the server's clock, its prompt and output lengths, and the server's acceptance
+    counters read at polls where a request ended."""
     engine = Engine(world, policy, seed)
     for request, at in zip(workload.requests, workload.arrivals, strict=True):
         engine.submit(request, at=at)
     profile = TrafficProfile(world.n_parallel, source=SOURCE_SLOTS)
-    last = 0.0
+    last = read_at = 0.0
+    counters = engine.metrics()
     while (step := engine.step()) is not None:
         if step.start > last:
             profile.add(0, step.start - last)
@@ -79,6 +82,10 @@ def observe(world: World, policy: Policy, workload: Workload, seed: int) -> Traf
         for rid in step.finished:
             res = engine.result(rid)
             profile.add_finished(Finished(res.arrival, res.request.prompt_tokens, res.tokens))
+        if step.finished and engine.now - read_at >= POLL_S:
+            now = engine.metrics()
+            add_reading(profile, counters, now)
+            counters, read_at = now, engine.now
     return profile
 
 

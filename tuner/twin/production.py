@@ -153,15 +153,20 @@ class ServedTraffic:
             self._counters = now
 
     def _add_reading(self, profile: TrafficProfile, before: Metrics, after: Metrics) -> None:
-        positions = [
-            b - a for a, b in zip(before.accepted_per_pos, after.accepted_per_pos, strict=True)
-        ]
-        profile.readings += 1
-        profile.acceptance.add(
-            after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
-            after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
-            after.spec_decode_num_accepted_tokens_total
-            - before.spec_decode_num_accepted_tokens_total,
-            positions,
-            after.tokens_predicted_total - before.tokens_predicted_total,
-        )
+        add_reading(profile, before, after)
+
+
+def add_reading(profile: TrafficProfile, before: Metrics, after: Metrics) -> None:
+    """One reading of the server's acceptance counters into profile, as observe adds it: the
+    increase of each counter between two reads of /metrics."""
+    positions = [
+        b - a for a, b in zip(before.accepted_per_pos, after.accepted_per_pos, strict=True)
+    ]
+    profile.readings += 1
+    profile.acceptance.add(
+        after.spec_decode_num_drafts_total - before.spec_decode_num_drafts_total,
+        after.spec_decode_num_draft_tokens_total - before.spec_decode_num_draft_tokens_total,
+        after.spec_decode_num_accepted_tokens_total - before.spec_decode_num_accepted_tokens_total,
+        positions,
+        after.tokens_predicted_total - before.tokens_predicted_total,
+    )
