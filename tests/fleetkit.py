@@ -288,13 +288,11 @@ def assert_kept(db_url: str, before: Snapshot) -> None:
 def profile_cells(concurrencies: Iterable[int], way: str) -> set[tuple[str, int]]:
     """The levels a profile of the bench spec (no threshold of its own) stores: plain and
     always-draft at every concurrency and, measured the live way, always-draft's off arm (the
-    threshold c-1, which does not draft at c) above one stream; beside them the arrival probes
-    (joins, and the live way's catch-up)."""
+    threshold c-1, which does not draft at c) above one stream. (profile_args leaves the
+    arrival probes out.)"""
     cells = {(config, c) for config in ("plain", "spec") for c in concurrencies}
-    cells.add(("probe:join", 1))
     if way == "live":
         cells |= {(arm.config_name, c) for c in concurrencies if (arm := off_arm(c))}
-        cells.add(("probe:catch-up", 2))
     return cells
 
 

@@ -255,3 +255,21 @@ def test_the_standing_answer_is_applied_at_start_where_the_env_file_has_none(
     plain.policy = Policy.plain()
     fresh.adopt(plain)
     assert fresh.env.current_max_slots() is None
+
+
+def test_the_margin_reads_an_open_loop_answers_alternatives() -> None:
+    """The open loop's alternatives name policies (plain, N=0, N=k), the closed study's N:
+    both are scored, plain left out, and the margin rule reads them alike."""
+    from tuner.decide.watch import replaces
+
+    rec = answer(3)
+    rec.alternatives = [
+        {"policy": "plain", "objective": 120.0, "difference_from_chosen": -20.0},
+        {"policy": "N=0", "objective": 90.0, "difference_from_chosen": 10.0},
+        {"policy": "N=2", "objective": 99.5, "difference_from_chosen": 0.5},
+        {"policy": "N=3", "objective": 100.0, "difference_from_chosen": 0.0},
+    ]
+    assert rec.scored() == {0: 90.0, 2: 99.5, 3: 100.0}
+    assert replaces(rec, 2, 0.01)[0] is False  # 0.5 % ahead: N=2 stands
+    assert replaces(rec, 0, 0.01)[0] is True  # 10 % ahead
+    assert replaces(rec, 5, 0.01)[0] is None  # not scored: two decisions in a row decide

@@ -136,6 +136,22 @@ class Recommendation:
     plain_advantage: tuple[float, float, float] | None = None
     drafting_pays: bool = True  # False where plain (no draft model) was shown ahead
 
+    def scored(self) -> dict[int, float]:
+        """The objective of each N the answer's study scored: the closed-loop study's
+        alternatives name N (`max_slots`), the open loop's a policy label; plain has no N."""
+        values: dict[int, float] = {}
+        for alt in self.alternatives:
+            if "max_slots" in alt:
+                n = alt["max_slots"]
+            else:
+                try:
+                    n = Policy.parse(str(alt.get("policy", ""))).max_slots
+                except ValueError:
+                    continue
+            if n is not None and alt.get("objective") is not None:
+                values[int(n)] = float(alt["objective"])
+        return values
+
     @property
     def max_slots(self) -> int:
         assert self.policy.max_slots is not None

@@ -243,7 +243,7 @@ class ExperimentReport:
 def model_tie(rec: Recommendation, tolerance: float = settle.TOLERANCE) -> list[int]:
     """The values of N the model cannot tell from its answer: those its study puts within the
     tolerance of the answer's objective, and a live tie where `tune` stored one."""
-    values = {int(a["max_slots"]): float(a["objective"]) for a in rec.alternatives}
+    values = rec.scored()
     chosen = rec.max_slots
     top = values.get(chosen, rec.objective)
     tie = set(rec.tie) | {chosen}

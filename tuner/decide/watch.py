@@ -269,7 +269,7 @@ def replaces(rec: Recommendation, standing: int | None, margin: float) -> tuple[
     new = rec.max_slots
     if standing is None:
         return True, "no N stood"
-    values = {int(a["max_slots"]): float(a["objective"]) for a in rec.alternatives}
+    values = rec.scored()
     top = values.get(new, rec.objective)
     if standing not in values or not top:
         return None, f"the model did not score the standing N={standing}"
