@@ -71,8 +71,8 @@ while True:
 """
 
 
-def _hog(program: str = "while True: pass") -> subprocess.Popen:
-    """A CPU-bound program at the lowest priority (which still takes a core from a server
+def _hog(program: str = HALF_A_CORE) -> subprocess.Popen:
+    """A CPU-bound program at the lowest priority (which still takes its share from a server
     launched in its own session: priorities compare within a session's group)."""
     return subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", program])
 
@@ -85,10 +85,10 @@ def _stop(hog: subprocess.Popen) -> None:
 def test_a_busy_program_started_part_way_is_named_and_its_rounds_left_out(
     tmp_path: Path,
 ) -> None:
-    """The program runs from the first stored round until a round is marked busy: the rounds
-    it touched are marked, measured again once it is gone, and the warning names it. Then a
-    tune with a program busy half the time running throughout settles nothing (a whole core
-    taken slows this 2-core machine's rounds many times over: half is enough to be seen)."""
+    """A program busy half the time runs from the first stored round until a round is marked
+    busy: the rounds it touched are marked, measured again once it is gone, and the warning
+    names it. Then a tune with it running throughout settles nothing. (A whole core taken
+    slows this 2-core machine's rounds thirty times over; half a core is plenty to be seen.)"""
     db = tmp_path / "busy.db"
     env = tuner_env(db, tmp_path / "cache")
     profile = start_tuner(["profile", str(SPEC), *SHORT], env)
@@ -118,7 +118,7 @@ def test_a_busy_program_started_part_way_is_named_and_its_rounds_left_out(
     counted = rounds(db, counted_only=True)
     assert counted and not [r for r in counted if r.get("busy")], counted
 
-    hog = _hog(HALF_A_CORE)
+    hog = _hog()
     try:
         tune = ["tune", "--model", MODEL, "--budget", "10s", "--format", "json"]
         tune += ["--set", "workload.max_tokens=16"]  # rounds take many times as long now
