@@ -158,10 +158,7 @@ def profile_adaptively(
         plain=plain,
     )
     base_s = clock() - started
-    if spec.probes.enabled:
-        probe(store, spec, log_dir, observer, run_id, switch, backend)
-    else:
-        observer(ProgressEvent("message", text="arrival probes: off (probes.enabled = false)"))
+    probe(store, spec, log_dir, observer, run_id, switch, backend)
     report = AdaptiveProfile(run_id, budget_s, base_s)
     if len(set(spec.levels)) < 2:
         report.outcome = "one-level"
@@ -182,24 +179,16 @@ def profile_adaptively(
         affordable = int(left // per_level) if per_level > 0 else len(todo)
         if affordable < 1:
             report.outcome = "budget"
-            observer(
-                ProgressEvent(
-                    "message",
-                    text=f"adaptive: {', '.join(map(str, todo))} streams would take about "
-                    f"{len(todo) * per_level:.0f} s, {left:.0f} s of the budget left: stopping",
-                )
-            )
+            said = f"{', '.join(map(str, todo))} streams would take about "
+            said += f"{len(todo) * per_level:.0f} s, {left:.0f} s of the budget left: stopping"
+            observer(ProgressEvent("message", text=f"adaptive: {said}"))
             return report
-        todo = todo[:affordable]
-        added = [AddedLevel(c, now.why(c)) for c in todo]
+        added = [AddedLevel(c, now.why(c)) for c in todo[:affordable]]
+        todo = [a.concurrency for a in added]
         for a in added:
-            observer(
-                ProgressEvent(
-                    "message",
-                    text=f"adaptive: measuring {a.concurrency} streams ({a.why}); "
-                    f"budget {left:.0f} s of {budget_s:.0f} s left",
-                )
-            )
+            said = f"measuring {a.concurrency} streams ({a.why}); "
+            said += f"budget {left:.0f} s of {budget_s:.0f} s left"
+            observer(ProgressEvent("message", text=f"adaptive: {said}"))
         round_started = clock()
         profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
         profiler.reopen_run(run_id)
@@ -220,7 +209,11 @@ def probe(
 ) -> None:
     """The arrival probes (tuner.measure.probes) into the run, after its base levels; catch-up
     only where a threshold is switched live (the twin, or a run that switched live), so no
-    extra launch is made for it. A probe that fails is said and left out: the profile stands."""
+    extra launch is made for it. A probe that fails is said and left out: the profile stands.
+    A spec with `[probes] enabled = false` runs none, and says so."""
+    if not spec.probes.enabled:
+        observer(ProgressEvent("message", text="arrival probes: off (probes.enabled = false)"))
+        return
     profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
     assert profiler.backend is not None
     with store.session() as session:

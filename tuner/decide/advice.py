@@ -87,52 +87,42 @@ def recommend(
         newest = recommendations.newest_for_fit(store, stored.id)
         if newest is not None and newest.source == "live":
             return newest
-    cm, measured_gains, measured_levels, reasons_first = _answered_by(
-        store, stored, where, model, host, host_explicit, seed
-    )
-    seen: dict[str, Any] | None = None
-    if traffic is not None:
-        # The acceptance seen on the traffic, where enough was seen, in place of the profile's;
-        # the profile's gains were measured at its own acceptance, so they no longer bound N.
-        cm, said, seen = observed_in_place(cm, traffic_store.load(store, traffic), traffic, seed)
-        reasons_first.append(said)
-        measured_gains = {} if seen else measured_gains
+    basis = _answered_by(store, stored, where, model, host, host_explicit, seed, traffic)
     if not plain_question or traffic is not None:
         asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
         question = OpenQuestion(*asked, replicates or REPLICATES)
         blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
-        answering = dataclasses.replace(stored, model=cm)
-        answered = _open_loop(store, answering, question, blocked, measured_levels, reasons_first)
+        answering = dataclasses.replace(stored, model=basis.cm)
+        answered = _open_loop(store, answering, question, blocked, basis.levels, basis.reasons)
         if isinstance(answered, Recommendation):
             return answered
-        reasons_first.append(answered)
+        basis.reasons.append(answered)
     weights, goal, said_how = _weighted_goal(
-        store, model, cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
+        store, model, basis.cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
     )
-    reasons_first += said_how
+    basis.reasons += said_how
     options = _study_options(where, traffic, tune_n_max, min_single_stream, weights, seed, goal)
-    options |= seen or {}
-    name = search.study_name(
-        model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
-    )
-    result = _search(
-        store, name, cm, goal, tune_n_max, min_single_stream, seed, model, stored.id, options
-    )
-    choice = choose(cm, result, measured_gains)
-    choice.reasons[:0] = reasons_first
-    if stored.host_note:
-        choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
-    table = prediction_table(cm, choice.policy, measured_levels)
-    rec = _recommendation(
-        model, stored, choice, name, result, goal, table, tune_n_max, min_single_stream
+    options |= basis.seen or {}
+    rec, details = _studied(
+        store, model, stored, basis, goal, options, tune_n_max, min_single_stream, seed
     )
     if where.interpolated:
         rec.made_now = True
         return rec
-    recommendations.save(
-        store, rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
-    )
+    recommendations.save(store, rec, details)
     return rec
+
+
+@dataclass
+class _Basis:
+    """What an answer rests on: the model, the measured gains and levels it keeps to, the
+    reasons said first, and the observed acceptance the study is of (None: the profile's)."""
+
+    cm: CostModel
+    gains: dict[int, float]
+    levels: dict[str, list[int]]
+    reasons: list[Reason]
+    seen: dict[str, Any] | None = None
 
 
 def _answered_by(
@@ -143,14 +133,58 @@ def _answered_by(
     host: str | None,
     host_explicit: bool,
     seed: int,
-) -> tuple[CostModel, dict[int, float], dict[str, list[int]], list[Reason]]:
-    """The model that answers, the measured gains and levels it keeps to, the reasons first:
-    the fit's own, or one derived from the fits at the measured depths (none measured then)."""
+    traffic: str | None,
+) -> _Basis:
+    """The fit's own model, or one derived from the fits at the measured depths (no measured
+    gains or levels then); with a traffic profile, the acceptance seen on it in place of the
+    profile's where enough was seen (the profile's gains, measured at its own acceptance, then
+    no longer bound N)."""
     if not where.derived:
         # Which N: spec against the threshold server not drafting (the off arm) where measured.
-        return stored.model, stored.quality.measured_gains(against="off"), stored.measured, []
-    cm, said = _derived_model(store, model, host, host_explicit, seed, where)
-    return cm, {}, {}, [said]
+        basis = _Basis(
+            stored.model, stored.quality.measured_gains(against="off"), stored.measured, []
+        )
+    else:
+        cm, said = _derived_model(store, model, host, host_explicit, seed, where)
+        basis = _Basis(cm, {}, {}, [said])
+    if traffic is not None:
+        profile = traffic_store.load(store, traffic)
+        basis.cm, said, basis.seen = observed_in_place(basis.cm, profile, traffic, seed)
+        basis.reasons.append(said)
+        if basis.seen:
+            basis.gains = {}
+    return basis
+
+
+def _studied(
+    store: Store,
+    model: str,
+    stored: StoredFit,
+    basis: _Basis,
+    goal: Objective,
+    options: dict[str, Any],
+    tune_n_max: bool,
+    min_single_stream: float | None,
+    seed: int,
+) -> tuple[Recommendation, dict[str, Any]]:
+    """The Optuna study over the model, the choice from it, as a recommendation (not stored
+    here) and the details to store with it."""
+    cm = basis.cm
+    name = search.study_name(
+        model, stored.inputs.get("host"), stored.inputs.get("build"), stored.id, options
+    )
+    result = _search(
+        store, name, cm, goal, tune_n_max, min_single_stream, seed, model, stored.id, options
+    )
+    choice = choose(cm, result, basis.gains)
+    choice.reasons[:0] = basis.reasons
+    if stored.host_note:
+        choice.reasons.append(Reason(ReasonCode.OTHER_HOST, stored.host_note))
+    table = prediction_table(cm, choice.policy, basis.levels)
+    rec = _recommendation(
+        model, stored, choice, name, result, goal, table, tune_n_max, min_single_stream
+    )
+    return rec, {"search": result.to_dict(), "model_optimum": choice.model_optimum}
 
 
 def _open_loop(

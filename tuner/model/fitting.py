@@ -294,25 +294,16 @@ def fit(
         form_uncertainty,
     )
     _beside_curves(model, data, acceptance, seed)
+    noise = {key: f.noise[key] for key in f.fitted}
+    calibration = {
+        key: Calibration(f.weight[key], None if v is None else 100 * math.sqrt(v))
+        for key, v in noise.items()
+    }
+    how = "repeats" if has_repeats else "residuals"
+    forms_weighed = {key: dict(w) for key, w in averaging.items()}
+    spread = Uncertainty(how, replicates, interval, seed, 100 * launch_noise, forms_weighed)
     quality = assess(
-        model,
-        data,
-        f.choices,
-        calibration={
-            key: Calibration(
-                f.weight[key], 100 * math.sqrt(f.noise[key]) if f.noise[key] is not None else None
-            )
-            for key in f.fitted
-        },
-        uncertainty=Uncertainty(
-            "repeats" if has_repeats else "residuals",
-            replicates,
-            interval,
-            seed,
-            100 * launch_noise,
-            {key: dict(w) for key, w in averaging.items()},
-        ),
-        kernel=kernel_report,
+        model, data, f.choices, calibration=calibration, uncertainty=spread, kernel=kernel_report
     )
     if f.unfitted_off:
         quality.threshold_regime["unfitted_levels"] = f.unfitted_off
