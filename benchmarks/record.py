@@ -400,23 +400,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
     render.add_argument("--results-dir", type=Path, default=RESULTS)
     render.add_argument("--page", type=Path, default=PAGE)
-    render.add_argument("--readme", type=Path, default=README)
+    render.add_argument(
+        "--readme", type=Path, default=None, help="default: README.md, with the default results"
+    )
     args = parser.parse_args(argv)
     runs = load_runs(args.results_dir)
     text = render_page(runs)
-    readme = args.readme.read_text() if args.readme.exists() else ""
+    # the README quotes the repository's own results only (not a --results-dir elsewhere)
+    readme_path = args.readme or (README if args.results_dir == RESULTS else None)
+    readme = readme_path.read_text() if readme_path and readme_path.exists() else ""
     quoted = with_readme_block(readme, readme_block(runs))
     if args.check:
         current = args.page.read_text() if args.page.exists() else None
-        stale = [p for p, now, want in ((args.page, current, text), (args.readme, readme, quoted))
+        stale = [p for p, now, want in ((args.page, current, text), (readme_path, readme, quoted))
                  if want is not None and now != want]  # fmt: skip
         for page in stale:
             print(f"{page} is not current: run {RENDER}", file=sys.stderr)
         return 1 if stale else 0
     args.page.parent.mkdir(parents=True, exist_ok=True)
     args.page.write_text(text)
-    if quoted is not None:
-        args.readme.write_text(quoted)
+    if quoted is not None and readme_path is not None:
+        readme_path.write_text(quoted)
     names = {r["benchmark"] for r in runs}
     print(f"wrote {args.page}: {len(runs)} runs of {len(names)} benchmarks")
     return 0

@@ -563,3 +563,17 @@ def test_watch_soak_memory(tmp_path: Path) -> None:
     memory = ws.memory_figures([(100.0, 999), (200.0, 1024), (900.0, 1126), (950.0, 1100)], 120.0)
     assert memory is not None and list(memory.values())[:3] == [1.0, 1100 / 1024, 1126 / 1024]
     written(tmp_path, "watch_soak", memory, [Table("t", ["watch"], [["N=3 (was N=4)"]])])
+
+
+def test_the_readme_quotes_the_newest_run_of_each_benchmark_between_its_markers() -> None:
+    def run(date: str, over: int) -> dict[str, Any]:
+        summary = {"functions": 10, "over_limit": over, "longest": 90}
+        return {"benchmark": "function_lengths", "date": date, "summary": summary, "tables": []}
+
+    block = record.readme_block([run("2026-01-01T00:00:00Z", 7), run("2026-02-01T00:00:00Z", 2)])
+    assert "| over_limit | 2 |" in block and "| over_limit | 7 |" not in block
+    assert "2026-02-01" in block and block.startswith(record.BEGIN)
+    page = f"# title\n{record.BEGIN}\nold rows\n{record.END}\nafter\n"
+    quoted = record.with_readme_block(page, block)
+    assert quoted is not None and "old rows" not in quoted and quoted.endswith("\nafter\n")
+    assert record.with_readme_block("# no markers\n", block) is None
