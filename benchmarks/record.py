@@ -373,7 +373,9 @@ def readme_block(runs: Sequence[Mapping[str, Any]]) -> str:
             continue
         run = max(mine, key=lambda r: (r["date"], r.get("_file", "")))
         date = str(run["date"])[:10]
-        command = " ".join(map(str, run.get("command") or [f"benchmarks/{name}.py"]))
+        argv = [str(a) for a in run.get("command") or [f"benchmarks/{name}.py"]]
+        # a folder of the machine it ran on (a cache, say) means nothing to a reader
+        command = " ".join("DIR" if a.startswith("/") else a for a in argv)
         for i, (figure, value) in enumerate(headline(run)):
             first = i == 0
             lines.append(
