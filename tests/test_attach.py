@@ -84,8 +84,12 @@ def test_api_key_is_sent_and_never_stored(
 
     rows = peek(db, "SELECT id, status, label, spec FROM tuner_runs WHERE status = 'completed'")
     assert len(rows) == 2 and all(row[2] == "guarded" for row in rows)
-    counts = peek(db, "SELECT COUNT(*) FROM tuner_samples s WHERE s.ok = 1")
-    assert counts[0][0] == 2 * (1 + 2)  # two runs, levels 1 and 2, one repeat each
+    # two runs, levels 1 and 2, one counted repeat each: a round a busy machine disturbed is
+    # measured again and kept apart (its samples stored too), so the counted ones are compared
+    counted = peek(db, "SELECT SUM(repeats * concurrency) FROM tuner_levels")
+    assert counted[0][0] == 2 * (1 + 2)
+    stored = peek(db, "SELECT COUNT(*) FROM tuner_samples s WHERE s.ok = 1")
+    assert stored[0][0] >= counted[0][0]
     for row in rows:
         spec = json.loads(row[3])
         assert spec["workload"]["concurrency"] == [1, 2]
