@@ -71,10 +71,10 @@ while True:
 """
 
 
-def _hog(program: str = HALF_A_CORE) -> subprocess.Popen:
-    """A CPU-bound program at the lowest priority (which still takes its share from a server
-    launched in its own session: priorities compare within a session's group)."""
-    return subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", program])
+def _hog() -> subprocess.Popen:
+    """A program busy half the time at the lowest priority (which still takes its share from a
+    server launched in its own session: priorities compare within a session's group)."""
+    return subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", HALF_A_CORE])
 
 
 def _stop(hog: subprocess.Popen) -> None:

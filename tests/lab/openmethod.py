@@ -41,7 +41,7 @@ from tuner.storage import traffic_profiles
 from tuner.storage.store import Store
 from tuner.traffic import SOURCE_SLOTS, Finished, ServerView, TrafficProfile
 from tuner.twin.engine import Engine, Workload
-from tuner.twin.production import POLL_S, add_reading
+from tuner.twin.production import CounterReader
 from tuner.twin.world import World
 
 METHODS = ("closed", "naive", "open")
@@ -72,8 +72,8 @@ def observe(world: World, policy: Policy, workload: Workload, seed: int) -> Traf
     for request, at in zip(workload.requests, workload.arrivals, strict=True):
         engine.submit(request, at=at)
     profile = TrafficProfile(world.n_parallel, source=SOURCE_SLOTS)
-    last = read_at = 0.0
-    counters = engine.metrics()
+    last = 0.0
+    reader = CounterReader(engine)
     while (step := engine.step()) is not None:
         if step.start > last:
             profile.add(0, step.start - last)
@@ -82,10 +82,7 @@ def observe(world: World, policy: Policy, workload: Workload, seed: int) -> Traf
         for rid in step.finished:
             res = engine.result(rid)
             profile.add_finished(Finished(res.arrival, res.request.prompt_tokens, res.tokens))
-        if step.finished and engine.now - read_at >= POLL_S:
-            now = engine.metrics()
-            add_reading(profile, counters, now)
-            counters, read_at = now, engine.now
+        reader.after(profile, step.finished)
     return profile
 
 

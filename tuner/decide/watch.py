@@ -456,9 +456,8 @@ class Watcher:
                     " the env file's stands until the traffic says otherwise"
                 )
             return
-        event = WatchEvent(self.wall(), Decision(False, "start"), 0.0, None)
         status = "" if rec.status == "settled" else f" ({rec.status})"
-        self.change(rec.max_slots, f"the standing answer{status}", event)
+        self.change(rec.max_slots, f"the standing answer{status}")
 
     def keep_live(self) -> None:
         """--apply live: the server must run the standing N. A restarted server (it starts
@@ -555,8 +554,10 @@ class Watcher:
         self.log(f"{head}: N={rec.max_slots}, {why}")
         return rec.max_slots
 
-    def change(self, answer: int | None, head: str, event: WatchEvent) -> None:
-        """Write the env file, set it live and run the command for a new standing N."""
+    def change(self, answer: int | None, head: str, event: WatchEvent | None = None) -> None:
+        """Write the env file, set it live and run the command for a new standing N; event:
+        the interval's, where an interval's end made the change (noted on it)."""
+        event = event or WatchEvent(self.wall(), Decision(False, head), 0.0)
         if answer is None:
             return
         before = self.current

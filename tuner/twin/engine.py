@@ -189,11 +189,8 @@ class Workload:
     ) -> Workload:
         """Poisson arrivals as `tuner validate --arrivals poisson` sends them (conditioned on
         their count: exactly round(rate x duration) of them)."""
-        from tuner.measure.arrivals import poisson_offsets
-
-        return cls.open_loop(
-            poisson_offsets(rate, duration_s, seed), output_tokens, prompt_tokens, depth, seed
-        )
+        offsets = arrival_offsets("poisson", rate, duration_s, seed)
+        return cls.open_loop(offsets, output_tokens, prompt_tokens, depth, seed)
 
     @classmethod
     def bursty(

@@ -17,7 +17,7 @@ caller and its seed by its index; or a Workload's own requests (lengths, classes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from tuner.measure.windows import WindowFigures
 from tuner.policy import Policy
@@ -69,8 +69,7 @@ class ServedTraffic:
         else:
             self._stream = self._made(arrivals, seed, prompt_tokens, output_tokens)
         self._next = next(self._stream, None)
-        self._counters = self.engine.metrics()
-        self._read_at = 0.0
+        self._reader = CounterReader(self.engine)
         self.current = start_n
 
     @staticmethod
@@ -145,15 +144,7 @@ class ServedTraffic:
         for rid in finished:
             res = engine.result(rid)
             profile.add_finished(Finished(res.arrival, res.request.prompt_tokens, res.tokens))
-        if engine.now - self._read_at >= POLL_S and finished:
-            # observe reads /metrics at a poll where a request ended: one reading
-            self._read_at = engine.now
-            now = engine.metrics()
-            self._add_reading(profile, self._counters, now)
-            self._counters = now
-
-    def _add_reading(self, profile: TrafficProfile, before: Metrics, after: Metrics) -> None:
-        add_reading(profile, before, after)
+        self._reader.after(profile, finished)
 
 
 def add_reading(profile: TrafficProfile, before: Metrics, after: Metrics) -> None:
@@ -170,3 +161,20 @@ def add_reading(profile: TrafficProfile, before: Metrics, after: Metrics) -> Non
         positions,
         after.tokens_predicted_total - before.tokens_predicted_total,
     )
+
+
+class CounterReader:
+    """observe's readings of an engine's acceptance counters: at a poll where a request ended,
+    at most every POLL_S of the engine's clock, their increase since the last reading."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.counters = engine.metrics()
+        self.read_at = 0.0
+
+    def after(self, profile: TrafficProfile, finished: Sequence[int]) -> None:
+        """After a step: a reading into profile where requests finished and a poll is due."""
+        if finished and self.engine.now - self.read_at >= POLL_S:
+            now = self.engine.metrics()
+            add_reading(profile, self.counters, now)
+            self.counters, self.read_at = now, self.engine.now
