@@ -291,10 +291,12 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     in-process on a synthetic acceptance of 2.0, 30 % below the mix. Under the profile's
     acceptance drafting pays at one stream only, under the mix's at two as well (the truth's
     N=2, its neighbours 4 % and more behind at this traffic). observe's poller under tuner's own
-    Poisson load reads the counters; their interval holds what they estimate; recommend
-    --traffic then answers within the tolerance (1 %) of the closed truth's best at the
+    Poisson load reads the counters; their interval holds what they estimate. recommend
+    --traffic on the same arrivals served in-process (seeded, virtual time: a decision no
+    machine load can flip) answers within the tolerance (1 %) of the closed truth's best at the
     traffic's weights, and without the counters it does not."""
     from lab.method import HOST, twin_spec
+    from lab.openmethod import observe
     from twinworlds import zigzag_world
 
     from tuner.decide import advice
@@ -304,6 +306,7 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     from tuner.storage import traffic_profiles
     from tuner.storage.store import Store
     from tuner.twin.cmdline import launch_world, parse_args
+    from tuner.twin.engine import Workload as Served
     from tuner.twin.inprocess import TwinBackend
     from tuner.twin.server import TwinServer
     from tuner.twin.truth import closed_truth
@@ -364,6 +367,12 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     assert seen.acceptance.accepted == sum(s.draft_accepted for s in samples)
     assert seen.acceptance.draft_tokens == sum(s.draft_n for s in samples)
 
+    # The decision is judged on the same traffic served in-process, in virtual time and seeded
+    # (the HTTP run's occupancy moves with the machine's load, and the answer with it): what
+    # observe would record of the served world under these arrivals, counters included.
+    arrivals = Served.poisson(rate, span, output_tokens=128, prompt_tokens=32, seed=3)
+    seen = observe(real, policy, arrivals, seed=3)
+    assert observed_acceptance(seen.acceptance).enough() is None
     traffic_profiles.save(store, "prod", view, seen.to_dict(), "complete")
     blind = TrafficProfile.from_dict({**seen.to_dict(), "acceptance": {}})
     traffic_profiles.save(store, "blind", view, blind.to_dict(), "complete")
