@@ -100,8 +100,8 @@ def _profile_once(
 # machine; which N is right is tested on the twin (test_bench_twin.py, test_decisions.py).
 # Levels 1 and 4 (4: the drafting launch measures threshold 3 beside always-draft there), two
 # repeats (two interleaved passes), short outputs, no warm-up round, no adaptive levels, and
-# kernel rows of two decode steps each, full-draft prompt batches measured once more (every
-# shape is still run and stored).
+# kernel rows of two decode steps each, full-draft prompt batches measured once more, and one
+# round of each arrival probe (every shape is still run and stored).
 SHARED_PROFILE_LEVELS = (1, 4)
 SHARED_PROFILE_TOKENS = 48
 SHARED_WORKLOAD_ARGS = [
@@ -124,6 +124,8 @@ SHARED_PROFILE_ARGS = [
     "kernel.generation_tokens=2",
     "--set",
     "kernel.prompt_repeats=1",
+    "--set",
+    "probes.repeats=1",
 ]
 
 

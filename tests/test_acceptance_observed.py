@@ -326,7 +326,7 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     argv = [
         "--model", str(served_file), "--port", "0", "--parallel", str(real.n_parallel),
         "--ctx-size", str(4096 * real.n_parallel), "--kv-unified", "--noise", "off",
-        "--speed", "25", "--metrics", "--props", "--poll", "0", "--model-draft", "twin-draft",
+        "--speed", "50", "--metrics", "--props", "--poll", "0", "--model-draft", "twin-draft",
         "--spec-type", "draft-simple", "--spec-draft-n-max", str(real.n_max),
     ]  # fmt: skip
     args = parse_args(argv, env={})
@@ -388,7 +388,7 @@ def test_observe_recovers_a_mix_acceptance_and_recommend_the_truths_n(tmp_path: 
     codes = [r.code for r in with_counters.reasons]
     assert ReasonCode.OBSERVED_ACCEPTANCE in codes
     weights = {c: w for c, w in seen.weights(real.n_parallel).items() if w > 0}
-    truth = closed_truth(real).best(weights)
+    truth = closed_truth(real, concurrency=sorted(weights)).best(weights)
     regret = truth.regret(with_counters.policy)
     blind_regret = truth.regret(without.policy)
     assert regret <= TOLERANCE, (with_counters.max_slots, truth.best, regret, weights)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.bench
 QUICK = [
     *("--set", "workload.max_tokens=32", "--set", "workload.min_repeats=1"),
     *("--set", "workload.max_repeats=1", "--set", "workload.warmup=0"),
-    *("--profile-budget", "0", "--budget", "20s", "--set", "probes.enabled=false"),
+    *("--profile-budget", "0", "--budget", "10s", "--set", "probes.enabled=false"),
 ]
 
 

@@ -139,9 +139,9 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     first = ManagedServer(config, tmp_path / "first.log", start_timeout_s=120)
     first.start()
     result: dict = {}
-    away_s = 5.0
-    # 5 s served, 5 s away, a second server, 5 s served: about 16 s, in a 20 s watch.
-    watched_s = 20.0
+    away_s = 3.0
+    # 4 s served, 3 s away, a second server, 4 s served: about 12 s, in a 15 s watch.
+    watched_s = 15.0
 
     def run() -> None:
         result["summary"] = watch(
@@ -160,12 +160,12 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     watcher = threading.Thread(target=run)
     watcher.start()
     try:
-        offer(first.url, [(1, 32)], 5.0)
+        offer(first.url, [(1, 32)], 4.0)
     finally:
         first.stop()
     time.sleep(away_s)
     with ManagedServer(config, tmp_path / "second.log", start_timeout_s=120) as second:
-        offer(second.url, [(2, 32)], 5.0)
+        offer(second.url, [(2, 32)], 4.0)
         watcher.join(timeout=120)
     summary = result["summary"]
     said = "\n".join(messages)

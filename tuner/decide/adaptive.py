@@ -226,6 +226,7 @@ def probe(
             profiler.request_workload(),
             spec.speculative.n_max,
             catch_up=way in (LIVE, "twin"),
+            repeats=spec.probes.repeats,
         )
     except TunerError as exc:
         said = f"arrival probes failed, left out: {exc}"

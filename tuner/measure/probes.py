@@ -30,11 +30,9 @@ from tuner.storage import probes as stored
 from tuner.storage.store import Store
 
 CATCH_UP_BEHIND = (8, 24, 48)  # tokens the long request generates without drafting
-CATCH_UP_REPEATS = 2
 REFERENCE_STEPS = 8  # drafting steps after the resume its excess is taken against
 JOIN_LONG = 96  # the running request's output tokens in a join round
 JOINS = 3  # joins per round
-JOIN_ROUNDS = 2
 ROUND_KEY = 900_000  # probe rounds' keys: apart from every schedule's pass x 1000 + pair
 
 
@@ -90,12 +88,15 @@ def join_excesses(long: RequestSample, joins: Sequence[RequestSample]) -> list[t
     return [(j.prompt_tokens, 1000.0 * (gaps[i] - usual)) for i, j in sorted(at.items())]
 
 
-def catch_up_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeRecord]:
-    """The catch-up probe's rounds on the drafting server at threshold 1."""
+def catch_up_rounds(
+    backend: Backend, workload: Workload, n_max: int, repeats: int = 2
+) -> list[ProbeRecord]:
+    """The catch-up probe's rounds on the drafting server at threshold 1: every distance
+    behind, repeats times."""
     policy = Policy.threshold(1, n_max)
     records: list[ProbeRecord] = []
     key = ROUND_KEY
-    for _ in range(CATCH_UP_REPEATS):
+    for _ in range(repeats):
         for behind in CATCH_UP_BEHIND:
             key += 1
             lengths = [behind + 1, behind + 8 * (n_max + 1) + 8]
@@ -106,8 +107,11 @@ def catch_up_rounds(backend: Backend, workload: Workload, n_max: int) -> list[Pr
     return records
 
 
-def join_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeRecord]:
-    """The join probe's rounds on plain and on the always-drafting server."""
+def join_rounds(
+    backend: Backend, workload: Workload, n_max: int, repeats: int = 2
+) -> list[ProbeRecord]:
+    """The join probe's rounds on plain and on the always-drafting server, repeats a policy
+    (after one alone, which times where the joins arrive)."""
     records: list[ProbeRecord] = []
     key = ROUND_KEY + 500
     for policy in (Policy.plain(), Policy.always(n_max)):
@@ -118,7 +122,7 @@ def join_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeR
         first = alone.token_times[0] - alone.start
         span = alone.token_times[-1] - alone.token_times[0]
         offsets = [0.0] + [first + span * (i + 1) / (JOINS + 1) for i in range(JOINS)]
-        for _ in range(JOIN_ROUNDS):
+        for _ in range(repeats):
             key += 1
             lengths = [JOIN_LONG] + [1] * JOINS
             samples = backend.arrivals(policy, offsets, key, lengths, workload).samples
@@ -128,17 +132,23 @@ def join_rounds(backend: Backend, workload: Workload, n_max: int) -> list[ProbeR
 
 
 def probe_arrivals(
-    store: Store, run_id: int, backend: Backend, workload: Workload, n_max: int, catch_up: bool
+    store: Store,
+    run_id: int,
+    backend: Backend,
+    workload: Workload,
+    n_max: int,
+    catch_up: bool,
+    repeats: int = 2,
 ) -> str:
-    """Run the probes on the backend and store them with the run; a line that says what was
-    measured (nothing where the run has its probes already)."""
+    """Run the probes on the backend (repeats rounds of each shape) and store them with the
+    run; a line that says what was measured (nothing where the run has its probes already)."""
     if stored.has_probes(store, run_id):
         return "arrival probes: stored already"
-    joins = join_rounds(backend, workload, n_max)
+    joins = join_rounds(backend, workload, n_max, repeats)
     stored.save_probe(store, run_id, "join", joins, concurrency=1, n_max=n_max)
     said = f"arrival probes: {len(joins)} joins"
     if catch_up:
-        resumes = catch_up_rounds(backend, workload, n_max)
+        resumes = catch_up_rounds(backend, workload, n_max, repeats)
         stored.save_probe(store, run_id, "catch-up", resumes, concurrency=2, n_max=n_max)
         said += f", {len(resumes)} resumes after a stretch without drafting"
     else:

@@ -233,6 +233,9 @@ class ProbesSpec(_Strict):
     enabled: bool = Field(
         True, description="off: open-loop answers fall back to closed levels, said so"
     )
+    repeats: int = Field(
+        2, ge=1, le=10, description="rounds of each probe shape (fewer: a quicker, rougher fit)"
+    )
 
 
 class ProfileSpec(_Strict):
