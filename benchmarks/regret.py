@@ -3,7 +3,7 @@ data of the judge's own?
 
 For each bench regime (profiles/bench-smollm2-cpu.toml: n-max 6 / synth-len 3.5,
 bench-smollm2-cpu-nmax3.toml: n-max 3 / synth-len 2.0, bench-smollm2-cpu-late.toml: a
-crossover above 4 streams), in one run on one machine:
+crossover above 4 streams), or a spec of the user's own (--spec), in one run on one machine:
 
 1. the tuner as a user runs it, timed: `tuner profile SPEC`, then `tuner tune --plain-live`
    (the whole cost: profile and live steps, whether to draft at all settled side by side with
@@ -33,8 +33,8 @@ the advantage, its one-sided bounds and degrees of freedom, the pairs per level,
 judge's own cost; then whether every contender was resolved and none was shown more than 1 %
 ahead.
 
-    .venv/bin/python benchmarks/regret.py [--regime NAME] [--minutes 60] [--keep DIR]
-        [--plain-budget 240s]
+    .venv/bin/python benchmarks/regret.py [--regime NAME] [--spec SPEC.toml] [--minutes 60]
+        [--keep DIR] [--plain-budget 240s]
 """
 
 from __future__ import annotations
@@ -291,6 +291,13 @@ def tables(tuned: list[list], judged_rows: dict[str, list[list]], summary: list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", action="append", choices=REGIMES)
+    parser.add_argument(
+        "--spec",
+        action="append",
+        type=Path,
+        help="a profile spec of your own (repeatable), judged as a regime is; with --spec only "
+        "the regimes named by --regime run",
+    )
     parser.add_argument("--minutes", type=float, default=60.0, help="judge's time per regime")
     parser.add_argument("--keep", type=Path, help="keep databases and logs here")
     parser.add_argument(
@@ -304,10 +311,14 @@ def main() -> None:
     summary: list[list] = []
     tuned: list[list] = []
     judged_rows: dict[str, list[list]] = {}
-    for name in args.regime or REGIMES:
-        spec = REPO / "profiles" / f"{name}.toml"
-        if not spec.exists():
-            continue
+    specs = [(name, REPO / "profiles" / f"{name}.toml") for name in args.regime or ()]
+    if not args.regime and not args.spec:
+        specs = [(name, REPO / "profiles" / f"{name}.toml") for name in REGIMES]
+    for path in args.spec or ():
+        if not path.is_file():
+            parser.error(f"--spec {path}: no such file")
+        specs.append((path.stem, path.resolve()))
+    for name, spec in specs:
         import tomllib
 
         model = tomllib.loads(spec.read_text())["model_name"]
