@@ -311,9 +311,8 @@ def main() -> None:
     summary: list[list] = []
     tuned: list[list] = []
     judged_rows: dict[str, list[list]] = {}
-    specs = [(name, REPO / "profiles" / f"{name}.toml") for name in args.regime or ()]
-    if not args.regime and not args.spec:
-        specs = [(name, REPO / "profiles" / f"{name}.toml") for name in REGIMES]
+    regimes = args.regime or ([] if args.spec else REGIMES)
+    specs = [(name, REPO / "profiles" / f"{name}.toml") for name in regimes]
     for path in args.spec or ():
         if not path.is_file():
             parser.error(f"--spec {path}: no such file")

@@ -70,8 +70,10 @@ def test_a_world_without_catch_up_measures_none() -> None:
     backend = TwinBackend(world, switch="live", seed=3)
     from tuner.measure.load import Workload
     from tuner.measure.probes import catch_up_rounds
+    from tuner.measure.spec import ProbesSpec
 
-    records = catch_up_rounds(backend, Workload(prompt_tokens=32, max_tokens=64), world.n_max)
+    workload = Workload(prompt_tokens=32, max_tokens=64)
+    records = catch_up_rounds(backend, workload, world.n_max, ProbesSpec().repeats)
     figure = fit_catch_up(records)
     assert figure.measured and figure.lower <= 0.0 <= figure.upper
 

@@ -183,8 +183,8 @@ def profile_adaptively(
             said += f"{len(todo) * per_level:.0f} s, {left:.0f} s of the budget left: stopping"
             observer(ProgressEvent("message", text=f"adaptive: {said}"))
             return report
-        added = [AddedLevel(c, now.why(c)) for c in todo[:affordable]]
-        todo = [a.concurrency for a in added]
+        todo = todo[:affordable]
+        added = [AddedLevel(c, now.why(c)) for c in todo]
         for a in added:
             said = f"measuring {a.concurrency} streams ({a.why}); "
             said += f"budget {left:.0f} s of {budget_s:.0f} s left"

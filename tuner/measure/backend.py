@@ -155,21 +155,9 @@ def check_live_switch(
         check = Workload(prompt_tokens=8, max_tokens=tokens, stream=True)
         for n in (1, 0):
             switch(n)
-            for _ in range(CHECK_TRIES):
-                samples = LoadGenerator(url, check, api_key=api_key).run(2, round_key=0)
-                failed = [s for s in samples if not s.ok]
-                if failed:
-                    problem = f"a check round at threshold {n} failed ({failed[0].error})"
-                    return SwitchCheck(problem, drafted, n_max)
-                if not never_together(samples, 2):
-                    break
-            else:
-                problem = (
-                    f"the check's 2 streams on {name} never generated together at threshold "
-                    f"{n} in {CHECK_TRIES} rounds (one reached the server after the other ended: "
-                    "a busy machine?), so the switch cannot be judged"
-                )
-                return SwitchCheck(problem, drafted, n_max)
+            samples = _check_round(LoadGenerator(url, check, api_key=api_key), name, n)
+            if isinstance(samples, str):
+                return SwitchCheck(samples, drafted, n_max)
             drafted[n] = summarize(samples, 2).window_drafted
         if n_max is None:
             with LlamaClient(url, api_key) as api:
@@ -180,6 +168,23 @@ def check_live_switch(
         problem = f"{name} drafted nothing its /metrics counted, so the switch cannot be judged"
         return SwitchCheck(problem, drafted, None)
     return SwitchCheck(switch_problem(name, drafted, n_max), drafted, n_max)
+
+
+def _check_round(generator: LoadGenerator, name: str, n: int) -> list[RequestSample] | str:
+    """One round of the live switch check at threshold n whose 2 streams generated together
+    (run again, up to CHECK_TRIES rounds, where they never met); why not, where none did."""
+    for _ in range(CHECK_TRIES):
+        samples = generator.run(2, round_key=0)
+        failed = [s for s in samples if not s.ok]
+        if failed:
+            return f"a check round at threshold {n} failed ({failed[0].error})"
+        if not never_together(samples, 2):
+            return samples
+    return (
+        f"the check's 2 streams on {name} never generated together at threshold {n} in "
+        f"{CHECK_TRIES} rounds (one reached the server after the other ended: a busy machine?), "
+        "so the switch cannot be judged"
+    )
 
 
 class Backend(Protocol):

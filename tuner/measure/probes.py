@@ -89,7 +89,7 @@ def join_excesses(long: RequestSample, joins: Sequence[RequestSample]) -> list[t
 
 
 def catch_up_rounds(
-    backend: Backend, workload: Workload, n_max: int, repeats: int = 2
+    backend: Backend, workload: Workload, n_max: int, repeats: int
 ) -> list[ProbeRecord]:
     """The catch-up probe's rounds on the drafting server at threshold 1: every distance
     behind, repeats times."""
@@ -108,7 +108,7 @@ def catch_up_rounds(
 
 
 def join_rounds(
-    backend: Backend, workload: Workload, n_max: int, repeats: int = 2
+    backend: Backend, workload: Workload, n_max: int, repeats: int
 ) -> list[ProbeRecord]:
     """The join probe's rounds on plain and on the always-drafting server, repeats a policy
     (after one alone, which times where the joins arrive)."""
@@ -138,7 +138,7 @@ def probe_arrivals(
     workload: Workload,
     n_max: int,
     catch_up: bool,
-    repeats: int = 2,
+    repeats: int,
 ) -> str:
     """Run the probes on the backend (repeats rounds of each shape) and store them with the
     run; a line that says what was measured (nothing where the run has its probes already)."""
