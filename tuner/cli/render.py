@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
-from tuner.recommendation import UNRESOLVED, ReasonCode
+from tuner.recommendation import PLAIN, UNRESOLVED, ReasonCode
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
@@ -146,14 +146,14 @@ def recommendation(rec: Recommendation, console: Console) -> None:
         + (f", n_max {rec.n_max}" if rec.tune_n_max else "")
     )
     # plain not measured (tune --url without --plain-url): its column is the drafting server
-    # not drafting, which stands in for it
-    plain = "off" if any(r.code == ReasonCode.PLAIN_UNMEASURED for r in rec.reasons) else "plain"
+    # not drafting, which stands in for it, and says so
+    plain = "plain" if rec.plain_measured else "not drafting"
     for column in ("streams", "measured", plain, "spec", "chosen", f"vs {plain}", "vs spec"):
         table.add_column(column, justify="right")
     for row in rec.table:
         table.add_row(
             str(row.concurrency),
-            "yes" if row.measured else "",
+            ", ".join(row.measured_as) or ("yes" if row.measured else ""),
             f"{row.plain:.1f}",
             f"{row.spec:.1f}",
             f"{row.chosen:.1f}",
@@ -396,6 +396,14 @@ def running(report: RunningReport) -> None:
             out.print(reason.text, highlight=False, markup=False)
     if standing is None or standing.status == UNRESOLVED:
         return  # the standing line said why it is not settled, and what to measure
+    if standing.kind == PLAIN:
+        out.print(
+            f"to apply: restart {server.url} without --model-draft and --spec-type; "
+            f"`tuner recommend --model {server.model}` prints the answer again",
+            highlight=False,
+            markup=False,
+        )
+        return
     line = standing.env_line.replace("\n", " ")
     out.print(
         f"to apply: set {line} in the server's environment (or --spec-draft-max-slots "

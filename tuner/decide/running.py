@@ -27,7 +27,6 @@ given, side by side at one stream.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +36,10 @@ from tuner.decide import settle
 from tuner.decide.adaptive import AdaptiveProfile, profile_adaptively
 from tuner.decide.paired import AHEAD, BEHIND, WITHIN, Contrast, verdict
 from tuner.decide.tune import TuneReport, plain_gains, tune
-from tuner.errors import ConfigError, EndpointMissingError, ServerError
+from tuner.errors import ConfigError, EndpointMissingError
 from tuner.measure import metrics
 from tuner.measure.backend import RunningBackend
-from tuner.measure.client import LlamaClient
+from tuner.measure.client import LlamaClient, model_name, model_stem
 from tuner.measure.doctor import ONE_SLOT, CheckReport, check
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.foreign import DEFAULT_WAIT_S, wait_for_quiet
@@ -128,11 +127,10 @@ def tune_running(
 ) -> RunningReport:
     """`tuner tune --url` (see the module docstring)."""
     with ServerHold(options.url, options.api_key, state_dir, observer) as hold:
-        # The threshold found is on the disk before the check's own switch: a tuner killed
-        # then still leaves a record that the next run gives back.
-        with contextlib.suppress(ServerError):
-            hold.before_switch()  # a server without the field: the check says what it lacks
-        checked = check(options.url, options.api_key, observer)
+        # The threshold found goes on the disk right before the check's own switch (a tuner
+        # killed then still leaves a record that the next run gives back), and only where the
+        # check switches: a server it refuses leaves no record behind.
+        checked = check(options.url, options.api_key, observer, before_switch=hold.before_switch)
         if not checked.can_tune:
             raise ConfigError(_cannot_tune(checked))
         server = running_server(checked, options.model, options.api_key)
@@ -158,6 +156,8 @@ def tune_running(
             f"tune --url {options.url}",
             options.overrides,
             server.slot_context,
+            url=options.url,
+            plain_url=options.plain_url,
         )
         if server.slots == 1:
             _one_slot(store, spec, backend, options, report, host, log_dir, observer)
@@ -209,8 +209,7 @@ def running_server(
     else the server's alias, else its model file's stem), slots, draft length, context."""
     props = checked.props or {}
     path = Path(str(props.get("model_path") or "unknown"))
-    alias = props.get("model_alias")
-    name = model or (str(alias) if alias else "") or path.stem
+    name = model_stem(model) if model else model_name(props)
     n_max = checked.n_max or _draft_length(checked.url, api_key)
     if n_max is None:
         raise ConfigError(

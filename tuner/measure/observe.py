@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
-from tuner.measure.client import LlamaClient, Metrics
+from tuner.measure.client import LlamaClient, Metrics, model_name
 from tuner.measure.hold import recover_left_hold
 from tuner.measure.metrics import PER_POSITION
 from tuner.measure.plan import Observer, ProgressEvent, quiet
@@ -319,13 +319,13 @@ def attach_view(client: LlamaClient) -> ServerView:
     url = client.url
     props = client.props()
     n_slots = int(props["total_slots"])
-    model = str(props.get("model_alias") or props.get("model_path") or "unknown").rsplit("/", 1)[-1]
+    model = model_name(props)
     try:
         client.slots()
     except EndpointMissingError as no_slots:
         try:
             client.metrics()
-            return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_METRICS)
+            return ServerView(url, model, n_slots, SOURCE_METRICS)
         except EndpointMissingError as no_metrics:
             raise ServerError(
                 f"{url} exposes neither /slots (HTTP {no_slots.status}) nor /metrics (HTTP "
@@ -336,7 +336,7 @@ def attach_view(client: LlamaClient) -> ServerView:
         counters = True
     except EndpointMissingError:
         counters = False
-    return ServerView(url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS, counters)
+    return ServerView(url, model, n_slots, SOURCE_SLOTS, counters)
 
 
 def poll(client: LlamaClient, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:

@@ -43,6 +43,10 @@ class ServerSpec(_Strict):
     port: int | None = Field(
         None, ge=1, le=65535, description="fixed loopback port; default: a free one per launch"
     )
+    # A running server the tuner did not start (`tune --url`): recorded so that what the tuner
+    # suggests about these data (measure more, continue) names the servers they came from.
+    url: str | None = Field(None, description="the running server measured (tune --url)")
+    plain_url: str | None = Field(None, description="the plain server beside it (--plain-url)")
 
 
 class SpeculativeSpec(_Strict):
@@ -478,14 +482,18 @@ def running_spec(
     source: str,
     overrides: list[tuple[str, Any]] | None = None,
     slot_context: int | None = None,
+    url: str | None = None,
+    plain_url: str | None = None,
 ) -> ProfileSpec:
     """The spec a running patched server is tuned under (`tune --url`): its own slots, context
     per slot, model and draft length, the default workload at levels 1, 2, 4, ... up to its
-    slots (`--set workload.KEY=VALUE` overrides come last)."""
+    slots (`--set workload.KEY=VALUE` overrides come last), and the URLs it was measured at."""
     server: dict[str, Any] = {
         "binary": RUNNING_BINARY,
         "model": str(model_path),
         "n_parallel": slots,
+        "url": url,
+        "plain_url": plain_url,
     }
     if slot_context:
         server["ctx_size"] = slot_context * slots

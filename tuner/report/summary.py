@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.decide.regret import ValidationReport
 from tuner.model.quality import FitQuality
-from tuner.recommendation import UNRESOLVED, Recommendation
+from tuner.recommendation import Recommendation
 from tuner.report.dimensions import Dimensions, open_loop_lines
 from tuner.report.figure import PNG_NAME, SVG_NAME
 from tuner.report.series import ReportData
@@ -155,10 +155,9 @@ def _quality_lines(quality: FitQuality, data: ReportData) -> list[str]:
 
 
 def _recommendation_title(rec: Recommendation) -> str:
-    """The section's title: the answer, and never as settled where it is not."""
-    if rec.status == UNRESOLVED:
-        return f"Recommendation: unresolved (N={rec.max_slots} is the best estimate so far)"
-    return f"Recommendation: N={rec.max_slots}"
+    """The section's title: the answer as every surface states it (never as settled where it
+    is not)."""
+    return f"Recommendation: {rec.headline()}"
 
 
 def _recommendation_lines(data: ReportData) -> list[str]:
@@ -186,10 +185,9 @@ def _recommendation_lines(data: ReportData) -> list[str]:
         lines += ["", "Reasons:", ""] + [f"- {reason}" for reason in rec.reasons]
     lines.append("")
     if rec.measure_next:
-        levels = ",".join(map(str, rec.measure_next))
         lines.append(
             f"Measure next: {', '.join(streams(c) for c in rec.measure_next)} "
-            f"(`tuner profile SPEC.toml --levels {levels}`)."
+            f"(`{rec.measure_command}`)."
         )
     else:
         lines.append("Measure next: no unmeasured level the choice rests on is undecided.")
