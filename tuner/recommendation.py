@@ -4,11 +4,11 @@ args). A shared type: storage keeps it, decide makes it, neither owns it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tuner.jsonout import json_line
 from tuner.policy import Policy
 
 
@@ -284,7 +284,7 @@ class Recommendation:
         """The recommendation in one output format."""
         fmt = OutputFormat(fmt)  # a plain string names a format too; anything else is refused
         if fmt is OutputFormat.JSON:
-            return json.dumps(self.as_dict(), default=str)
+            return json_line(self.as_dict())
         if fmt is OutputFormat.TEXT:
             return self.headline()
         if fmt is OutputFormat.ARGS:

@@ -218,26 +218,29 @@ def tuning(report: TuneReport) -> None:
     for column in ("contender", "levels", "advantage tok/s", "95 % bounds", "df", "verdict"):
         table.add_column(column, justify="left" if column == "verdict" else "right")
     answer = report.standing.max_slots if report.standing is not None else None
+    pairs = {c: d.n for c, d in report.gains.items()}
     for comp in settled.comparisons if settled else []:
-        low, high = comp.advantage.bounds(0.95)
+        adv = comp.advantage
         table.add_row(
             f"N={comp.contender} vs N={answer}",
             ",".join(map(str, comp.levels)),
-            f"{comp.advantage.estimate:+.2f}",
-            f"[{low:+.2f}, {high:+.2f}]",
-            f"{comp.advantage.df:.1f}",
+            *tables.contrast_cells(adv.estimate, adv.bounds(0.95), adv.df, comp.levels, pairs),
             # a smaller contender measured on for the tie question: not settled yet
             comp.verdict + _open_question(settled, comp.contender),
         )
     if report.plain is not None:
-        low, high = report.plain.advantage.bounds(0.95)
+        plain = report.plain
+        adv = plain.advantage
+        measured = (
+            tables.contrast_cells(adv.estimate, adv.bounds(0.95), adv.df, [], {})
+            if plain.passes
+            else ["not measured (no pass kept)", "", ""]
+        )
         table.add_row(
             f"plain vs N={answer}",
             "every (side by side)",
-            f"{report.plain.advantage.estimate:+.2f}",
-            f"[{low:+.2f}, {high:+.2f}]",
-            f"{report.plain.advantage.df:.1f}",
-            f"{report.plain.verdict} ({report.plain.passes} passes)",
+            *measured,
+            f"{plain.verdict} ({plain.passes} passes)",
         )
     out.print(table)
     if settled is not None:
@@ -282,8 +285,7 @@ def _open_question(settled: Standing, contender: int) -> str:
     text = question_text(settled.answer, q)
     if q.against == settled.answer:
         return text
-    low, high = q.advantage.bounds(0.95)
-    return text + f" {q.advantage.estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
+    return text + " " + q.advantage.figures(df=False)
 
 
 def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:

@@ -89,16 +89,15 @@ class PlainAtOne:
     tolerance: float  # tok/s
 
     def text(self) -> str:
-        low, high = self.advantage.bounds(settle.CONFIDENCE)
         said = {
             AHEAD: "plain is ahead: serve without the draft model",
             BEHIND: "drafting is ahead: keep the draft model",
             WITHIN: "plain and drafting are within the tolerance of each other",
         }.get(self.verdict, "unresolved: more passes (--set workload.max_repeats=6) narrow it")
         return (
-            f"plain against drafting at 1 stream, side by side: "
-            f"{self.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}] (one-sided 95 %, "
-            f"tolerance +-{self.tolerance:.2f}): {said}"
+            f"plain against drafting at 1 stream, side by side, one-sided 95 % bounds: "
+            f"{self.advantage.figures(confidence=settle.CONFIDENCE)} (tolerance "
+            f"+-{self.tolerance:.2f} tok/s): {said}"
         )
 
 
