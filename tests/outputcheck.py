@@ -47,7 +47,8 @@ def suggestions(text: str) -> list[str]:
 
 
 def suggestion_problem(command: str) -> str | None:
-    """Why a suggested `tuner ...` command line would not parse (None where it does)."""
+    """Why a suggested `tuner ...` command line would not parse (None where it does). A command
+    or group named in passing, with nothing after it (`tuner observe`), need only exist."""
     import typer.main
 
     from tuner.cli.app import app
@@ -58,28 +59,27 @@ def suggestion_problem(command: str) -> str | None:
         return f"not a command line: {exc}"
     if words[:1] != ["tuner"]:
         return "does not start with `tuner`"
-    args = [PLACEHOLDERS.get(w, w) for w in words[1:]]
-    args = [a for a in args if a not in ("...", "[...]")]
+    args = [PLACEHOLDERS.get(w, w) for w in words[1:] if w not in ("...", "[...]")]
     command_obj = typer.main.get_command(app)
-    ctx = None
-    name = "tuner"
-    while True:
-        try:
-            ctx = command_obj.make_context(
-                name, list(args), parent=ctx, resilient_parsing=hasattr(command_obj, "get_command")
-            )
-        except Exception as exc:  # click's UsageError and its kin
-            return f"{type(exc).__name__}: {exc}"
-        if not hasattr(command_obj, "get_command"):
-            return None
-        words = [*getattr(ctx, "_protected_args", []), *ctx.args]
-        if not words:
-            return "names a group, not a command"
-        name, args = words[0], words[1:]
+    ctx = command_obj.make_context("tuner", list(args), resilient_parsing=True)
+    rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+    while hasattr(command_obj, "get_command"):
+        if not rest:
+            return None  # a group named in passing
+        name, rest = rest[0], rest[1:]
         sub = command_obj.get_command(ctx, name)
         if sub is None:
             return f"no such command: {name}"
         command_obj = sub
+        if not rest:
+            return None  # a command named in passing
+        leaf = not hasattr(sub, "get_command")
+        try:
+            ctx = sub.make_context(name, list(rest), parent=ctx, resilient_parsing=not leaf)
+        except Exception as exc:  # click's UsageError and its kin
+            return f"{type(exc).__name__}: {exc}"
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+    return None
 
 
 def check_output(text: str, where: str, allow_nonfinite: bool = False) -> None:

@@ -148,7 +148,7 @@ class Contrast:
         if not (math.isfinite(low) and math.isfinite(high)):
             return f"{self.estimate:+.2f}{unit} (no bounds yet: a level has one pair)"
         dof = f" (df {self.df:.1f})" if df and math.isfinite(self.df) else ""
-        return f"{self.estimate:+.2f}{unit} [{low:+.2f}, {high:+.2f}]{unit}{dof}"
+        return f"{self.estimate:+.2f} [{low:+.2f}, {high:+.2f}]{unit}{dof}"
 
     def half_width(self, confidence: float = 0.95) -> float:
         low, high = self.bounds(confidence)

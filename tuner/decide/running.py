@@ -40,10 +40,10 @@ from tuner.errors import ConfigError, EndpointMissingError
 from tuner.measure import metrics
 from tuner.measure.backend import RunningBackend
 from tuner.measure.client import LlamaClient, model_name, model_stem
-from tuner.measure.doctor import ONE_SLOT, CheckReport, check
+from tuner.measure.doctor import ONE_SLOT, CheckReport, Status, check, spin_finding
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.foreign import DEFAULT_WAIT_S, wait_for_quiet
-from tuner.measure.hold import ServerHold
+from tuner.measure.hold import ServerHold, normalise_url
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec, running_spec
@@ -133,9 +133,10 @@ def tune_running(
         if not checked.can_tune:
             raise ConfigError(_cannot_tune(checked))
         server = running_server(checked, options.model, options.api_key)
-        if options.plain_url is not None:
-            check_plain_server(options.plain_url, options.plain_api_key, server)
         report = RunningReport(server, checked)
+        if options.plain_url is not None:
+            check_plain_server(options.url, options.plain_url, options.plain_api_key, server)
+            report.notes += _spinning(options, checked, observer)
         for url, key in _servers(options):
             report.waited_s += wait_for_quiet(url, key, options.wait_s, observer)
         backend = RunningBackend(
@@ -234,10 +235,35 @@ def _draft_length(url: str, api_key: str | None) -> int | None:
         return metrics.draft_length(api.metrics())
 
 
-def check_plain_server(url: str, api_key: str | None, drafting: RunningServer) -> None:
-    """The plain server must be a llama-server of the same model without a draft model, with
-    as many slots (else plain against drafting compares two different things), and /metrics on
-    (every round reads it)."""
+def _spinning(options: RunningOptions, checked: CheckReport, observer: Observer) -> list[str]:
+    """Two servers measured in turn on one machine: where either one's threads spin while it
+    is idle, the other's rounds pay for it; said before anything is measured, with the fix."""
+    assert options.plain_url is not None
+    said = []
+    findings = [(options.url, checked.finding("idle CPU")), (options.plain_url, None)]
+    for url, finding in findings:
+        finding = finding or spin_finding(url)
+        if finding is not None and finding.status is Status.WARN:
+            said.append(
+                f"warning: {url} used {finding.seen}; while the other server is measured it "
+                f"counts as another program and its rounds are measured again: {finding.fix}"
+            )
+    for text in said:
+        observer(ProgressEvent("message", text=text))
+    return said
+
+
+def check_plain_server(
+    drafting_url: str, url: str, api_key: str | None, drafting: RunningServer
+) -> None:
+    """The plain server must be another llama-server than the drafting one, of the same model
+    without a draft model, with as many slots (else plain against drafting compares two
+    different things), and /metrics on (every round reads it)."""
+    if normalise_url(url) == normalise_url(drafting_url):
+        raise ConfigError(
+            f"--plain-url {url} is the drafting server itself (--url): start a second server "
+            "of the same model without --model-draft and give its URL"
+        )
     with LlamaClient(url, api_key) as api:
         props = api.props()
         slots = api.slots()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ApiKeyError, EndpointMissingError, NotLlamaServerError, ServerError
+from tuner.measure import interference
 from tuner.measure import metrics as drafting
 from tuner.measure.backend import CHECK_TOKENS, check_live_switch
 from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, Metrics, model_name
@@ -197,7 +198,7 @@ class _Checker:
         add(
             "model",
             Status.INFO,
-            f"{model_name(props)} (its data go under this name; {path or '-'})",
+            f"{model_name(props)} (the name its data go under; {path or '-'})",
         )
         add("-np", Status.INFO, _slots_words(self.slots_total))
         patched = self.before is not None
@@ -217,6 +218,7 @@ class _Checker:
             add("--props", Status.OK, "on" if props_on else "not reported; tried below")
         scrape = self._metrics()
         slots = self._slots()
+        self._idle(scrape)
         loaded = _draft_loaded(slots)
         if not patched or props_on is False:
             add("live switch", Status.SKIP, "not tried: it needs the patch and --props")
@@ -253,6 +255,16 @@ class _Checker:
             return None
         self.report.add("--slots", Status.OK, "on")
         return slots
+
+    def _idle(self, scrape: Metrics | None) -> None:
+        """The server's CPU while it serves nothing, where it runs here (see spin_finding)."""
+        if scrape is not None and (scrape.value("llamacpp:requests_processing") or 0) > 0:
+            return  # serving someone: its CPU says nothing of idle threads
+        if isinstance(self.props.get("twin"), dict):
+            return  # the twin runs in virtual time: no threads of its own to watch
+        finding = spin_finding(self.api.url)
+        if finding is not None:
+            self.report.findings.append(finding)
 
     def _quietly(self, read: Callable[[], Any]) -> Any:
         try:
@@ -354,6 +366,25 @@ class _Checker:
             kind = "type unknown (/slots shows it)"
         status = Status.OK if loaded or types or n_max else Status.WARN
         self.report.add("speculative", status, f"{kind}, {length}")
+
+
+def spin_finding(url: str, seconds: float = 1.0) -> Finding | None:
+    """Whether the server at url uses the CPU while idle (llama-server's worker threads spin
+    between graphs unless started with --poll 0): a warning naming the remedy where it does,
+    ok where it does not, None where its process cannot be watched from here."""
+    pids, _ = interference.server_pids(url)
+    if not pids:
+        return None
+    cores = interference.idle_cores(pids, seconds)
+    if cores < interference.BUSY_CORES:
+        return Finding("idle CPU", Status.OK, f"{cores:.2f} cores with no request")
+    return Finding(
+        "idle CPU",
+        Status.WARN,
+        f"{cores:.1f} cores with no request: its threads spin between graphs, so a second "
+        "server or other programs on this machine and it slow each other",
+        interference.SPIN_FIX,
+    )
 
 
 # --- words ----------------------------------------------------------------------------------

@@ -58,6 +58,18 @@ class SpeculativeSpec(_Strict):
         None, ge=1, description="also measure --spec-draft-max-slots N (needs the patched server)"
     )
 
+    @model_validator(mode="after")
+    def _drafts(self) -> SpeculativeSpec:
+        # llama.cpp 11434's --spec-type defaults to none: a draft model alone never drafts
+        # (the server then measures as plain while every drafting policy is asked for)
+        typed = any(a == "--spec-type" or a.startswith("--spec-type=") for a in self.args)
+        if self.draft_model() is not None and not typed:
+            raise ValueError(
+                "args: --model-draft without --spec-type: llama-server (build 11434) loads the "
+                "draft model and never drafts; add --spec-type draft-simple"
+            )
+        return self
+
     def draft_model(self) -> Path | None:
         """The draft model file the arguments load (`-md`/`--model-draft`), if any."""
         for i, arg in enumerate(self.args):
