@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from tunerproc import Finished, run_tuner, tuner_env
+from readme import Step, readme_commands, threshold, walk
+from tunerproc import Finished, tuner_env
 
 from tuner.bench import Bench
-from tuner.measure.client import LlamaClient, model_stem
+from tuner.measure.client import model_stem
 from tuner.measure.launcher import free_port
 
 pytestmark = pytest.mark.bench
@@ -50,106 +46,27 @@ DURATIONS = {
 }
 
 
-def readme_commands() -> list[str]:
-    """The shell lines of steps 2 to 5 of the README's own-server section, in order, with
-    continuation lines joined and comments dropped."""
-    text = README.read_text()
-    section = text.split("### 2. Start it so that the tuner can switch it", 1)[1]
-    section = section.split("### When the tuner may start the server itself", 1)[0]
-    lines: list[str] = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
-        joined = block.replace("\\\n", " ")
-        for line in joined.splitlines():
-            line = line.split("  #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                lines.append(" ".join(line.split()))
-    return lines
-
-
-def substituted(line: str, bench: Bench, ports: dict[str, str], tmp: Path, name: str) -> list[str]:
-    """One README line as argv, with the substitutions of the module docstring."""
-    words = shlex.split(line.rstrip("&").strip())
-    paths = {
-        "llama-server": str(bench.server),
-        "model.gguf": str(bench.target),
-        "draft.gguf": str(bench.draft),
-        "/etc/llama/server.env": str(tmp / "server.env"),
-        "report/": str(tmp / "report"),
-        "NAME": name,
-    }
-    out = []
-    for word in words:
-        word = paths.get(word, word)
-        for port, free in ports.items():
-            word = word.replace(f":{port}", f":{free}") if word.startswith("http") else word
-            word = free if word == port else word
-        out.append(word)
-    if out[0] == "tuner":
-        out = [sys.executable, "-m", "tuner", *out[1:], *DURATIONS.get(out[1], [])]
-    return out
-
-
-def wait_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert server.poll() is None, log.read_text()[-2000:]
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not come up: {log.read_text()[-2000:]}")
-
-
-def threshold(url: str) -> int | None:
-    with LlamaClient(url) as api:
-        return api.max_slots()
-
-
 def test_the_readme_own_server_section_runs_as_written(bench: Bench, tmp_path: Path) -> None:
     commands = readme_commands()
     assert commands[0].startswith("llama-server") and "--spec-type draft-simple" in commands[0]
     ports = {"8080": str(free_port()), "8081": str(free_port())}
     env = tuner_env(tmp_path / "tuner.db", tmp_path / "cache", TUNER_STATE_DIR=str(tmp_path))
     name = model_stem(str(bench.target))
-    servers: list[subprocess.Popen] = []
-    said: dict[str, Finished] = {}
-    try:
-        for i, line in enumerate(commands):
-            argv = substituted(line, bench, ports, tmp_path, name)
-            if line.startswith("llama-server"):
-                log = tmp_path / f"server-{i}.log"
-                with log.open("w") as out:
-                    servers.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
-                port = argv[argv.index("--port") + 1]
-                wait_healthy(f"http://127.0.0.1:{port}", servers[-1], log)
-                continue
-            if ">>" in argv:  # recommend >> the env file, as a shell appends
-                target = Path(argv[argv.index(">>") + 1])
-                argv = argv[: argv.index(">>")]
-                result = run_tuner(argv[3:], env, timeout_s=600)
-                with target.open("a") as f:
-                    f.write(result.stdout)
-            else:
-                result = run_tuner(argv[3:], env, timeout_s=600)
-            assert result.returncode == 0, f"{line}:\n{result.stdout}\n{result.stderr[-3000:]}"
-            said[line] = result
-            if line.startswith("tuner check"):
-                seen = re.search(r"model\s+(\S+) \(the name its data go under", result.stdout)
-                assert seen and seen.group(1) == name, result.stdout
-            if line.startswith("tuner tune"):
-                # the threshold the server was started with, given back
-                assert threshold(f"http://127.0.0.1:{ports['8080']}") == 0
-    finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(30)
-    one_answer(said, tmp_path, name)
+
+    def checked(step: Step) -> None:
+        assert step.result is not None
+        if step.line.startswith("tuner check"):
+            seen = re.search(r"model\s+(\S+) \(the name its data go under", step.result.stdout)
+            assert seen and seen.group(1) == name, step.result.stdout
+        if step.line.startswith("tuner tune"):
+            # the threshold the server was started with, given back
+            assert threshold(f"http://127.0.0.1:{ports['8080']}") == 0
+
+    steps = walk(bench, tmp_path, env, ports, name, DURATIONS, after=checked)
+    one_answer({s.line: s.result for s in steps if s.result is not None}, tmp_path)
 
 
-def one_answer(said: dict[str, Finished], tmp: Path, name: str) -> None:
+def one_answer(said: dict[str, Finished], tmp: Path) -> None:
     """Every surface states the same answer and status."""
     out = {line.split("--format ")[1].split()[0] if "--format" in line else line: r.stdout
            for line, r in said.items() if line.startswith("tuner recommend")}  # fmt: skip
