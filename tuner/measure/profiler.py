@@ -184,9 +184,6 @@ class Profiler:
     def last_pass(self) -> int | None:
         return self.recorder.last_pass()
 
-    def close_open_levels(self) -> None:
-        self.recorder.close_open_levels()
-
     def record_level(
         self,
         config: Target,

@@ -217,6 +217,10 @@ class RunRecorder:
             self.interrupt_levels()
             self._finish_best_effort(FAILED, str(exc))
             raise
+        # A run that ends as it meant to keeps what it measured as data: levels measured in
+        # pairs (tune's sweeps, validate's passes) never close one by one, and left running
+        # they would count in no fit and show as unfinished in `tuner runs`.
+        self.close_open_levels()
         self.finish(COMPLETED)
         assert self.run_id is not None
         return self.run_id
