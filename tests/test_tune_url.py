@@ -85,7 +85,7 @@ def test_a_running_server_is_tuned_stored_under_its_alias_and_left_as_found() ->
     # what it suggests measures these data where they came from: the running server
     assert stored["measure_command"] == f"tuner tune --url {server.url} --model {ALIAS}"
     # `tuner runs` counts the tune's comparisons, not levels a tune never closes one by one
-    listed = CliRunner().invoke(app, ["runs"])
+    listed = CliRunner().invoke(app, ["runs"], env={"COLUMNS": "200"})
     assert re.search(r"tune .* \d+/\d+ comparisons resolved", listed.stdout), listed.stdout
 
 
