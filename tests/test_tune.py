@@ -136,11 +136,13 @@ def test_an_answer_it_left_is_followed_back_once_and_a_second_return_stops_there
     )
     assert report.standing.max_slots == start and report.settled.status == SETTLED
     assert report.history == [low, start, start]
-    # going back and forth: the second return stops, with the latest answer, unresolved
+    # going back and forth: the second return stops, with the latest answer, unresolved, read
+    # with comparisons of its own (one more assessment, at the answer it stops at)
     report = _scripted_tune(
-        tmp_path / "c", monkeypatch, [(low, MOVED), (start, MOVED), (low, MOVED)]
+        tmp_path / "c", monkeypatch, [(low, MOVED), (start, MOVED), (low, MOVED), (low, MOVED)]
     )
     assert report.standing.max_slots == low and report.settled.status == OPEN
+    assert report.settled.answer == low and report.history[-1] == low
     assert report.settled.measure_next == list(range(low + 1, start + 1))
 
 

@@ -114,6 +114,14 @@ def head_reason(standing: settle.Standing, answer: int, report: TuneReport) -> R
             f"+-{standing.tolerance:.2f} or beyond"
             for c in standing.tie_questions
         ]
+        if not parts:  # the answer went back and forth (Tuning.move): what it went back from
+            parts.append(
+                "the data do not keep it apart from "
+                + ", ".join(
+                    f"N={c.contender} ({bounds_text(c, answer)})" for c in standing.measuring
+                )
+                + ": the answer went back and forth between them"
+            )
         return Reason(
             ReasonCode.UNRESOLVED,
             f"N={answer} stands, but "

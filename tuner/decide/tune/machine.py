@@ -66,7 +66,12 @@ class Tuning:
     limits: Limits
     answer: int
     started: float  # the backend's clock when measuring began
-    objective: float = field(init=False)
+    objective: float = field(init=False)  # the answer's, on the cost model
+    # What the tolerance is a share of, fixed for the whole tune (the starting answer's
+    # objective): were it the answer's own, two values within the tolerance of each other
+    # could each put the other ahead (the larger N's tolerance is wider), and the answer would
+    # go back and forth between them.
+    scale: float = field(init=False)
     w: list[float] = field(init=False)
     visited: set[int] = field(init=False)
     moves: int = 0
@@ -75,6 +80,7 @@ class Tuning:
 
     def __post_init__(self) -> None:
         self.objective = model_objective(self.cm, self.answer, self.n_max, self.weights)
+        self.scale = self.objective
         self.w = [float(x) for x in self.weights]
         self.visited = {self.answer}
 
@@ -137,7 +143,7 @@ class Tuning:
             self.w,
             self.answer,
             self.cm.n_parallel,
-            self.objective,
+            self.scale,
             self.limits.tolerance,
             kept=[*above, *([far] if far is not None else [])],
         )
@@ -160,11 +166,15 @@ class Tuning:
             # going back and forth at the edge of the tolerance: the latest answer stands,
             # unresolved, the levels between the two to measure.
             if self.returned:
+                # the comparisons the answer it stops at is read with are its own, not those of
+                # the answer it left
+                again = self.assess()
                 self.report.settled = dataclasses.replace(
-                    standing,
+                    again,
                     answer=answer,
                     status=settle.OPEN,
                     measure_next=settle.between(back, answer),
+                    measuring=[c for c in again.comparisons if c.contender == back],
                 )
                 self.say(
                     f"the answer went back to N={answer} a second time: the data do not keep "
@@ -297,7 +307,7 @@ class Tuning:
         levels = plain_gains(profiler.repeats_by_cell(), profiler.level_name(policy), pool)
         advantage = Contrast.of(levels, coef)
         passes = min((levels[c].n if c in levels else 0 for c in coef), default=0)
-        tolerance = self.limits.tolerance * self.objective
+        tolerance = self.limits.tolerance * self.scale
         said = PlainLive(advantage, verdict(advantage, tolerance), passes, self.answer)
         # an unresolved verdict against an earlier answer gives way only to one with passes of
         # its own against this answer

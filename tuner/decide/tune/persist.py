@@ -169,11 +169,19 @@ def _comparison_reasons(standing: settle.Standing, answer: int) -> list[Reason]:
             )
         )
     if len(standing.tie) > 1:
+        # settled, the smallest of a tie is the answer; still open, it is a tie so far and the
+        # answer the best estimate (README: Reading an answer)
+        chosen = (
+            f"the smallest, N={min(standing.tie)}, is the answer"
+            if standing.status == settle.SETTLED
+            else f"a tie so far: N={answer} stands as the best estimate while the comparisons "
+            "are open"
+        )
         reasons.append(
             Reason(
                 ReasonCode.TIE,
                 f"N in {standing.tie} are equivalent within +-{standing.tolerance:.2f} tok/s: "
-                f"the smallest, N={min(standing.tie)}, is the answer",
+                + chosen,
             )
         )
     return reasons
