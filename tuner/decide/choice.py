@@ -328,7 +328,7 @@ class PlainVerdict:
             figures = (
                 f"plain (no draft model) {'ahead of' if point > 0 else 'behind'} N={self.chosen} "
                 f"by {abs(point):.3g} {unit} ({_pct(share)}; one-sided 95 % bounds "
-                f"[{low:+.3g}, {high:+.3g}], plain and drafting on separate launches)"
+                f"[{low:+.3g}, {high:+.3g}] {unit}, plain and drafting on separate launches)"
             )
         if self.plain_ahead:
             where = ""
