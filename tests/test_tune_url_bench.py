@@ -1,7 +1,7 @@
-"""`tuner check --url` and `tuner tune --url` against the real bench llama-server started by hand,
-as the README shows an operator starting theirs: an answer and the threshold it had given back;
-one slot and two; and check's one failing line for a server without --props, without --metrics,
-or with an API key the tuner was not given. Short rounds: what is tested is the path, the
+"""`tuner check --url` and `tuner tune --url` against the real bench llama-server started by hand
+(the README's own path, check and tune and the threshold given back, runs in
+tests/test_readme_path.py): one slot and two; and check's one failing line for a server without
+--props, without --metrics, or with an API key the tuner was not given. Short rounds: what is tested is the path, the
 server left as found and what the tuner says, never which N (the twin grades decisions)."""
 
 from __future__ import annotations
@@ -72,19 +72,6 @@ def threshold(url: str) -> int | None:
 def tuner(tmp_path: Path, *args: str, timeout_s: float = 900) -> Finished:
     env = tuner_env(tmp_path / "tuner.db", tmp_path / "cache", TUNER_STATE_DIR=str(tmp_path))
     return run_tuner(args, env, timeout_s)
-
-
-def test_tune_url_on_a_server_started_by_hand(bench: Bench, tmp_path: Path) -> None:
-    with by_hand(bench, tmp_path, "--props", "--metrics") as url:
-        checked = tuner(tmp_path, "check", "--url", url)
-        tuned = tuner(tmp_path, "tune", "--url", url, *QUICK, "--format", "json")
-        after = threshold(url)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert tuned.returncode == 0, tuned.stderr[-3000:]
-    assert after == 3  # as found
-    report = json.loads(tuned.stdout)
-    assert report["tune"]["standing"] is not None and report["n_max"] == 6
-    assert "back to 3, as found" in tuned.stderr
 
 
 def test_one_slot_on_the_bench_says_the_threshold_changes_nothing(
