@@ -1,8 +1,9 @@
 """`tuner check --url` and `tuner tune --url` against the real bench llama-server started by hand
 (the README's own path, check and tune and the threshold given back, runs in
 tests/test_readme_path.py): one slot and two; and check's one failing line for a server without
---props, without --metrics, or with an API key the tuner was not given. Short rounds: what is tested is the path, the
-server left as found and what the tuner says, never which N (the twin grades decisions)."""
+--props, without --metrics, or with an API key the tuner was not given. Short rounds: what is
+tested is the path, the server left as found and what the tuner says, never which N (the twin
+grades decisions)."""
 
 from __future__ import annotations
 
