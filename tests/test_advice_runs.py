@@ -87,3 +87,7 @@ def test_an_answer_from_a_running_server_names_a_tune_that_runs() -> None:
         again = run_suggested(command, *SHORT)
     assert again.exit_code == 0, again.output
     assert re.search(r"answer: N=\d", again.stdout), again.stdout
+    # the command for data from a spec's launches does not fit them: it says which does
+    wrong = tuner("tune", "--model", ALIAS)
+    (line,) = [s for s in wrong.output.splitlines() if s.startswith("error:")]
+    assert f"`tuner tune --url {server.url} --model {ALIAS}` measures it there" in line

@@ -32,7 +32,7 @@ from tuner.measure.spec import (
     validation_message,
 )
 from tuner.policy import Policy
-from tuner.recommendation import Recommendation
+from tuner.recommendation import Origin, Recommendation
 from tuner.storage import validations
 from tuner.storage.fits import current_fit
 from tuner.storage.hashes import StoredHashes
@@ -96,13 +96,22 @@ def _check_prompts(stored: dict[str, Any], data: dict[str, Any]) -> None:
     data["workload"] = {**workload, "prompts": str(path), "prompts_sha256": sha}
 
 
-def profile_spec_of(store: Store, model: str, host: str) -> dict[str, Any]:
-    """The stored spec of the model's newest managed profile: the server set-up live runs use."""
+def profile_spec_of(store: Store, model: str, host: str, launching: bool = True) -> dict[str, Any]:
+    """The stored spec of the model's newest managed profile: the server set-up live runs use.
+    launching: the caller starts servers from it, which a running server's spec (`tune --url`:
+    no binary, its URLs) cannot give; its error names the command that measures there."""
     stored_spec = validations.latest_profile_spec(store, model, host)
     if stored_spec is None:
         raise NothingToDoError(
             f"model {model!r} has no managed profile run to take the server set-up from; "
             f"run `tuner profile SPEC` first"
+        )
+    server = stored_spec.get("server") or {}
+    if launching and server.get("url"):
+        origin = Origin(model, str(server["url"]), server.get("plain_url"))
+        raise ConfigError(
+            f"model {model!r} was measured on a running server the tuner does not start "
+            f"({server['url']}): `{origin.measure()}` measures it there"
         )
     return stored_spec
 

@@ -144,7 +144,7 @@ def tune(
     n_max = (rec.n_max or cm.n_max) if tune_n_max else cm.n_max
     answer = rec.policy.effective(cm.n_parallel)
 
-    stored_spec = validate.profile_spec_of(store, model_name, host)
+    stored_spec = validate.profile_spec_of(store, model_name, host, launching=backend is None)
     spec = validate.validation_spec(stored_spec, [1], n_max, overrides, kind="tune")
     preflight_policies = [Policy.always(n_max), Policy.threshold(1, n_max)]
     profiler = validate.open_live_run(
