@@ -8,6 +8,7 @@ matplotlib's object API on the Agg canvas, no pyplot state.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tuner.report.tables import crossover_text
 
 PNG_NAME = "report.png"
 SVG_NAME = "report.svg"
+TITLE_WIDTH = 90  # characters a title line takes before it wraps (the figure is 11 inches wide)
 
 # Colours per candidate (matplotlib's tab10): plain blue, always-draft orange, policy green,
 # other thresholds purple, brown, pink, olive.
@@ -141,9 +143,9 @@ def render_figure(data: ReportData, dims: Dimensions | None = None) -> Any:
     _draw_panel(bottom, data, per_stream=True)
     rec = data.recommendation
     where = f" on {data.host}" if data.host else ""
+    said = textwrap.fill(f"{data.model}{where}: {rec.headline()}", TITLE_WIDTH)
     fig.suptitle(
-        f"{data.model}{where}: {rec.headline()}\n"
-        f"fit {data.fit_id}, n_max {data.n_max}, -np {data.n_parallel}",
+        f"{said}\nfit {data.fit_id}, n_max {data.n_max}, -np {data.n_parallel}",
         fontsize=13,
         fontweight="bold",
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from tuner.model.costmodel import CostModel, Crossover
 from tuner.policy import Policy
-from tuner.recommendation import Recommendation
+from tuner.recommendation import PLAIN, Recommendation
 from tuner.storage.queries import LevelPoint
 
 
@@ -147,7 +147,12 @@ def report_data(
     measured and validation points, and the crossover. Pure: no database, no files."""
     n_rec = recommendation.n_max if recommendation.n_max in model.n_values() else model.n_max
     policy = recommendation.policy.with_n_max(n_rec)
-    policy_label = f"recommended: {policy.label}"
+    # a plain answer's threshold is the best one for a server that keeps its draft model
+    policy_label = (
+        f"recommended: {policy.label}"
+        if recommendation.kind != PLAIN
+        else f"if the draft model stays: {policy.label}"
+    )
     if n_rec != model.n_max:
         policy_label += f", n_max {n_rec}"
     policy_label += f" ({policy.describe(model.n_parallel)})"
