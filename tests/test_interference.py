@@ -23,6 +23,7 @@ from tuner.decide.tune import live_gains
 from tuner.measure.attach import attach
 from tuner.measure.interference import (
     BUSY_CORES,
+    SIBLING,
     GpuProcess,
     Proc,
     RoundLoad,
@@ -162,6 +163,27 @@ def test_the_runs_summary_says_how_many_rounds_with_what_and_what_to_do() -> Non
         "1234): they were measured again; results may still be off: stop them or rerun on a "
         "quiet machine"
     )
+
+
+def test_the_other_server_of_a_side_by_side_is_named_and_its_remedy_said() -> None:
+    """tune --plain-url: while plain is measured the plain server is the server, and the idle
+    drafting server counts only by what it uses, named as what it is; a run whose busy rounds
+    came from it names --poll 0."""
+    plain, drafting = 300, 400
+    start = _snap(0.0, 10_000, {plain: ("llama-server", 1, 1000), drafting: ("llama-server", 1, 0),
+                                TUNER: ("tuner", 1, 50)})  # fmt: skip
+    end = _snap(2.0, 10_000 + 300 + 20 + 120, {plain: ("llama-server", 1, 1300),
+                drafting: ("llama-server", 1, 120), TUNER: ("tuner", 1, 70)})  # fmt: skip
+    other = {drafting: f"{SIBLING} http://127.0.0.1:8080"}
+    load = round_load(start, end, [plain], tuner=TUNER, siblings=other)
+    assert load.server == pytest.approx(1.5) and load.others == pytest.approx(0.6)
+    assert load.top[0].name == f"{SIBLING} http://127.0.0.1:8080" and load.top[0].pid == drafting
+    said = busy_summary([load], 10)
+    assert said is not None and "--poll 0" in said and "two servers on one CPU" in said
+    # idle with --poll 0, it uses nothing, and the round is the plain server's alone
+    quiet = _snap(2.0, 10_000 + 300 + 20, {plain: ("llama-server", 1, 1300),
+                  drafting: ("llama-server", 1, 0), TUNER: ("tuner", 1, 70)})  # fmt: skip
+    assert not round_load(start, quiet, [plain], tuner=TUNER, siblings=other).busy
 
 
 # --- this machine -----------------------------------------------------------------------------
