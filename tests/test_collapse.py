@@ -71,10 +71,15 @@ def test_the_first_count_below_its_floor_collapses_and_names_the_protection() ->
         16: Seen(16, 0.0072, 0.01),
     }
     collapse = find_collapse(seen, limits, "the server's counters", "b1234-abc", standing=0)
-    assert collapse is not None and collapse.slots == 16 and collapse.protective == 15
+    # protected at the most drafting slots seen paying below it: 4 (8 does not pay)
+    assert collapse is not None and collapse.slots == 16 and collapse.protective == 4
     line = collapse.line()
     assert "collapses at 16 drafting slots" in line and "b1234-abc" in line
-    assert "protect the server with N=15" in line and "0.007" in line and "\n" not in line
+    assert "protect the server with N=4" in line and "0.007" in line and "\n" not in line
+    assert "5 to 15 drafting slots not seen paying" in line
+    # every count below it seen paying: one below it
+    dense = {c: Seen(c, 1.0, 1.1) for c in range(1, 6)} | {6: Seen(6, 0.01, 0.02)}
+    assert find_collapse(dense, limits, "x", "b").protective == 5  # type: ignore[union-attr]
     # a standing N already below the collapse keeps it out: said, nothing to protect
     held = find_collapse(seen, limits, "the profile", "b1", standing=4)
     assert held is not None and held.protected and "standing N=4 already keeps" in held.line()
@@ -118,8 +123,13 @@ def test_a_request_is_credited_with_generating_slots_only_where_drafts_may_start
         exposure.poll(both, 0.25, max_slots=1)
     # task 10 ends: it drafted with one slot drafting
     assert exposure.ended([slot(0, 12, "prefilling"), slot(1, 11, "generating")]) == 1
-    # with no limit both draft together: task 11 saw 1 (none: it was reading) then 2
+    # with no limit both draft together: task 11 drafted only with 2 (it was reading before)
     for _ in range(4):
         exposure.poll(both, 0.25, max_slots=0)
     assert exposure.ended([slot(0, 10, "idle"), slot(1, 11, "idle")]) == 2
     assert exposure.ended([]) is None  # nothing ended since
+    # a request that drafted half alone and half with another mixes counts: put at none
+    for n in (1, 2):
+        exposure.poll([slot(0, 20, "generating")] + ([slot(1, 21, "generating")] * (n - 1)),
+                      1.0, max_slots=0)  # fmt: skip
+    assert exposure.ended([slot(1, 21, "generating")]) is None

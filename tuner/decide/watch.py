@@ -740,7 +740,9 @@ class Watcher:
             return False
         self._kind(event, "collapse")
         how = "" if collapse.protective else " (plain needs a restart without the draft model)"
-        self.change(target, f"acceptance collapsed: N={target}{how}", event, "collapse")
+        head = f"acceptance collapsed: N={target}{how}, whatever the dwell"
+        self.log(head)
+        self.change(target, head, event, "collapse")
         event.max_slots = self.current
         return True
 

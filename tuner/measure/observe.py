@@ -27,10 +27,11 @@ the server at capacity, its arrival rate the rate it served).
 Acceptance by drafting slots: each generating slot's request is credited, poll by poll, with
 the number of slots generating then, where new drafts could start (at most the server's
 threshold N generating, read from GET /props; any number at N = 0); a reading's increments go
-to the rounded mean of what the requests that ended since the last reading saw while they could
-draft (`DraftingExposure`, into TrafficProfile.by_drafting). The threshold counts generating
-slots only, as llama-server's patch does: a slot still reading its prompt neither drafts nor
-counts.
+to the count at which the requests that ended since the last reading spent CLEAN_SHARE of their
+drafting time or more, and to none where they mixed counts (`DraftingExposure`, into
+TrafficProfile.by_drafting; the overall acceptance keeps every reading). The threshold counts
+generating slots only, as llama-server's patch does: a slot still reading its prompt neither
+drafts nor counts.
 
 It never changes how the server serves; reading /metrics restarts the averaging window of the
 server's two rate gauges (prompt and predicted tokens per second) for anyone else scraping them,
@@ -309,13 +310,16 @@ def counter_step(
     )
 
 
+CLEAN_SHARE = 0.8  # a reading is put at one drafting count where its requests drafted there so long
+
+
 @dataclass
 class DraftingExposure:
-    """What each request saw while it could draft: for each (slot, task), the seconds and the
-    slot-seconds of drafting slots (the generating count, at polls where new drafts could
-    start), so the drafts a reading counts can be put at the count their requests drafted at."""
+    """What each request saw while it could draft: for each (slot, task), the seconds at each
+    number of drafting slots (the generating count, at polls where new drafts could start), so
+    the drafts a reading counts can be put at the count their requests drafted at."""
 
-    seen: dict[tuple[int, Any], list[float]] = field(default_factory=dict)
+    seen: dict[tuple[int, Any], dict[int, float]] = field(default_factory=dict)
 
     def poll(self, slots: list[Mapping[str, Any]], dt: float | None, max_slots: int) -> None:
         """One poll: dt seconds at the generating count seen, where drafts could start."""
@@ -326,20 +330,25 @@ class DraftingExposure:
         if not count or (max_slots > 0 and count > max_slots):
             return  # nothing generates, or the threshold starts no draft
         for slot in generating:
-            cell = self.seen.setdefault((int(slot.get("id", -1)), slot.get("id_task")), [0.0, 0.0])
-            cell[0] += dt
-            cell[1] += count * dt
+            cell = self.seen.setdefault((int(slot.get("id", -1)), slot.get("id_task")), {})
+            cell[count] = cell.get(count, 0.0) + dt
 
     def ended(self, slots: list[Mapping[str, Any]]) -> int | None:
-        """The drafting slots the requests ended since the last call saw (their drafting time's
-        mean, rounded), dropping them; None where none of them could draft."""
+        """The drafting slots the requests ended since the last call drafted at, dropping them:
+        the count that holds CLEAN_SHARE of their drafting time or more; None where none does
+        (their drafts mix counts, and acceptance by count cannot be told from them) or none of
+        them could draft."""
         live = {(int(s.get("id", -1)), s.get("id_task")) for s in slots if s.get("is_processing")}
         done = [key for key in self.seen if key not in live]
-        seconds = sum(self.seen[key][0] for key in done)
-        slot_seconds = sum(self.seen[key][1] for key in done)
+        by_count: dict[int, float] = {}
         for key in done:
-            del self.seen[key]
-        return max(1, round(slot_seconds / seconds)) if seconds > 0 else None
+            for count, seconds in self.seen.pop(key).items():
+                by_count[count] = by_count.get(count, 0.0) + seconds
+        total = sum(by_count.values())
+        if total <= 0:
+            return None
+        count, seconds = max(by_count.items(), key=lambda kv: kv[1])
+        return count if seconds >= CLEAN_SHARE * total else None
 
 
 # --- the loop ---------------------------------------------------------------------------------

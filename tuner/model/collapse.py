@@ -115,11 +115,15 @@ class Collapse:
     source: str  # where the acceptance was read: "the profile", "the server's counters"
     build: str  # the server's build, as its fingerprint or version line names it
     standing: int | None = None  # the N the server runs (0: always draft; None: not known)
+    paying: int | None = None  # the most drafting slots below the collapse seen paying
 
     @property
     def protective(self) -> int | None:
-        """N below the collapse; None: plain (it collapses at one slot already)."""
-        return self.slots - 1 if self.slots >= 2 else None
+        """N below the collapse: the most drafting slots seen paying below it (the counts
+        between were not seen), else one below it; None: plain (it collapses at one slot)."""
+        if self.slots < 2:
+            return None
+        return self.paying if self.paying is not None else self.slots - 1
 
     @property
     def protected(self) -> bool:
@@ -133,7 +137,12 @@ class Collapse:
                 "only while one slot generates)"
             )
         n = self.protective
-        return f"N={n} (no new drafts while more than {n} slots generate)"
+        unseen = (
+            f"; {n + 1} to {self.slots - 1} drafting slots not seen paying"
+            if n < self.slots - 1
+            else ""
+        )
+        return f"N={n} (no new drafts while more than {n} slots generate{unseen})"
 
     def line(self) -> str:
         """One line: where it collapses, on which build, and what protects the server."""
@@ -160,13 +169,17 @@ def find_collapse(
     standing: int | None = None,
 ) -> Collapse | None:
     """The first drafting count whose acceptance (its upper bound) is below its floor's lower
-    bound; None where none is."""
+    bound, with the most drafting slots below it seen paying (acceptance at or above the
+    floor's point); None where none is."""
+    paying: int | None = None
     for slots in sorted(seen):
         at, limit = seen[slots], floor.get(slots)
         if limit is None or slots < 1:
             continue
         if at.high < limit.lower:
-            return Collapse(slots, at, limit, source, build, standing)
+            return Collapse(slots, at, limit, source, build, standing, paying)
+        if at.accepted >= limit.accepted:
+            paying = slots
     return None
 
 
