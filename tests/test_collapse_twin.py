@@ -17,7 +17,9 @@ from lab.method import HOST, twin_spec
 from lab.traffic import offer_cycle
 from test_watch import answer
 from twinthread import twin_in_thread
+from typer.testing import CliRunner
 
+from tuner.cli.app import app
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.alarm import fit_floors, profile_collapse, tune_alarm
 from tuner.decide.watch import EnvFile, WatchOptions, watch
@@ -76,6 +78,7 @@ def test_tune_says_where_the_profile_collapses(
     collapse = profile_collapse(floors, standing=0)
     line = tune_alarm(store, world.model_name, HOST, None, standing=0)
     store.dispose()
+    print(f"tune's alarm on {world.name}: {line}")
     assert collapse is not None and line == collapse.line()
     assert collapse.slots == slots and collapse.protective == protective, line
     assert f"collapses at {slots} drafting slots" in line and floors.build in line
@@ -92,9 +95,7 @@ def test_watch_applies_the_protective_n_from_the_servers_counters(tmp_path: Path
     store = profiled(world, tmp_path)
     env = tmp_path / "server.env"
     env.write_text("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=0\n")  # always draft: what the server runs
-    twin = twin_in_thread(
-        "--model-alias", world.model_name, speed=40.0, world=MTP, parallel=world.n_parallel
-    )
+    twin = served(MTP, world)
     said: list[str] = []
     stop = threading.Event()
     try:
@@ -118,7 +119,57 @@ def test_watch_applies_the_protective_n_from_the_servers_counters(tmp_path: Path
         store.dispose()
     assert summary.alarms, said
     line = summary.alarms[0]
+    print(f"watch's alarm on {world.name}: {line}")
     assert "collapses at 3 drafting slots" in line and "by the server's counters" in line, line
     assert "protect the server with N=1" in line and "2 to 2 drafting slots not seen" in line
     assert live == 1 and EnvFile(env).current_max_slots() == 1, said
     assert any("acceptance collapsed: N=1" in s for s in said), said
+
+
+def served(path: Path, world: World, *extra: str):
+    return twin_in_thread(
+        "--alias", world.model_name, "--spec-draft-n-max", str(world.n_max), *extra,
+        speed=40.0, world=path, parallel=world.n_parallel,
+    )  # fmt: skip
+
+
+def test_observe_says_it_from_the_servers_counters(tmp_path: Path) -> None:
+    """`tuner observe` on the 27572 world: rounds of one stream and of three; the fit of the
+    profile (stored under another host: the model's only data) sets the floor."""
+    world = load_world(MTP)
+    profiled(world, tmp_path).dispose()
+    twin = served(MTP, world)
+    stop = threading.Event()
+    traffic = threading.Thread(
+        target=offer_cycle, args=(twin.url, [(1, 64), (3, 64)], stop, []), daemon=True
+    )
+    try:
+        traffic.start()
+        result = CliRunner().invoke(app, ["observe", "--url", twin.url, "--duration", "8"])
+    finally:
+        stop.set()
+        twin.stop_thread()
+    assert result.exit_code == 0, result.output
+    print("observe's alarm:", *[x for x in result.stdout.splitlines() if "collapses" in x])
+    assert "acceptance collapses at 3 drafting slots" in result.stdout, result.stdout
+    assert "by the server's counters" in result.stdout and "N=1" in result.stdout
+
+
+def test_check_says_drafting_cannot_pay_where_nothing_is_accepted(tmp_path: Path) -> None:
+    """`tuner check` reads the counters once, since the server started: on a world whose
+    acceptance is near zero at every count (the bench's --spec-synth-rates 0.01 as a twin), the
+    line says drafting cannot pay at any count: plain."""
+    from tuner.measure.load import LoadGenerator, Workload
+
+    world = load_world(MTP)
+    profiled(world, tmp_path).dispose()
+    twin = served(MTP, world, "--spec-synth-rates", "0.01,0.01,0.01")
+    try:
+        LoadGenerator(twin.url, Workload(prompt_tokens=32, max_tokens=96)).run(1, 0)
+        result = CliRunner().invoke(app, ["check", "--url", twin.url])
+    finally:
+        twin.stop_thread()
+    line = next((x for x in result.stdout.splitlines() if "acceptance" in x), "")
+    print(f"check's alarm: {line}")
+    assert "collapses at 1 drafting slot" in line and "since it started" in line, result.stdout
+    assert "protect the server with plain" in line and "twin" in line

@@ -23,9 +23,11 @@ from tuner.cli.options import (
     http_url,
     model_host,
     open_store,
+    out,
     reports_errors,
     settings,
     terminate_as_interrupt,
+    this_host,
 )
 from tuner.cli.progress import LogLines, ProgressDisplay
 from tuner.recommendation import ObjectiveKind
@@ -159,18 +161,25 @@ def observe(
     Polls /slots (or /metrics where /slots is off) four times a second over one connection; never
     changes the server; keeps what it has when the server goes away and goes on when it is back.
     The profile is saved every 10 s; `tuner recommend --traffic NAME` weights the objective by it.
+    At the end the acceptance its counters showed by drafting slots is held against the floor of
+    the model's fit: where it collapses, one line names the slots, the build and the answer.
     """
-    from tuner.measure.observe import observe as run_observe
+    from tuner.decide.alarm import observe_server
     from tuner.storage.traffic_profiles import TrafficSaver
 
     http_url(url)
     seconds = duration_option(duration, "--duration")
-    saver = TrafficSaver(open_store(), name)
+    store = open_store()
+    saver = TrafficSaver(store, name)
     with terminate_as_interrupt(), ProgressDisplay() as display:
-        view, profile = run_observe(
-            url, seconds, saver, display, api_key=api_key, state_dir=settings().state_dir
-        )
-    render.traffic(saver.name or "", view, profile)
+        seen = observe_server(
+            url, seconds, saver, display, store, this_host(), api_key=api_key,
+            state_dir=settings().state_dir,
+        )  # fmt: skip
+    render.traffic(saver.name or "", seen.view, seen.profile)
+    for line in (seen.alarm, seen.note):
+        if line:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @reports_errors

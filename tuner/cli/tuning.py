@@ -5,7 +5,7 @@ did not start (tuner.decide.running.tune_running)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +25,7 @@ from tuner.cli.options import (
     duration_option,
     http_url,
     open_store,
+    out,
     parsed_overrides,
     refuse,
     reports_errors,
@@ -33,6 +34,9 @@ from tuner.cli.options import (
     this_host,
 )
 from tuner.cli.progress import ProgressDisplay, measure_live
+
+if TYPE_CHECKING:
+    from tuner.recommendation import Recommendation
 
 BudgetOption = Annotated[
     str,
@@ -191,6 +195,7 @@ def tune(
         typer.echo(json.dumps(report.as_dict(), default=str))
     else:
         render.tuning(report)
+        _alarm(model, this_host(), report.standing)
 
 
 def _tune_running(
@@ -232,3 +237,17 @@ def _tune_running(
         typer.echo(json.dumps(render.running_dict(report), default=str))
     else:
         render.running(report)
+        if report.tune is not None:
+            _alarm(report.server.model, this_host(), report.tune.standing)
+
+
+def _alarm(model: str, host: str, standing: Recommendation | None) -> None:
+    """After a tune: the profile's acceptance by drafting level against its fit's floor, one
+    line where it collapses (tuner.decide.alarm)."""
+    from tuner.decide.alarm import tune_alarm
+
+    if standing is None:
+        return
+    line = tune_alarm(open_store(), model, host, standing.fit_id, standing.policy.max_slots)
+    if line:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)

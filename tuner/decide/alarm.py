@@ -124,15 +124,15 @@ def lifetime_collapse(
 
 def check_server(
     url: str,
-    store: Store,
+    store: Callable[[], Store],
     host: str,
     api_key: str | None = None,
     observer: Observer = quiet,
     state_dir: Path | None = None,
 ) -> CheckReport:
     """`tuner check`: the doctor's findings, then the acceptance finding: the server's counters
-    since it started against the floor of the model's fit (its alias on this host), in one
-    line."""
+    since it started against the floor of the model's fit (its alias on this host; `store`
+    opens the database only then), in one line."""
     report = doctor.check(url, api_key, observer=observer, state_dir=state_dir)
     props = report.props
     if props is None:
@@ -141,8 +141,8 @@ def check_server(
     alias = alias.removesuffix(".gguf")
     standing = props.get("spec_draft_max_slots")
     try:
-        floors_ = fit_floors(store, alias, host, n_max=report.n_max) if alias else None
-    except StorageError as exc:
+        floors_ = fit_floors(store(), alias, host, n_max=report.n_max) if alias else None
+    except (StorageError, ConfigError) as exc:
         report.add("acceptance", Status.WARN, f"no floor read: {exc}")
         return report
     if floors_ is None:
