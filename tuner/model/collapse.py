@@ -142,7 +142,8 @@ class Collapse:
             if n < self.slots - 1
             else ""
         )
-        return f"N={n} (no new drafts while more than {n} slots generate{unseen})"
+        slots = "slot generates" if n == 1 else "slots generate"
+        return f"N={n} (no new drafts while more than {n} {slots}{unseen})"
 
     def line(self) -> str:
         """One line: where it collapses, on which build, and what protects the server."""
