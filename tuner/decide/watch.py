@@ -549,7 +549,8 @@ class Watcher:
         try:
             seen = self.live.max_slots()
             if seen == self.current:
-                self.metrics.update(applied=seen)
+                if self.metrics.snapshot().applied_at is None:
+                    self._applied(seen)  # found in place: applied as far as the watch knows
                 return
             self.live.set_max_slots(self.current)
         except TunerError as exc:
