@@ -147,7 +147,9 @@ def tune(
     tolerance or the budget is spent; the answer is stored as the recommendation that stands.
 
     Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
-    model's newest profile. Ctrl-C keeps finished rounds; --resume continues.
+    model's newest profile. Ctrl-C keeps finished rounds; --resume continues. Where the
+    profile's acceptance collapses at some number of drafting slots (below the floor its fitted
+    costs set), one line names the slots, the build and the N that protects the server.
 
     With --url URL: the server as it runs (`tuner check --url URL` says whether it can be):
     profiled live at 1, 2, 4, ... up to its slots, then settled the same way, everything stored
