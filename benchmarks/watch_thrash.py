@@ -18,9 +18,9 @@ arrivals (the same seeds) and differs only in its guard:
 
 Printed per arm and seed: N changes per hour (the first answer, a change from nothing, left
 out), the answers recommend gave, and the share of time at each N; the figure is the median over
-the seeds with its range. Run it under the shared lock (about a minute a seed on 2 cores).
+the seeds with its range. Run it under the shared lock (about two minutes a seed and virtual hour on 2 cores).
 
-    .venv/bin/python benchmarks/watch_thrash.py [--hours 2] [--seeds 3] [--every 60]
+    .venv/bin/python benchmarks/watch_thrash.py [--hours 1] [--seeds 3] [--every 60]
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def near_best(edge: World, weights: dict[int, float]) -> tuple[int | None, list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=float, default=2.0, help="virtual hours per watch")
+    parser.add_argument("--hours", type=float, default=1.0, help="virtual hours per watch")
     parser.add_argument("--seeds", type=int, default=3, help="arrival seeds (each arm alike)")
     parser.add_argument("--every", type=float, default=60.0, help="--every of the watch, s")
     record_arguments(parser)
