@@ -14,6 +14,7 @@ arrivals (the same seeds) and differs only in its guard:
 
 - unguarded: --dwell 0 --margin 0 (every answer that differs moves N);
 - margin: --dwell 0 and the default --margin (1 %);
+- dwell: the default --dwell (5 minutes) and --margin 0;
 - guarded: the defaults, --dwell 5m and --margin 1 %.
 
 Printed per arm and seed: N changes per hour (the first answer, a change from nothing, left
@@ -59,6 +60,7 @@ from tuner.twin.world import World
 ARMS = {
     "unguarded": {"dwell_s": 0.0, "margin": 0.0},
     "margin": {"dwell_s": 0.0, "margin": 0.01},
+    "dwell": {"dwell_s": DWELL_S, "margin": 0.0},
     "guarded": {"dwell_s": DWELL_S, "margin": 0.01},
 }
 LOAD = 0.33  # mean generating slots over -np
