@@ -19,7 +19,8 @@ arrivals (the same seeds) and differs only in its guard:
 
 Printed per arm and seed: N changes per hour (the first answer, a change from nothing, left
 out), the answers recommend gave, and the share of time at each N; the figure is the median over
-the seeds with its range. Run it under the shared lock (about two minutes a seed and virtual hour on 2 cores).
+the seeds with its range. Run it under the shared lock (about two minutes a seed and virtual
+hour on 2 cores).
 
     .venv/bin/python benchmarks/watch_thrash.py [--hours 1] [--seeds 3] [--every 60]
 """

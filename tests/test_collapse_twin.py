@@ -95,13 +95,13 @@ def test_watch_applies_the_protective_n_from_the_servers_counters(tmp_path: Path
     store = profiled(world, tmp_path)
     env = tmp_path / "server.env"
     env.write_text("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=0\n")  # always draft: what the server runs
-    twin = served(MTP, world)
+    twin = served(MTP, world, speed=10.0)  # a poll every 0.5 s of the twin's time
     said: list[str] = []
     stop = threading.Event()
     try:
         # rounds of one stream and of three together: drafting alone pays, with three it does not
         traffic = threading.Thread(
-            target=offer_cycle, args=(twin.url, [(1, 64), (3, 64)], stop, []), daemon=True
+            target=offer_cycle, args=(twin.url, [(1, 128), (3, 48)], stop, []), daemon=True
         )
         traffic.start()
         summary = watch(
@@ -126,10 +126,10 @@ def test_watch_applies_the_protective_n_from_the_servers_counters(tmp_path: Path
     assert any("acceptance collapsed: N=1" in s for s in said), said
 
 
-def served(path: Path, world: World, *extra: str):
+def served(path: Path, world: World, *extra: str, speed: float = 40.0):
     return twin_in_thread(
         "--alias", world.model_name, "--spec-draft-n-max", str(world.n_max), *extra,
-        speed=40.0, world=path, parallel=world.n_parallel,
+        speed=speed, world=path, parallel=world.n_parallel,
     )  # fmt: skip
 
 
@@ -138,10 +138,12 @@ def test_observe_says_it_from_the_servers_counters(tmp_path: Path) -> None:
     profile (stored under another host: the model's only data) sets the floor."""
     world = load_world(MTP)
     profiled(world, tmp_path).dispose()
-    twin = served(MTP, world)
+    # observe polls four times a second of the wall: at 5x a poll is 1.25 s of the twin's time,
+    # finer than a round (a server's requests last seconds between its polls, too)
+    twin = served(MTP, world, speed=5.0)
     stop = threading.Event()
     traffic = threading.Thread(
-        target=offer_cycle, args=(twin.url, [(1, 64), (3, 64)], stop, []), daemon=True
+        target=offer_cycle, args=(twin.url, [(1, 128), (3, 48)], stop, []), daemon=True
     )
     try:
         traffic.start()

@@ -84,7 +84,9 @@ async def _together(url: str, long_prompt: str | None) -> tuple[dict, float, flo
 
         async def reader() -> float:
             body = {"prompt": long_prompt, "n_predict": 1, "temperature": 0.0}
-            await client.post(f"{url}/completion", json=body)
+            response = await client.post(f"{url}/completion", json=body)
+            response.raise_for_status()
+            assert response.json()["timings"]["prompt_n"] >= 1000  # read over many steps
             return time.monotonic()
 
         if long_prompt is None:
@@ -101,7 +103,7 @@ def test_a_slot_reading_its_prompt_does_not_stop_drafts_on_the_bench(
     """--spec-draft-max-slots 1, -b 64: a 1500-token prompt is read 64 rows a step while the
     drafting stream generates. Counting it as generating would stop the stream's drafts for
     all of it; counting generating slots only, the stream drafts as much as alone."""
-    long_prompt = " ".join(f"word{i % 97}" for i in range(1500))
+    long_prompt = " hello" * 1500  # about 1500 tokens
     with ManagedServer(server_config(bench, 64), tmp_path / "server.log") as server:
         alone, _, _ = asyncio.run(_together(server.url, None))
         beside, ended, read = asyncio.run(_together(server.url, long_prompt))

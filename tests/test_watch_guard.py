@@ -107,7 +107,7 @@ def test_a_collapse_moves_n_below_it_at_once_and_caps_later_answers(tmp_path: Pa
     said: list[str] = []
     always = answer(0, {m: 100.0 if m == 0 else 80.0 for m in range(7)})  # drafts at every count
     w = guarded(
-        tmp_path, [always, answer(6), answer(2)], floors=lambda fit: floors_at(0.5),
+        tmp_path, [always, answer(6), answer(2)], floors=lambda fit, n: floors_at(0.5),
         dwell_s=3600.0,
     )  # fmt: skip
     w.observer = lambda e: said.append(e.text or "")
@@ -129,7 +129,7 @@ def test_a_collapse_moves_n_below_it_at_once_and_caps_later_answers(tmp_path: Pa
 
 def test_a_collapse_at_one_slot_says_plain_and_drafts_least(tmp_path: Path) -> None:
     said: list[str] = []
-    w = guarded(tmp_path, [answer(4)], floors=lambda fit: floors_at(0.5))
+    w = guarded(tmp_path, [answer(4)], floors=lambda fit, n: floors_at(0.5))
     w.observer = lambda e: said.append(e.text or "")
     event = interval(w, LIGHT, {1: 0.02, 2: 0.01})
     assert event.kind == "collapse" and w.current == 1

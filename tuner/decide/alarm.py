@@ -90,6 +90,12 @@ def fit_floors(
     return Floors(fit.id, model, by_slots, profile, fit_build(store, fit.id) or "unknown")
 
 
+def draft_length(traffic: TrafficProfile) -> int | None:
+    """The draft length the server ran while observed: the width of its per-position
+    acceptance counters (None without them)."""
+    return len(traffic.acceptance.positions) or None
+
+
 def profile_collapse(floors_: Floors, standing: int | None = None) -> Collapse | None:
     """Collapse in the profile's acceptance by drafting level."""
     return find_collapse(floors_.profile, floors_.floors, PROFILE, floors_.build, standing)
@@ -203,7 +209,7 @@ def observe_server(
     )
     out = Observed(view, profile)
     try:
-        floors_ = fit_floors(store, view.model, host)
+        floors_ = fit_floors(store, view.model, host, n_max=draft_length(profile))
     except StorageError as exc:
         out.note = f"acceptance not held against a floor: {exc}"
         return out

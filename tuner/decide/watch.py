@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.decide.alarm import Floors, fit_floors, observed_collapse
+from tuner.decide.alarm import Floors, draft_length, fit_floors, observed_collapse
 from tuner.decide.experiment import (
     Experiment,
     ExperimentOptions,
@@ -389,8 +389,9 @@ class WatchOptions:
 
 
 Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
-# the fit the standing answer rests on (None: the model's newest) -> its floors, or None
-FloorsSource = Callable[[int | None], Floors | None]
+# the fit the standing answer rests on (None: the model's newest) and the draft length the
+# server runs (None: the fit's) -> its floors, or None
+FloorsSource = Callable[[int | None, int | None], Floors | None]
 # the standing answer, its N and the traffic -> what the experiment did
 Experimenter = Callable[[Recommendation, int, TrafficProfile], ExperimentReport]
 
@@ -751,7 +752,7 @@ class Watcher:
         if self.floors is None or not total.by_drafting:
             return None
         try:
-            floors = self.floors(self.fit_id)
+            floors = self.floors(self.fit_id, draft_length(total))
         except TunerError as exc:
             self.metrics.count("errors", "alarm")
             self.log(f"the collapse alarm has no floor now ({exc})")
@@ -1041,14 +1042,14 @@ def watch(
 def model_floors(store: Store, model: str, host: str, host_explicit: bool) -> FloorsSource:
     """The collapse alarm's floors from the model's fit (the one the standing answer rests on,
     else the newest), each fit's computed once."""
-    known: dict[int | None, Floors | None] = {}
+    known: dict[tuple[int | None, int | None], Floors | None] = {}
 
-    def floors_of(fit_id: int | None) -> Floors | None:
-        if fit_id not in known:
-            known[fit_id] = fit_floors(
-                store, model, host, host_explicit=host_explicit, fit_id=fit_id
+    def floors_of(fit_id: int | None, n_max: int | None) -> Floors | None:
+        if (fit_id, n_max) not in known:
+            known[fit_id, n_max] = fit_floors(
+                store, model, host, host_explicit=host_explicit, fit_id=fit_id, n_max=n_max
             )
-        return known[fit_id]
+        return known[fit_id, n_max]
 
     return floors_of
 
