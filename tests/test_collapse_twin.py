@@ -121,7 +121,7 @@ def test_watch_applies_the_protective_n_from_the_servers_counters(tmp_path: Path
     line = summary.alarms[0]
     print(f"watch's alarm on {world.name}: {line}")
     assert "collapses at 3 drafting slots" in line and "by the server's counters" in line, line
-    assert "protect the server with N=1" in line and "2 to 2 drafting slots not seen" in line
+    assert "protect the server with N=1" in line and "; 2 drafting slots not seen" in line
     assert live == 1 and EnvFile(env).current_max_slots() == 1, said
     assert any("acceptance collapsed: N=1" in s for s in said), said
 

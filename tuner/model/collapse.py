@@ -137,11 +137,8 @@ class Collapse:
                 "only while one slot generates)"
             )
         n = self.protective
-        unseen = (
-            f"; {n + 1} to {self.slots - 1} drafting slots not seen paying"
-            if n < self.slots - 1
-            else ""
-        )
+        between = f"{n + 1}" if n + 1 == self.slots - 1 else f"{n + 1} to {self.slots - 1}"
+        unseen = f"; {between} drafting slots not seen paying" if n < self.slots - 1 else ""
         slots = "slot generates" if n == 1 else "slots generate"
         return f"N={n} (no new drafts while more than {n} {slots}{unseen})"
 
