@@ -177,12 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         f"edge world: the closed truth's best N at the traffic's weights is {best}; "
         f"within {TOLERANCE:.0%} of it: {near}"
     )
-    summary: dict[str, Any] = {
-        "hours": args.hours,
-        "seeds": args.seeds,
-        "every_s": args.every,
-        "truth_near_best": near,
-    }
+    summary: dict[str, Any] = {}
     table = Table(
         "N changes an hour by guard (median over seeds, min-max)",
         ["arm", "dwell s", "margin", "median per hour", "min", "max", "answers changed (median)"],
@@ -201,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt(median, '.1f')} changes an hour (median of {len(mine)}; "
             f"{fmt(min(per_hour), '.1f')} to {fmt(max(per_hour), '.1f')})"
         )
+    summary.update(
+        {"hours": args.hours, "seeds": args.seeds, "every_s": args.every, "truth_near_best": near}
+    )
     runs = Table(
         "every watch",
         ["arm", "seed", "changes", "per hour", "answers changed", "time at each N"],
