@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from outputcheck import check_output
 from sqlalchemy import select
 from tunerproc import BENCH_MANIFEST, run_tuner, tuner_env
 from tunerproc import tuner_cmd as tuner_cmd  # for tests that import it from here
+from typer.testing import CliRunner
 
 from tuner.bench import Bench, load_bench
 
@@ -40,6 +42,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture in getattr(item, "fixturenames", ()):
             if (marker := NEEDS.get(fixture)) and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def checked_cli_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every in-process `tuner` run holds the suite's output rules (tests/outputcheck.py): no
+    nan or inf a user would read, and suggested commands that parse."""
+    invoke = CliRunner.invoke
+
+    def checked(self: CliRunner, app: object, args: object = None, *a: object, **k: object):
+        result = invoke(self, app, args, *a, **k)
+        shown = " ".join(map(str, args)) if isinstance(args, list | tuple) else str(args)
+        check_output(result.output, f"tuner {shown}")
+        return result
+
+    monkeypatch.setattr(CliRunner, "invoke", checked)
 
 
 @pytest.fixture(autouse=True)

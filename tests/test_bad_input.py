@@ -305,7 +305,7 @@ def test_validate_refuses_options_of_the_other_mode(given: list[str], flag: str)
     [
         ("foo://user@host/db", ["database URL (--db / TUNER_DB)", "unknown dialect 'foo'"]),
         ("mysqlx+nodriver://h/db", ["database URL (--db / TUNER_DB)", "unknown dialect"]),
-        ("not a url", ["database URL (--db / TUNER_DB)", "not a valid SQLAlchemy URL"]),
+        ("://nowhere", ["database URL (--db / TUNER_DB)", "not a valid SQLAlchemy URL"]),
     ],
     ids=["unknown-dialect", "unknown-driver", "not-a-url"],
 )
@@ -315,6 +315,21 @@ def test_database_url_of_an_unknown_dialect(
     fails_with_one_line(["--db", url, "runs"], *fragments)
     monkeypatch.setenv("TUNER_DB", url)
     fails_with_one_line(["runs"], *fragments)
+
+
+def test_a_plain_file_path_names_an_sqlite_database(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "tuner.db"
+    result = CliRunner().invoke(app, ["--db", str(path), "runs"])
+    assert result.exit_code == 0, result.output
+    assert path.is_file()
+
+
+def test_a_database_path_in_a_folder_that_cannot_be_made(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    fails_with_one_line(
+        ["--db", str(tmp_path / "file" / "tuner.db"), "runs"], "cannot make the folder"
+    )
+    assert not list(tmp_path.glob("file/*"))
 
 
 def test_database_that_cannot_be_reached() -> None:

@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
             "tuner",  # tuner/__init__.py alone: the version
             "tuner.errors",
             "tuner.inputs",
+            "tuner.jsonout",
             "tuner.settings",
             "tuner.policy",
             "tuner.recommendation",

@@ -195,13 +195,20 @@ def test_full_draft_prompt_batches_are_measured_again_alone() -> None:
 
 def test_the_draft_model_is_read_from_the_drafting_arguments() -> None:
     def draft(*args: str) -> Path | None:
-        return SpeculativeSpec(args=list(args)).draft_model()
+        return SpeculativeSpec(args=["--spec-type", "draft-simple", *args]).draft_model()
 
     assert draft("--model-draft", "/m/d.gguf", "--spec-synth-len", "3") == Path("/m/d.gguf")
     assert draft("-md", "/m/e.gguf") == Path("/m/e.gguf")
     assert draft("--model-draft=/m/f.gguf") == Path("/m/f.gguf")
-    assert draft("--spec-type", "ngram-simple") is None
+    assert SpeculativeSpec(args=["--spec-type", "ngram-simple"]).draft_model() is None
     assert draft("--model-draft") is None  # nothing after it: llama-server's own error to give
+
+
+def test_a_draft_model_without_a_speculative_type_is_refused() -> None:
+    """llama.cpp 11434 loads a draft model given alone and never drafts: a spec that asks for
+    drafting that way would measure plain under every drafting policy's name."""
+    with pytest.raises(ValueError, match="--spec-type draft-simple"):
+        SpeculativeSpec(args=["--model-draft", "/m/d.gguf"])
 
 
 def test_kernel_verify_lengths_cover_the_draft() -> None:

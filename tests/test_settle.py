@@ -238,13 +238,13 @@ def test_a_tie_question_is_asked_against_the_best_estimate() -> None:
     assert sweep_text(4, few) == "N=4 against N=3 (equivalent to N=6, the best estimate?)"
     report = SimpleNamespace(gains=six, sweeps=3, seconds=90.0, way="live")
     text = head_reason(few, 4, report).text  # type: ignore[arg-type]
-    assert "N=3 may tie with it: -0.83 tok/s [-1.48, -0.17] against N=6, the best" in text
+    assert "N=3 may tie with it: -0.83 [-1.48, -0.17] tok/s against N=6, the best" in text
     # placed within half the tolerance without a side: at the edge, named, N=4 stands
     many = settle.assess(gains(40), UNIFORM, 4, NP, objective=100.0)
     assert many.status == settle.SETTLED and many.answer == 4 and many.tie == [4, 5, 6]
     assert many.edge == [3] and many.may_tie == [3, 4, 5, 6]
     text = head_reason(many, 4, report).text  # type: ignore[arg-type]
-    assert "N=3 sits at the tolerance's edge (-0.82 tok/s [-1.06, -0.59] against N=6" in text
+    assert "N=3 sits at the tolerance's edge (-0.82 [-1.06, -0.59] tok/s against N=6" in text
 
 
 def test_a_flat_stretch_of_four_ties_on_its_smallest_value_from_either_side() -> None:

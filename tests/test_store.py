@@ -60,7 +60,7 @@ def test_run_spec_round_trips_as_json(tmp_path: Path) -> None:
         assert session.scalars(select(Run)).one().spec["workload"]["weights"] == {"1": 0.5}
 
 
-@pytest.mark.parametrize("url", ["nosuchdb://x/y", "not a url"])
+@pytest.mark.parametrize("url", ["nosuchdb://x/y", "://not-a-url"])
 def test_bad_database_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError, match="database URL"):
         Store(url)

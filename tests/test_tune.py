@@ -400,3 +400,37 @@ def test_drafting_halves_are_scaled_to_the_mean_acceptance_from_six_blocks_on() 
     assert raw.anchor is None and raw.sd > 1.0
     few = live_gains(rounds(5))[4]
     assert few.anchor is None and few.sd > 1.0
+
+
+def test_levels_an_open_comparison_rests_on_without_a_pair_are_named_with_why() -> None:
+    """At the budget's end: a level whose rounds were all set aside says by what, one never
+    reached says so; levels with pairs are not named."""
+    from types import SimpleNamespace
+
+    from tuner.decide import settle
+    from tuner.decide.paired import LevelDiffs
+    from tuner.decide.tune.machine import Tuning
+
+    stored = {
+        (0, 3): ({("spec", 0, 3): [{"repeat": 0, "drafted_off": True}]},
+                 {("spec", 0, 3): [{"repeat": 1, "stall": "the machine stalled"}]}),
+    }  # fmt: skip
+
+    def repeats_by_cell(cell: tuple[int, int], which: str = "repeats") -> dict:
+        counted, aside = stored.get(cell, ({}, {}))
+        return counted if which == "repeats" else aside
+
+    fake = SimpleNamespace(
+        report=SimpleNamespace(gains={4: LevelDiffs((1.0, 2.0))}),
+        profiler=SimpleNamespace(depth=0, repeats_by_cell=repeats_by_cell),
+    )
+    standing = settle.Standing(2, settle.OPEN, [], measure_next=[5, 3, 4])
+    said = Tuning.left_unmeasured(fake, standing)  # type: ignore[arg-type]
+    assert said is not None and "4 streams" not in said
+    assert (
+        "3 streams, rounds set aside (1 round(s): the threshold drafted where it must not; "
+        "1 round(s): the machine stalled)" in said
+    )
+    assert "5 streams, not reached before the budget ended" in said
+    done = settle.Standing(2, settle.OPEN, [], measure_next=[4])
+    assert Tuning.left_unmeasured(fake, done) is None  # type: ignore[arg-type]

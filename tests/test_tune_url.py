@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -80,6 +81,12 @@ def test_a_running_server_is_tuned_stored_under_its_alias_and_left_as_found() ->
     assert stored["max_slots"] == answer and stored["source"] == "live"
     codes = [r["code"] for r in stored["reasons"]]
     assert codes[0] == "plain-unmeasured"  # only the threshold was settled, and it says so
+    assert stored["drafting_pays"] is None and stored["answer"] == "threshold"
+    # what it suggests measures these data where they came from: the running server
+    assert stored["measure_command"] == f"tuner tune --url {server.url} --model {ALIAS}"
+    # `tuner runs` counts the tune's comparisons, not levels a tune never closes one by one
+    listed = CliRunner().invoke(app, ["runs"], env={"COLUMNS": "200"})
+    assert re.search(r"tune .* \d+/\d+ comparisons resolved", listed.stdout), listed.stdout
 
 
 def test_the_table_and_how_to_apply_it_are_printed() -> None:
@@ -105,7 +112,7 @@ def test_one_slot_with_a_plain_server_answers_whether_drafting_pays() -> None:
     assert result.exit_code == 0, result.output
     (line,) = [s for s in result.stdout.splitlines() if s.startswith("plain against drafting")]
     # the seed world drafts well at one stream: plain is behind there, with its bounds
-    assert "tok/s [" in line and ("drafting is ahead" in line or "unresolved" in line), line
+    assert "] tok/s" in line and ("drafting is ahead" in line or "unresolved" in line), line
 
 
 def test_two_slots_settle_between_always_draft_and_one() -> None:
@@ -127,6 +134,26 @@ def test_a_server_that_cannot_be_tuned_is_one_line_naming_the_fix() -> None:
     assert result.exit_code != 0
     (line,) = [s for s in result.output.splitlines() if s.startswith("error:")]
     assert "cannot be tuned live" in line and "spec-draft-max-slots.patch" in line
+
+
+def test_a_server_refused_before_any_switch_leaves_no_hold_record() -> None:
+    """Without --props nothing was switched: nothing to give back, no warning, no record that
+    later commands against the URL would trip on."""
+    with twin(*DRAFTING, "--metrics", "--spec-draft-max-slots", "3") as server:
+        result = tune_url("--url", server.url, *QUICK)
+        assert threshold(server.url) == 3
+    assert result.exit_code != 0 and "--props" in result.output
+    assert "could not give" not in result.output
+    assert not list(Path(os.environ["TUNER_STATE_DIR"]).glob("holds/*.json"))
+
+
+def test_a_plain_url_that_is_the_drafting_server_is_one_line() -> None:
+    with twin(*PATCHED) as server:
+        same = server.url.replace("127.0.0.1", "localhost")
+        result = tune_url("--url", server.url, "--plain-url", same, *QUICK)
+        assert threshold(server.url) == 3
+    (line,) = [s for s in result.output.splitlines() if s.startswith("error:")]
+    assert "is the drafting server itself" in line
 
 
 def test_a_second_tune_of_a_held_server_is_refused(tmp_path: Path) -> None:
@@ -164,6 +191,9 @@ def test_a_stopped_tune_gives_the_threshold_back(how: signal.Signals) -> None:
         assert threshold(server.url) == 3, result.stderr[-2000:]
     assert result.returncode != 0
     assert "back to 3, as found" in result.stderr
+    if how is signal.SIGINT:  # what it says to do next fits a server it did not start
+        assert f"`tuner tune --url {server.url} --model {ALIAS}` again" in result.stderr
+        assert "--resume" not in result.stderr
 
 
 def test_a_killed_tune_is_given_back_by_the_next_run_which_says_so() -> None:

@@ -174,7 +174,8 @@ def test_metrics_count_every_class_position_by_position_as_llama_server(tmp_path
     world = make_world({**CLASSES, "by_drafting": FALLING})
     path.write_text(world_to_toml(world))
     argv = ["--model", str(path), "--port", "0", "--parallel", "4", "--noise", "off"]
-    argv += ["--speed", "200", "--metrics", "--model-draft", "d", "--spec-draft-n-max", "4"]
+    argv += ["--speed", "200", "--metrics", "--model-draft", "d", "--spec-type", "draft-simple"]
+    argv += ["--spec-draft-n-max", "4"]
     served_world, policy = launch_world(parse_args(argv, env={}))
     assert served_world.acceptance.classes == world.acceptance.classes
     server = TwinServer(parse_args(argv, env={}), served_world, policy, log=lambda _: None)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outputcheck import check_output
+
 from tuner.settings import Settings
 
 # Resolved when first imported, before any test points TUNER_CACHE_DIR at its own folder, so
@@ -92,6 +94,8 @@ def finish(process: subprocess.Popen[str], timeout_s: float | None = 300.0) -> F
         raise AssertionError(
             f"tuner did not finish within {timeout_s} s:\n{stderr[-3000:]}"
         ) from None
+    if "PYTEST_CURRENT_TEST" in os.environ:  # the suite's rules for every output it sees
+        check_output(stdout + "\n" + stderr, f"tuner {' '.join(map(str, process.args[3:]))}")
     return Finished(process.returncode, stdout, stderr)
 
 

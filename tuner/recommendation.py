@@ -4,11 +4,11 @@ args). A shared type: storage keeps it, decide makes it, neither owns it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tuner.jsonout import json_line
 from tuner.policy import Policy
 
 
@@ -21,6 +21,8 @@ class ObjectiveKind(StrEnum):
 
 
 SETTLED, UNRESOLVED, MODEL = "settled", "unresolved", "model"  # Recommendation.status
+# Recommendation.kind: serve the model with its draft model at a threshold N, or without it
+THRESHOLD, PLAIN = "threshold", "plain"
 
 
 class ReasonCode(StrEnum):
@@ -86,6 +88,29 @@ class OutputFormat(StrEnum):
     JSON = "json"  # everything, one line
     SYSTEMD = "systemd"  # Environment=..., for a unit file
     ARGS = "args"  # --spec-draft-max-slots N, for a command line
+    TEXT = "text"  # the answer and its status in words, one line (Recommendation.headline)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """How a model's data were measured, so that every command the tuner suggests about them
+    runs: data from a running server (`tune --url`) are measured further there, data from a
+    spec by the launches its stored spec describes."""
+
+    model: str
+    url: str | None = None  # tune --url: the drafting server measured as it runs
+    plain_url: str | None = None  # and the plain server beside it (--plain-url)
+
+    def measure(self) -> str:
+        """The command that measures more of these data (tune's pairs add up across runs)."""
+        if self.url is None:
+            return f"tuner tune --model {self.model}"
+        plain = f" --plain-url {self.plain_url}" if self.plain_url else ""
+        named = f" --model {self.model}"
+        return f"tuner tune --url {self.url}{plain}{named}"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"model": self.model, "url": self.url, "plain_url": self.plain_url}
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,9 @@ class TableRow:
     gain_vs_spec: float
     plain_interval: tuple[float, float]
     spec_interval: tuple[float, float]
+    # what was measured at this level, in words: "plain", "always draft", "not drafting" (the
+    # drafting server at a threshold below the level); empty where nothing was
+    measured_as: tuple[str, ...] = ()
 
 
 @dataclass
@@ -135,6 +163,9 @@ class Recommendation:
     # where not judged.
     plain_advantage: tuple[float, float, float] | None = None
     drafting_pays: bool = True  # False where plain (no draft model) was shown ahead
+    # How the data were measured (set where the recommendation is read or saved: the commands
+    # it suggests follow it); None: a spec's launches
+    origin: Origin | None = None
 
     def scored(self) -> dict[int, float]:
         """The objective of each N the answer's study scored: the closed-loop study's
@@ -154,8 +185,48 @@ class Recommendation:
 
     @property
     def max_slots(self) -> int:
+        """The threshold N: the answer, or for a plain answer the best threshold should the
+        draft model stay."""
         assert self.policy.max_slots is not None
         return self.policy.max_slots
+
+    @property
+    def kind(self) -> str:
+        """THRESHOLD: serve with the draft model at N; PLAIN: serve without the draft model
+        (plain shown ahead of the best threshold)."""
+        return THRESHOLD if self.drafting_pays else PLAIN
+
+    @property
+    def plain_measured(self) -> bool:
+        """Whether plain (the model without a draft model) was measured at all: a running server
+        tuned without --plain-url settles the threshold only."""
+        return all(r.code is not ReasonCode.PLAIN_UNMEASURED for r in self.reasons)
+
+    @property
+    def drafting_verdict(self) -> bool | None:
+        """Whether drafting pays at all: False where plain was shown ahead, None where plain
+        was not measured (only the threshold is known), True otherwise."""
+        if not self.drafting_pays:
+            return False
+        return True if self.plain_measured else None
+
+    def headline(self) -> str:
+        """The answer and its status in one line: what every surface (stdout, tables, report,
+        plot, watch's log) states, so that none of them can say another answer."""
+        n = f"N={self.max_slots}" + (f", n_max={self.n_max}" if self.tune_n_max else "")
+        status = {
+            SETTLED: "settled live",
+            UNRESOLVED: "unresolved: the best estimate so far",
+            MODEL: "the cost model's answer, not settled live",
+        }[self.status]
+        if self.kind == PLAIN:
+            return (
+                "plain: serve without the draft model (plain is ahead of the best threshold); "
+                f"{n} should the draft model stay ({status})"
+            )
+        tie = f"; tie {self.tie}, the smallest chosen" if len(self.tie) > 1 else ""
+        whether = "" if self.plain_measured else "; whether to draft at all was not measured"
+        return f"{n} ({status}{tie}){whether}"
 
     @property
     def status(self) -> str:
@@ -187,8 +258,13 @@ class Recommendation:
         )
         return (
             f"unresolved: N={self.max_slots} is the best estimate so far, not a settled answer "
-            f"({why}){where}: `tuner tune --model {self.model}` measures it"
+            f"({why}){where}: `{self.measure_command}` measures it"
         )
+
+    @property
+    def measure_command(self) -> str:
+        """The command that measures more of the data this answer rests on."""
+        return (self.origin or Origin(self.model)).measure()
 
     @property
     def n_max(self) -> int | None:
@@ -207,34 +283,41 @@ class Recommendation:
     def render(self, fmt: OutputFormat | str) -> str:
         """The recommendation in one output format."""
         fmt = OutputFormat(fmt)  # a plain string names a format too; anything else is refused
-        env = self.env()
-        # env files, shells and units take comment lines: an unresolved answer never reads as
-        # a settled one (args, for a command line, and json, which has `status`, do not)
-        said = self.unresolved_text()
-        comment = f"# {said}\n" if said else ""
-        if fmt is OutputFormat.ENV:
-            return comment + self.env_line
-        if fmt is OutputFormat.SHELL:
-            return comment + "export " + " ".join(f"{k}={v}" for k, v in env.items())
-        if fmt is OutputFormat.SYSTEMD:
-            return comment + "Environment=" + " ".join(f"{k}={v}" for k, v in env.items())
+        if fmt is OutputFormat.JSON:
+            return json_line(self.as_dict())
+        if fmt is OutputFormat.TEXT:
+            return self.headline()
         if fmt is OutputFormat.ARGS:
+            if self.kind == PLAIN:
+                # the answer is to leave the draft flags out: no threshold flag to add
+                return ""
             args = f"--spec-draft-max-slots {self.max_slots}"
             if self.tune_n_max:
                 args += f" --spec-draft-n-max {self.n_max}"
             return args
-        assert fmt is OutputFormat.JSON
-        return json.dumps(self.as_dict(), default=str)
+        assigned = {
+            OutputFormat.ENV: lambda pairs: "\n".join(f"{k}={v}" for k, v in pairs),
+            OutputFormat.SHELL: lambda pairs: "export " + " ".join(f"{k}={v}" for k, v in pairs),
+            OutputFormat.SYSTEMD: lambda pairs: (
+                "Environment=" + " ".join(f"{k}={v}" for k, v in pairs)
+            ),
+        }[fmt](self.env().items())
+        # env files, shells and units take comment lines: an unresolved answer never reads as
+        # a settled one, and a plain answer, which no variable can give (an env file cannot
+        # remove --model-draft), is comment lines only
+        if self.kind == PLAIN:
+            return (
+                f"# plain: serve {self.model} without its draft model: remove --model-draft (-md)"
+                " and --spec-type from llama-server's command line (an env file cannot)\n"
+                f"# should the draft model stay ({self.status}): {assigned}"
+            )
+        said = self.unresolved_text()
+        return (f"# {said}\n" if said else "") + assigned
 
     def explain_lines(self) -> list[str]:
         """The head line, the objective and the reasons, one per line."""
-        head = f"N={self.max_slots}" + (f", n_max={self.n_max}" if self.tune_n_max else "")
-        if not self.drafting_pays:
-            head = f"plain (no draft model); {head} if the draft stays"
-        if self.status == UNRESOLVED:
-            head += " (unresolved: the best estimate so far)"
         lines = [
-            f"recommendation {self.id}: {head} for {self.model}"
+            f"recommendation {self.id} for {self.model}: {self.headline()}"
             f" (fit {self.fit_id}, study {self.study_name}, {self.trials} trials)"
         ]
         if self.objective is not None and self.objective_interval is not None:
@@ -277,7 +360,13 @@ class Recommendation:
             "objective_kind": self.objective_kind,
             "objective_text": self.objective_text,
             "tie": self.tie,
-            "drafting_pays": self.drafting_pays,
+            # the kind of answer: "threshold" (max_slots with the draft model) or "plain"
+            # (serve without the draft model; max_slots then for a server that keeps it)
+            "answer": self.kind,
+            "headline": self.headline(),
+            # null where plain was never measured (only the threshold was settled)
+            "drafting_pays": self.drafting_verdict,
+            "measure_command": self.measure_command,
             "plain_advantage": list(self.plain_advantage) if self.plain_advantage else None,
             "status": self.status,
         }
@@ -314,6 +403,7 @@ class Recommendation:
                         **row,
                         "plain_interval": tuple(row["plain_interval"]),
                         "spec_interval": tuple(row["spec_interval"]),
+                        "measured_as": tuple(row.get("measured_as") or ()),
                     }
                 )
                 for row in details.get("table") or []

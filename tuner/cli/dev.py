@@ -4,7 +4,6 @@ fleet's database (`hosts`), and the twin (`twin ...`, tuner.cli.twin)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +29,7 @@ from tuner.cli.options import (
 )
 from tuner.cli.runs import show_run
 from tuner.cli.twin import twin_app
+from tuner.jsonout import json_line
 
 dev_app = Commands(
     help="Developer commands: fit, predict, import, hosts, twin.\n\n"
@@ -62,7 +62,7 @@ def fit(
         data = stored.as_dict()
         data["crossover_by_depth"] = {str(d): x.to_dict() for d, x in by_depth.items()}
         data["acceptance_by_prompt_set"] = by_set
-        typer.echo(json.dumps(data, default=str))
+        typer.echo(json_line(data))
     else:
         render.fit(stored, by_depth, by_set)
 
@@ -98,7 +98,7 @@ def predict(
     )
     note(report.fit.host_note)
     if output is TableFormat.JSON:
-        typer.echo(json.dumps(report.to_dict()))
+        typer.echo(json_line(report.to_dict()))
     else:
         render.predict(model, report)
 

@@ -283,7 +283,21 @@ class TableFormat(StrEnum):
     JSON = "json"
 
 
-ModelOption = Annotated[str, typer.Option("--model", help="model name (see `tuner runs`)")]
+def _model_name(value: str | None) -> str | None:
+    """--model takes the name data are stored under or the GGUF file it came from."""
+    from tuner.measure.client import model_stem
+
+    return model_stem(value) if value else value
+
+
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        callback=_model_name,
+        help="model name (see `tuner runs`): a server's alias, or its GGUF file's path or stem",
+    ),
+]
 HostOption = Annotated[
     str | None, typer.Option(help="host whose results to use (default: this machine)")
 ]

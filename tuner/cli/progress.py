@@ -34,6 +34,9 @@ class ProgressDisplay:
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=err,
+            # The bar only on a terminal: in a log or a redirected stderr its last frame would be
+            # left behind as a fragment; the lines below say the same there.
+            disable=not err.is_terminal,
         )
         self.task = self.progress.add_task("starting", total=None)
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.cli.options import out
-from tuner.recommendation import UNRESOLVED, ReasonCode
+from tuner.recommendation import PLAIN, UNRESOLVED, ReasonCode
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
@@ -146,14 +146,14 @@ def recommendation(rec: Recommendation, console: Console) -> None:
         + (f", n_max {rec.n_max}" if rec.tune_n_max else "")
     )
     # plain not measured (tune --url without --plain-url): its column is the drafting server
-    # not drafting, which stands in for it
-    plain = "off" if any(r.code == ReasonCode.PLAIN_UNMEASURED for r in rec.reasons) else "plain"
+    # not drafting, which stands in for it, and says so
+    plain = "plain" if rec.plain_measured else "not drafting"
     for column in ("streams", "measured", plain, "spec", "chosen", f"vs {plain}", "vs spec"):
         table.add_column(column, justify="right")
     for row in rec.table:
         table.add_row(
             str(row.concurrency),
-            "yes" if row.measured else "",
+            ", ".join(row.measured_as) or ("yes" if row.measured else ""),
             f"{row.plain:.1f}",
             f"{row.spec:.1f}",
             f"{row.chosen:.1f}",
@@ -218,26 +218,29 @@ def tuning(report: TuneReport) -> None:
     for column in ("contender", "levels", "advantage tok/s", "95 % bounds", "df", "verdict"):
         table.add_column(column, justify="left" if column == "verdict" else "right")
     answer = report.standing.max_slots if report.standing is not None else None
+    pairs = {c: d.n for c, d in report.gains.items()}
     for comp in settled.comparisons if settled else []:
-        low, high = comp.advantage.bounds(0.95)
+        adv = comp.advantage
         table.add_row(
             f"N={comp.contender} vs N={answer}",
             ",".join(map(str, comp.levels)),
-            f"{comp.advantage.estimate:+.2f}",
-            f"[{low:+.2f}, {high:+.2f}]",
-            f"{comp.advantage.df:.1f}",
+            *tables.contrast_cells(adv.estimate, adv.bounds(0.95), adv.df, comp.levels, pairs),
             # a smaller contender measured on for the tie question: not settled yet
             comp.verdict + _open_question(settled, comp.contender),
         )
     if report.plain is not None:
-        low, high = report.plain.advantage.bounds(0.95)
+        plain = report.plain
+        adv = plain.advantage
+        measured = (
+            tables.contrast_cells(adv.estimate, adv.bounds(0.95), adv.df, [], {})
+            if plain.passes
+            else ["not measured (no pass kept)", "", ""]
+        )
         table.add_row(
             f"plain vs N={answer}",
             "every (side by side)",
-            f"{report.plain.advantage.estimate:+.2f}",
-            f"[{low:+.2f}, {high:+.2f}]",
-            f"{report.plain.advantage.df:.1f}",
-            f"{report.plain.verdict} ({report.plain.passes} passes)",
+            *measured,
+            f"{plain.verdict} ({plain.passes} passes)",
         )
     out.print(table)
     if settled is not None:
@@ -282,8 +285,7 @@ def _open_question(settled: Standing, contender: int) -> str:
     text = question_text(settled.answer, q)
     if q.against == settled.answer:
         return text
-    low, high = q.advantage.bounds(0.95)
-    return text + f" {q.advantage.estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
+    return text + " " + q.advantage.figures(df=False)
 
 
 def traffic(name: str, view: ServerView, profile: TrafficProfile) -> None:
@@ -396,6 +398,14 @@ def running(report: RunningReport) -> None:
             out.print(reason.text, highlight=False, markup=False)
     if standing is None or standing.status == UNRESOLVED:
         return  # the standing line said why it is not settled, and what to measure
+    if standing.kind == PLAIN:
+        out.print(
+            f"to apply: restart {server.url} without --model-draft and --spec-type; "
+            f"`tuner recommend --model {server.model}` prints the answer again",
+            highlight=False,
+            markup=False,
+        )
+        return
     line = standing.env_line.replace("\n", " ")
     out.print(
         f"to apply: set {line} in the server's environment (or --spec-draft-max-slots "

@@ -32,7 +32,7 @@ def runs(
         "model",
         "host",
         "spec / label",
-        "levels",
+        "progress",
         "samples",
         "started",
     ):
@@ -45,7 +45,7 @@ def runs(
             r.model,
             r.host or "",
             r.label or r.spec_name,
-            f"{r.levels_done}/{r.levels_total}",
+            r.progress(),
             str(r.samples),
             r.started_at.strftime("%Y-%m-%d %H:%M"),
         )

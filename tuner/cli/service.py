@@ -214,7 +214,8 @@ def watch(
 
     Polls /slots (or /metrics) like `tuner observe`, keeps the traffic of the last --window
     (saved every 10 s: a crash loses at most that), and at the end of every --every interval
-    runs `tuner recommend --traffic` when the traffic drifted. A new answer is written to the env
+    recommends again for that traffic (as `recommend --traffic` does) when it drifted. A new
+    answer is written to the env
     file atomically, set on the running server with --apply live, then --on-change runs once.
     The acceptance the server's own counters show re-decides too when it drifts. With
     --experiment each answer is then settled on the server's own traffic. N changes at most

@@ -4,7 +4,6 @@ did not start (tuner.decide.running.tune_running)."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -34,6 +33,7 @@ from tuner.cli.options import (
     this_host,
 )
 from tuner.cli.progress import ProgressDisplay, measure_live
+from tuner.jsonout import json_line
 
 if TYPE_CHECKING:
     from tuner.recommendation import Recommendation
@@ -194,7 +194,7 @@ def tune(
         **limits,
     )
     if output is TableFormat.JSON:
-        typer.echo(json.dumps(report.as_dict(), default=str))
+        typer.echo(json_line(report.as_dict()))
     else:
         render.tuning(report)
         _alarm(model, this_host(), report.standing)
@@ -236,7 +236,7 @@ def _tune_running(
             observer=display,
         )
     if output is TableFormat.JSON:
-        typer.echo(json.dumps(render.running_dict(report), default=str))
+        typer.echo(json_line(render.running_dict(report)))
     else:
         render.running(report)
         if report.tune is not None:

@@ -4,7 +4,6 @@ in closed levels (tuner.decide.validate.validate) or under open-loop arrivals
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,6 +23,7 @@ from tuner.cli.options import (
     reports_errors,
 )
 from tuner.cli.progress import measure_live
+from tuner.jsonout import json_line
 
 if TYPE_CHECKING:
     from tuner.decide.openloop import OpenLoopReport
@@ -102,7 +102,7 @@ def validate(
 def _emit(output: TableFormat, report: Any, table: Callable[[Any], None]) -> None:
     """The report as JSON (--format json) or as tables."""
     if output is TableFormat.JSON:
-        typer.echo(json.dumps(report.as_dict(), default=str))
+        typer.echo(json_line(report.as_dict()))
     else:
         table(report)
 

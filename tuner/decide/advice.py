@@ -108,6 +108,7 @@ def recommend(
     )
     if where.interpolated:
         rec.made_now = True
+        rec.origin = recommendations.origin(store, rec.fit_id, model)
         return rec
     recommendations.save(store, rec, details)
     return rec
@@ -627,7 +628,11 @@ def prediction_table(
     plain = model.predict(Policy.plain())
     spec = model.predict(Policy.always(policy.n_max))
     chosen = model.predict(policy)
-    both = set(measured.get("plain", [])) & set(measured.get("spec", []))
+    # the reference a level's gain is read against: plain, or where no plain server was
+    # measured the drafting server not drafting there (its stand-in in the fit)
+    reference = "plain" if model.plain_measured else "not drafting"
+    seen = measured_as(measured)
+    both = {c for c, words in seen.items() if "always draft" in words and reference in words}
     return [
         TableRow(
             c,
@@ -639,9 +644,30 @@ def prediction_table(
             chosen.tokens_per_second[i] / spec.tokens_per_second[i] - 1,
             (plain.lower[i], plain.upper[i]),
             (spec.lower[i], spec.upper[i]),
+            tuple(seen.get(c, ())),
         )
         for i, c in enumerate(plain.concurrency)
     ]
+
+
+def measured_as(measured: Mapping[str, list[int]]) -> dict[int, list[str]]:
+    """What was measured at each level, in the words the tables use: plain (no draft model),
+    always draft (a threshold at or above the level drafts there as N=0 does), not drafting
+    (a threshold below the level: the drafting server not drafting there)."""
+    words = ("plain", "always draft", "not drafting")
+    seen: dict[int, set[str]] = {}
+    for config, levels in measured.items():
+        try:
+            policy = Policy.parse(config)
+        except ValueError:
+            continue  # an attached server's label, or another draft length
+        for c in levels:
+            if policy.max_slots is None:
+                word = words[0]
+            else:
+                word = words[1] if policy.drafts_at(c) else words[2]
+            seen.setdefault(c, set()).add(word)
+    return {c: [w for w in words if w in found] for c, found in seen.items()}
 
 
 # --- predict --------------------------------------------------------------------------------

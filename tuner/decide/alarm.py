@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError, ServerError, StorageError
 from tuner.measure import doctor
-from tuner.measure.client import LlamaClient, Metrics
+from tuner.measure.client import LlamaClient, Metrics, model_name
 from tuner.measure.doctor import CheckReport, Status
 from tuner.measure.observe import ACCEPTED, DRAFTS
 from tuner.measure.observe import observe as run_observe
@@ -143,8 +143,7 @@ def check_server(
     props = report.props
     if props is None:
         return report
-    alias = str(props.get("model_alias") or props.get("model_path") or "").rsplit("/", 1)[-1]
-    alias = alias.removesuffix(".gguf")
+    alias = model_name(props)
     standing = props.get("spec_draft_max_slots")
     try:
         floors_ = fit_floors(store(), alias, host, n_max=report.n_max) if alias else None

@@ -237,8 +237,7 @@ def _n_max_reason(model: CostModel, n: int) -> Reason:
             if len(model.verify) > 1
             else "assume the step cost linear in the draft length (no kernel rows)"
         )
-        + f" and acceptance {model.acceptance.source} per position; "
-        f"`tuner validate` measures it",
+        + f" and acceptance {model.acceptance.source} per position",
     )
 
 
@@ -274,12 +273,13 @@ def _measure_next(
             )
         )
     if measure_next:
-        levels_arg = ",".join(str(c) for c in measure_next)
+        # No command here: which one measures them depends on how the data were made
+        # (Recommendation.measure_command names it beside the answer).
         reasons.append(
             Reason(
                 ReasonCode.MEASURE_NEXT,
-                f"measure {', '.join(_streams(c) for c in measure_next)} next "
-                f"(`tuner profile SPEC.toml --levels {levels_arg}`), then recommend again",
+                f"measure {', '.join(_streams(c) for c in measure_next)} next, then recommend "
+                "again",
             )
         )
     return measure_next

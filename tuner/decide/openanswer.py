@@ -248,6 +248,6 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
         return Reason(
             ReasonCode.PLAIN_UNRESOLVED,
             f"whether to draft at all is unresolved for this traffic: plain predicted ahead, "
-            f"not shown: {figures}; `tuner validate --arrivals` measures both",
+            f"not shown: {figures}",
         )
     return Reason(ReasonCode.DRAFTING_PAYS, f"drafting pays for this traffic: {figures}")

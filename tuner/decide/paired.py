@@ -139,6 +139,17 @@ class Contrast:
         """The two-sided interval at this level."""
         return self.bounds(0.5 + level / 2)
 
+    def figures(self, unit: str = " tok/s", confidence: float = 0.95, df: bool = True) -> str:
+        """The estimate and its one-sided bounds in words, the unit beside each: never nan or
+        inf where a level has no pair or one (a bound needs two)."""
+        if not math.isfinite(self.estimate):
+            return "not measured yet"
+        low, high = self.bounds(confidence)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return f"{self.estimate:+.2f}{unit} (no bounds yet: a level has one pair)"
+        dof = f" (df {self.df:.1f})" if df and math.isfinite(self.df) else ""
+        return f"{self.estimate:+.2f} [{low:+.2f}, {high:+.2f}]{unit}{dof}"
+
     def half_width(self, confidence: float = 0.95) -> float:
         low, high = self.bounds(confidence)
         return (high - low) / 2

@@ -27,7 +27,6 @@ given, side by side at one stream.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +36,14 @@ from tuner.decide import settle
 from tuner.decide.adaptive import AdaptiveProfile, profile_adaptively
 from tuner.decide.paired import AHEAD, BEHIND, WITHIN, Contrast, verdict
 from tuner.decide.tune import TuneReport, plain_gains, tune
-from tuner.errors import ConfigError, EndpointMissingError, ServerError
+from tuner.errors import ConfigError, EndpointMissingError
 from tuner.measure import metrics
 from tuner.measure.backend import RunningBackend
-from tuner.measure.client import LlamaClient
-from tuner.measure.doctor import ONE_SLOT, CheckReport, check
+from tuner.measure.client import LlamaClient, model_name, model_stem
+from tuner.measure.doctor import ONE_SLOT, CheckReport, Status, check, spin_finding
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.foreign import DEFAULT_WAIT_S, wait_for_quiet
-from tuner.measure.hold import ServerHold
+from tuner.measure.hold import ServerHold, normalise_url
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
 from tuner.measure.spec import ProfileSpec, running_spec
@@ -90,16 +89,15 @@ class PlainAtOne:
     tolerance: float  # tok/s
 
     def text(self) -> str:
-        low, high = self.advantage.bounds(settle.CONFIDENCE)
         said = {
             AHEAD: "plain is ahead: serve without the draft model",
             BEHIND: "drafting is ahead: keep the draft model",
             WITHIN: "plain and drafting are within the tolerance of each other",
         }.get(self.verdict, "unresolved: more passes (--set workload.max_repeats=6) narrow it")
         return (
-            f"plain against drafting at 1 stream, side by side: "
-            f"{self.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}] (one-sided 95 %, "
-            f"tolerance +-{self.tolerance:.2f}): {said}"
+            f"plain against drafting at 1 stream, side by side, one-sided 95 % bounds: "
+            f"{self.advantage.figures(confidence=settle.CONFIDENCE)} (tolerance "
+            f"+-{self.tolerance:.2f} tok/s): {said}"
         )
 
 
@@ -128,17 +126,17 @@ def tune_running(
 ) -> RunningReport:
     """`tuner tune --url` (see the module docstring)."""
     with ServerHold(options.url, options.api_key, state_dir, observer) as hold:
-        # The threshold found is on the disk before the check's own switch: a tuner killed
-        # then still leaves a record that the next run gives back.
-        with contextlib.suppress(ServerError):
-            hold.before_switch()  # a server without the field: the check says what it lacks
-        checked = check(options.url, options.api_key, observer)
+        # The threshold found goes on the disk right before the check's own switch (a tuner
+        # killed then still leaves a record that the next run gives back), and only where the
+        # check switches: a server it refuses leaves no record behind.
+        checked = check(options.url, options.api_key, observer, before_switch=hold.before_switch)
         if not checked.can_tune:
             raise ConfigError(_cannot_tune(checked))
         server = running_server(checked, options.model, options.api_key)
-        if options.plain_url is not None:
-            check_plain_server(options.plain_url, options.plain_api_key, server)
         report = RunningReport(server, checked)
+        if options.plain_url is not None:
+            check_plain_server(options.url, options.plain_url, options.plain_api_key, server)
+            report.notes += _spinning(options, checked, observer)
         for url, key in _servers(options):
             report.waited_s += wait_for_quiet(url, key, options.wait_s, observer)
         backend = RunningBackend(
@@ -158,6 +156,8 @@ def tune_running(
             f"tune --url {options.url}",
             options.overrides,
             server.slot_context,
+            url=options.url,
+            plain_url=options.plain_url,
         )
         if server.slots == 1:
             _one_slot(store, spec, backend, options, report, host, log_dir, observer)
@@ -209,8 +209,7 @@ def running_server(
     else the server's alias, else its model file's stem), slots, draft length, context."""
     props = checked.props or {}
     path = Path(str(props.get("model_path") or "unknown"))
-    alias = props.get("model_alias")
-    name = model or (str(alias) if alias else "") or path.stem
+    name = model_stem(model) if model else model_name(props)
     n_max = checked.n_max or _draft_length(checked.url, api_key)
     if n_max is None:
         raise ConfigError(
@@ -236,10 +235,35 @@ def _draft_length(url: str, api_key: str | None) -> int | None:
         return metrics.draft_length(api.metrics())
 
 
-def check_plain_server(url: str, api_key: str | None, drafting: RunningServer) -> None:
-    """The plain server must be a llama-server of the same model without a draft model, with
-    as many slots (else plain against drafting compares two different things), and /metrics on
-    (every round reads it)."""
+def _spinning(options: RunningOptions, checked: CheckReport, observer: Observer) -> list[str]:
+    """Two servers measured in turn on one machine: where either one's threads spin while it
+    is idle, the other's rounds pay for it; said before anything is measured, with the fix."""
+    assert options.plain_url is not None
+    said = []
+    findings = [(options.url, checked.finding("idle CPU")), (options.plain_url, None)]
+    for url, finding in findings:
+        finding = finding or spin_finding(url)
+        if finding is not None and finding.status is Status.WARN:
+            said.append(
+                f"warning: {url} used {finding.seen}; while the other server is measured it "
+                f"counts as another program and its rounds are measured again: {finding.fix}"
+            )
+    for text in said:
+        observer(ProgressEvent("message", text=text))
+    return said
+
+
+def check_plain_server(
+    drafting_url: str, url: str, api_key: str | None, drafting: RunningServer
+) -> None:
+    """The plain server must be another llama-server than the drafting one, of the same model
+    without a draft model, with as many slots (else plain against drafting compares two
+    different things), and /metrics on (every round reads it)."""
+    if normalise_url(url) == normalise_url(drafting_url):
+        raise ConfigError(
+            f"--plain-url {url} is the drafting server itself (--url): start a second server "
+            "of the same model without --model-draft and give its URL"
+        )
     with LlamaClient(url, api_key) as api:
         props = api.props()
         slots = api.slots()

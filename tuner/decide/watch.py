@@ -74,7 +74,7 @@ from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.measure.windows import LiveWindows, WindowBackend, WindowFigures
 from tuner.model.acceptance import ObservedAcceptance, observed_acceptance
 from tuner.model.collapse import Collapse, seen_in_counts
-from tuner.recommendation import ENV_MAX_SLOTS, SETTLED, UNRESOLVED, Recommendation
+from tuner.recommendation import ENV_MAX_SLOTS, PLAIN, SETTLED, UNRESOLVED, Recommendation
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.store import Store
 from tuner.storage.traffic_profiles import server_of
@@ -516,8 +516,10 @@ class Watcher:
         self.save_failing = False
 
     def apply_live_start(self) -> None:
-        """--apply live at start: the env file's N, where it holds one, is what should run."""
-        self.keep_live()
+        """--apply live at start: the env file's N, where it holds one, is what should run; a
+        server that runs another is given it, and said so as what it is (an application, not
+        a server that drifted)."""
+        self.keep_live(starting=True)
 
     def adopt(self, rec: Recommendation | None) -> None:
         """At start: where the env file holds no N, the answer that stands for the model
@@ -530,6 +532,13 @@ class Watcher:
         if rec.policy.max_slots is None:
             self.log(f"the standing answer is {rec.policy.label}: no N to apply")
             return
+        if rec.kind == PLAIN:
+            # no env file or live switch removes the draft model: the best threshold is what
+            # a server that keeps it can run
+            self.log(
+                f"the standing answer is {rec.headline()}: restart the server without "
+                f"--model-draft to follow it; meanwhile N={rec.max_slots} is applied"
+            )
         if self.current is not None:
             if self.current != rec.max_slots:
                 self.log(
@@ -538,13 +547,13 @@ class Watcher:
                 )
             return
         self.metrics.update(status=status_of(rec))
-        status = "" if rec.status == "settled" else f" ({rec.status})"
-        self.change(rec.max_slots, f"the standing answer{status}", reason="start")
+        self.change(rec.max_slots, f"the standing answer, {rec.headline()}", reason="start")
 
-    def keep_live(self) -> None:
+    def keep_live(self, starting: bool = False) -> None:
         """--apply live: the server must run the standing N. A restarted server (it starts
         from its flags or env file) or a command-line flag that overrides the env file shows
-        here as another value: logged and set back."""
+        here as another value: logged and set back. At start (`starting`) the standing N is
+        applied for the first time."""
         if self.live is None or self.current is None:
             return
         try:
@@ -559,6 +568,12 @@ class Watcher:
             self.log(f"--apply live: could not check or set N={self.current} ({exc})")
             return
         self._applied(self.current)
+        if starting:
+            self.log(
+                f"applying the standing N={self.current} live (from {self.env.path}); the server "
+                f"ran N={seen}"
+            )
+            return
         self.log(
             f"the server ran N={seen}, not the standing N={self.current} (restarted, or a "
             f"command-line flag overrides the env file): set it back live"

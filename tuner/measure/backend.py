@@ -29,7 +29,7 @@ The twin's in-process backend (tuner/twin/inprocess.py) speaks the same interfac
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -553,8 +553,17 @@ class AttachedBackend:
         return watched(
             lambda: measure_round(url, cell, round_key, workload, self.explain, where, key),
             self._watcher(),
-            lambda: self._pids or [],
+            lambda: self._pids_of(url),
+            self._siblings(url),
         )
+
+    def _pids_of(self, url: str) -> list[int]:
+        """The processes of the server at url (this backend's one server)."""
+        return self._pids or []
+
+    def _siblings(self, url: str) -> dict[int, str]:
+        """Other servers this backend measures, by pid, while a round runs on url: none here."""
+        return {}
 
     def arrivals(
         self,
@@ -603,6 +612,7 @@ class RunningBackend(AttachedBackend):
     plain_api_key: str | None = None
     way: str = ATTACHED_LIVE
     _set: int | None = None  # the threshold switched to last
+    _pids_by_url: dict[str, list[int]] = field(default_factory=dict)
 
     def launch_key(self, policy: Target) -> Hashable:
         return ("running",)
@@ -644,6 +654,23 @@ class RunningBackend(AttachedBackend):
         measured = super().arrivals(policy, offsets, round_key, lengths, workload)
         return self._checked(policy, measured)
 
+    def _pids_of(self, url: str) -> list[int]:
+        """The processes of the server a round runs on: the drafting server's, or while plain
+        is measured the plain server's (not the drafting server's, whose round it is not)."""
+        if url == self.url or not self._pids:
+            return super()._pids_of(url)
+        if url not in self._pids_by_url:
+            self._pids_by_url[url] = interference.server_pids(url)[0]
+        return self._pids_by_url[url]
+
+    def _siblings(self, url: str) -> dict[int, str]:
+        """While one of the two servers measures, the other is another program on this machine,
+        by what it uses (next to nothing when idle with --poll 0), and named as what it is."""
+        other = self.plain_url if url == self.url else self.url
+        if other is None or not self._pids:
+            return {}
+        return {pid: f"{interference.SIBLING} {other}" for pid in self._pids_of(other)}
+
     def _checked(self, policy: Target, measured: Measured) -> Measured:
         """A drafting policy's round: the threshold it ran at, and the server still at it."""
         if isinstance(policy, Policy) and policy.drafting and self._set is not None:
@@ -663,12 +690,15 @@ def watched(
     measure: Callable[[], Measured],
     snapshot: Callable[[], Snapshot] | None,
     server_pids: Callable[[], Collection[int]],
+    siblings: Mapping[int, str] | None = None,
 ) -> Measured:
     """A round measured between two snapshots of the machine (none: not watched)."""
     start = snapshot() if snapshot is not None else None
     measured = measure()
     if start is not None and snapshot is not None:
-        measured.machine = interference.round_load(start, snapshot(), server_pids())
+        measured.machine = interference.round_load(
+            start, snapshot(), server_pids(), siblings=siblings
+        )
     return measured
 
 

@@ -23,6 +23,7 @@ import json
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -171,6 +172,26 @@ def server_clock(answer: Mapping[str, Any]) -> tuple[float, float] | None:
         return None
     t = float(answer["t_server"])
     return t, float(answer.get("t_arrival", t))
+
+
+def model_name(props: Mapping[str, Any]) -> str:
+    """The name a running server's data are stored under: its alias (`--alias`), else its model
+    file's stem. llama-server without --alias reports the model's path as its alias (11434:
+    tools/server/server.cpp sets the alias to `params.model.get_name()`, the path), and a path
+    is no name: `/models/qwen-q4.gguf` is stored as `qwen-q4`."""
+    path = str(props.get("model_path") or "")
+    alias = str(props.get("model_alias") or "")
+    if alias and alias != path and not alias.endswith(".gguf"):
+        return alias
+    return model_stem(alias or path) or "unknown"
+
+
+def model_stem(name: str) -> str:
+    """A model name given as a GGUF path (`--model /models/qwen-q4.gguf`) as its stem; any other
+    name as it is."""
+    if name.endswith(".gguf") or ("/" in name and Path(name).suffix == ".gguf"):
+        return Path(name).stem
+    return name
 
 
 def server_speed(props: Mapping[str, Any]) -> float:

@@ -30,15 +30,23 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ApiKeyError, EndpointMissingError, NotLlamaServerError, ServerError
+from tuner.measure import interference
 from tuner.measure import metrics as drafting
 from tuner.measure.backend import CHECK_TOKENS, check_live_switch
-from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, Metrics
+from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, Metrics, model_name
 from tuner.measure.hold import recover_left_hold
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 
 PATCH = "patches/spec-draft-max-slots.patch"
 PATCH_FIX = f"apply {PATCH} to llama.cpp and rebuild (`tuner bench setup` builds one)"
-DRAFT_FLAGS = "--model-draft FILE (or a --spec-type that drafts without one)"
+# llama.cpp 11434 drafts only with a --spec-type: --model-draft alone loads the draft model and
+# never drafts (common/arg.cpp --spec-type, default none; tools/server/server-context.cpp
+# can_speculate), so a server that shows no drafting may have the draft model loaded already.
+DRAFT_FLAGS = (
+    "--spec-type draft-simple with --model-draft FILE (this build drafts only with a --spec-type:"
+    " --model-draft alone loads the draft model and never drafts); or a --spec-type that needs "
+    "no draft model (ngram-*, draft-mtp)"
+)
 SWITCH_FIX = (
     f"a llama-server built with {PATCH}, started with --props, that nothing else switches meanwhile"
 )
@@ -100,16 +108,19 @@ def check(
     observer: Observer = quiet,
     timeout_s: float = 10.0,
     state_dir: Path | None = None,
+    before_switch: Callable[[], object] | None = None,
 ) -> CheckReport:
     """What the server at url can do for the tuner (see the module docstring); with state_dir,
-    a threshold a tuner that died left switched there is given back first (measure/hold)."""
+    a threshold a tuner that died left switched there is given back first (measure/hold);
+    before_switch runs right before the live switch is tried (`tune --url` records the
+    threshold found there), never where the switch is not tried."""
     if state_dir is not None:
         recover_left_hold(url, api_key, state_dir, observer)
     report = CheckReport(url.rstrip("/"))
     with LlamaClient(url, api_key, timeout=timeout_s) as api:
         props = report.props = _who_answers(api, report)
         if props is not None:
-            _Checker(api, props, report, observer).run()
+            _Checker(api, props, report, observer, before_switch).run()
     return report
 
 
@@ -161,8 +172,14 @@ class _Checker:
     """Everything after GET /props answered as a llama-server's."""
 
     def __init__(
-        self, api: LlamaClient, props: dict[str, Any], report: CheckReport, observer: Observer
+        self,
+        api: LlamaClient,
+        props: dict[str, Any],
+        report: CheckReport,
+        observer: Observer,
+        before_switch: Callable[[], object] | None = None,
     ) -> None:
+        self.before_switch = before_switch
         self.api = api
         self.props = props
         self.report = report
@@ -177,8 +194,12 @@ class _Checker:
         add = self.report.add
         props = self.props
         add("build", Status.INFO, str(props.get("build_info") or "not reported"))
-        alias, path = props.get("model_alias"), props.get("model_path")
-        add("model", Status.INFO, f"alias {alias or '-'}, path {path or '-'}")
+        path = props.get("model_path")
+        add(
+            "model",
+            Status.INFO,
+            f"{model_name(props)} (the name its data go under; {path or '-'})",
+        )
         add("-np", Status.INFO, _slots_words(self.slots_total))
         patched = self.before is not None
         if patched:
@@ -197,6 +218,7 @@ class _Checker:
             add("--props", Status.OK, "on" if props_on else "not reported; tried below")
         scrape = self._metrics()
         slots = self._slots()
+        self._idle(scrape)
         loaded = _draft_loaded(slots)
         if not patched or props_on is False:
             add("live switch", Status.SKIP, "not tried: it needs the patch and --props")
@@ -234,6 +256,16 @@ class _Checker:
         self.report.add("--slots", Status.OK, "on")
         return slots
 
+    def _idle(self, scrape: Metrics | None) -> None:
+        """The server's CPU while it serves nothing, where it runs here (see spin_finding)."""
+        if scrape is not None and (scrape.value("llamacpp:requests_processing") or 0) > 0:
+            return  # serving someone: its CPU says nothing of idle threads
+        if isinstance(self.props.get("twin"), dict):
+            return  # the twin runs in virtual time: no threads of its own to watch
+        finding = spin_finding(self.api.url)
+        if finding is not None:
+            self.report.findings.append(finding)
+
     def _quietly(self, read: Callable[[], Any]) -> Any:
         try:
             return read()
@@ -252,6 +284,8 @@ class _Checker:
         problem: str | None = None
         seen = ""
         try:
+            if self.before_switch is not None:
+                self.before_switch()
             if self.slots_total < 2 or scrape is None:
                 other = 0 if before else 1
                 self.say(f"live switch: setting {MAX_SLOTS_FIELD} to {other}, then back")
@@ -310,7 +344,10 @@ class _Checker:
         scrape: Metrics | None,
     ) -> None:
         if loaded is False:
-            seen = "no draft model: every slot in /slots says speculative false"
+            seen = (
+                "not drafting: every slot in /slots says speculative false (no draft model, or "
+                "one loaded without --spec-type)"
+            )
             self.report.add("speculative", Status.FAIL, seen, DRAFT_FLAGS)
             return
         types = _types(slots or [])
@@ -329,6 +366,25 @@ class _Checker:
             kind = "type unknown (/slots shows it)"
         status = Status.OK if loaded or types or n_max else Status.WARN
         self.report.add("speculative", status, f"{kind}, {length}")
+
+
+def spin_finding(url: str, seconds: float = 1.0) -> Finding | None:
+    """Whether the server at url uses the CPU while idle (llama-server's worker threads spin
+    between graphs unless started with --poll 0): a warning naming the remedy where it does,
+    ok where it does not, None where its process cannot be watched from here."""
+    pids, _ = interference.server_pids(url)
+    if not pids:
+        return None
+    cores = interference.idle_cores(pids, seconds)
+    if cores < interference.BUSY_CORES:
+        return Finding("idle CPU", Status.OK, f"{cores:.2f} cores with no request")
+    return Finding(
+        "idle CPU",
+        Status.WARN,
+        f"{cores:.1f} cores with no request: its threads spin between graphs, so a second "
+        "server or other programs on this machine and it slow each other",
+        interference.SPIN_FIX,
+    )
 
 
 # --- words ----------------------------------------------------------------------------------

@@ -310,7 +310,15 @@ class ServerHold:
     def _give_back(self, original: int) -> None:
         try:
             with LlamaClient(self.url, self.api_key) as api:
-                api.set_max_slots(original)
+                try:
+                    api.set_max_slots(original)
+                except ServerError:
+                    # A switch refused (POST /props off) may never have changed anything: a
+                    # server that still reads as found needs nothing given back.
+                    if api.max_slots() != original:
+                        raise
+                    self.record_path.unlink(missing_ok=True)
+                    return
         except ServerError as exc:
             _say(
                 self.observer,

@@ -312,10 +312,17 @@ def _family(processes: Mapping[tuple[int, int], Proc], roots: Collection[int]) -
 
 
 def round_load(
-    start: Snapshot, end: Snapshot, server: Collection[int], tuner: int | None = None
+    start: Snapshot,
+    end: Snapshot,
+    server: Collection[int],
+    tuner: int | None = None,
+    siblings: Mapping[int, str] | None = None,
 ) -> RoundLoad:
     """The round between two snapshots (pure): see the module docstring. server: the server's
-    pids (their descendants count as the server's too); tuner: this process (default)."""
+    pids (their descendants count as the server's too); tuner: this process (default);
+    siblings: other servers the tuner measures (pid: what to call it), which count as others
+    by what they use while the round runs elsewhere, named as what they are."""
+    siblings = siblings or {}
     seconds = max(end.at - start.at, 1e-9)
     per_core_s = end.hz * seconds  # ticks of one core all the round
     tuner = os.getpid() if tuner is None else tuner
@@ -338,7 +345,7 @@ def round_load(
         elif key[0] in own:
             tuner_ticks += ticks
         elif ticks > 0:
-            others.append(Other(p.name, key[0], ticks / per_core_s))
+            others.append(Other(siblings.get(key[0], p.name), key[0], ticks / per_core_s))
     machine = (end.busy - start.busy) / per_core_s
     server_cores, tuner_cores = server_ticks / per_core_s, tuner_ticks / per_core_s
     others.sort(key=lambda o: o.cores, reverse=True)
@@ -398,6 +405,32 @@ def server_pids(url: str) -> tuple[list[int], str | None]:
     return pids, None
 
 
+def idle_cores(pids: Collection[int], seconds: float = 1.0, proc: Path = Path("/proc")) -> float:
+    """The cores these processes use over `seconds` (a server with no request should use
+    next to none: llama-server's worker threads spin between graphs unless started with
+    --poll 0, and then take a second server's or other programs' cores on the same CPU)."""
+
+    def ticks() -> int:
+        total = 0
+        for pid in pids:
+            try:
+                total += parse_proc_stat((proc / str(pid) / "stat").read_text())[1].ticks
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
+    before, at = ticks(), time.monotonic()
+    time.sleep(seconds)
+    used = ticks() - before
+    return used / (os.sysconf("SC_CLK_TCK") * max(time.monotonic() - at, 1e-9))
+
+
+SPIN_FIX = (
+    "start llama-server with --poll 0 (its idle threads then sleep), or the second server on "
+    "another machine"
+)
+
+
 def busy_summary(busy: Sequence[RoundLoad], rounds: int) -> str | None:
     """The end of a run, in words: how many of its rounds were busy, with what, and what to do;
     None where none was."""
@@ -422,7 +455,13 @@ def busy_summary(busy: Sequence[RoundLoad], rounds: int) -> str | None:
     if on_gpu:
         names = ", ".join(f"{n} pid {p}" for n, p in sorted(on_gpu))
         causes.append(f"other programs computed on the GPU ({names})")
+    remedy = "stop them or rerun on a quiet machine"
+    if any(o.name.startswith(SIBLING) for b in loaded for o in b.top[:1]):
+        remedy = f"two servers on one CPU slow each other: {SPIN_FIX}"
     return (
         f"{len(busy)} of {rounds} rounds ran while {' and '.join(causes)}: they were measured "
-        "again; results may still be off: stop them or rerun on a quiet machine"
+        f"again; results may still be off: {remedy}"
     )
+
+
+SIBLING = "the other llama-server"  # how round_load's siblings are named

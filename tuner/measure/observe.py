@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
-from tuner.measure.client import LlamaClient, Metrics
+from tuner.measure.client import LlamaClient, Metrics, model_name
 from tuner.measure.hold import recover_left_hold
 from tuner.measure.metrics import PER_POSITION
 from tuner.measure.plan import Observer, ProgressEvent, quiet
@@ -369,20 +369,18 @@ def attach_view(client: LlamaClient) -> ServerView:
     url = client.url
     props = client.props()
     n_slots = int(props["total_slots"])
+    model = model_name(props)
     build = str(props.get("build_info") or "")
     try:
         threshold = int(props.get("spec_draft_max_slots") or 0)
     except (TypeError, ValueError):
         threshold = 0
-    model = str(props.get("model_alias") or props.get("model_path") or "unknown").rsplit("/", 1)[-1]
     try:
         client.slots()
     except EndpointMissingError as no_slots:
         try:
             client.metrics()
-            return ServerView(
-                url, model.removesuffix(".gguf"), n_slots, SOURCE_METRICS, False, build, threshold
-            )
+            return ServerView(url, model, n_slots, SOURCE_METRICS, False, build, threshold)
         except EndpointMissingError as no_metrics:
             raise ServerError(
                 f"{url} exposes neither /slots (HTTP {no_slots.status}) nor /metrics (HTTP "
@@ -393,9 +391,7 @@ def attach_view(client: LlamaClient) -> ServerView:
         counters = True
     except EndpointMissingError:
         counters = False
-    return ServerView(
-        url, model.removesuffix(".gguf"), n_slots, SOURCE_SLOTS, counters, build, threshold
-    )
+    return ServerView(url, model, n_slots, SOURCE_SLOTS, counters, build, threshold)
 
 
 def poll(client: LlamaClient, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:

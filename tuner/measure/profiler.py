@@ -167,9 +167,11 @@ class Profiler:
         return self.recorder.level_name(config)
 
     def repeats_by_cell(
-        self, policies: list[Policy] | None = None, cell: Cell | None = None
+        self, policies: list[Policy] | None = None, cell: Cell | None = None, which: str = "repeats"
     ) -> dict:
-        return self.recorder.repeats_by_cell(policies, cell=cell)  # type: ignore[arg-type]
+        """The run's stored rounds by (config, depth, concurrency): the counted ones, or with
+        which="stalled" those set aside."""
+        return self.recorder.repeats_by_cell(policies, which, cell)  # type: ignore[arg-type]
 
     def repeats_by_level(
         self, policies: list[Policy] | None = None
@@ -183,9 +185,6 @@ class Profiler:
 
     def last_pass(self) -> int | None:
         return self.recorder.last_pass()
-
-    def close_open_levels(self) -> None:
-        self.recorder.close_open_levels()
 
     def record_level(
         self,

@@ -34,6 +34,7 @@ from tuner.measure.schedule import Cell, Step
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import level_medians, pool_drafting
 from tuner.policy import Policy
+from tuner.recommendation import Origin
 from tuner.storage.hashes import StoredHashes
 from tuner.storage.orm import (
     COMPLETED,
@@ -194,20 +195,32 @@ class RunRecorder:
             self.finish(status, error)
 
     def guarded(self, body: Callable[[], None], resume_hint: str = "tuner profile SPEC") -> int:
-        """Run body; record the run as completed, failed or interrupted, and re-raise failures."""
+        """Run body; record the run as completed, failed or interrupted, and re-raise failures.
+        resume_hint: the command whose `--resume` continues the run; a run of a server the
+        tuner did not start (`tune --url`) has none, and is measured further by running
+        that tune again."""
         try:
             body()
         except KeyboardInterrupt:
             self.interrupt_levels()
             self._finish_best_effort(INTERRUPTED, "interrupted by the user")
+            server = self.spec.server
+            if server.url is not None:
+                origin = Origin(self.spec.model_name, server.url, server.plain_url)
+                again = f"Run `{origin.measure()}` again to go on: what was measured counts"
+            else:
+                again = f"Continue it with `{resume_hint} --resume`"
             raise InterruptedRun(
-                f"run {self.run_id} interrupted; completed repeats are kept. "
-                f"Continue it with `{resume_hint} --resume`"
+                f"run {self.run_id} interrupted; completed repeats are kept. {again}"
             ) from None
         except TunerError as exc:
             self.interrupt_levels()
             self._finish_best_effort(FAILED, str(exc))
             raise
+        # A run that ends as it meant to keeps what it measured as data: levels measured in
+        # pairs (tune's sweeps, validate's passes) never close one by one, and left running
+        # they would count in no fit and show as unfinished in `tuner runs`.
+        self.close_open_levels()
         self.finish(COMPLETED)
         assert self.run_id is not None
         return self.run_id

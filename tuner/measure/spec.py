@@ -43,6 +43,10 @@ class ServerSpec(_Strict):
     port: int | None = Field(
         None, ge=1, le=65535, description="fixed loopback port; default: a free one per launch"
     )
+    # A running server the tuner did not start (`tune --url`): recorded so that what the tuner
+    # suggests about these data (measure more, continue) names the servers they came from.
+    url: str | None = Field(None, description="the running server measured (tune --url)")
+    plain_url: str | None = Field(None, description="the plain server beside it (--plain-url)")
 
 
 class SpeculativeSpec(_Strict):
@@ -53,6 +57,18 @@ class SpeculativeSpec(_Strict):
     threshold: int | None = Field(
         None, ge=1, description="also measure --spec-draft-max-slots N (needs the patched server)"
     )
+
+    @model_validator(mode="after")
+    def _drafts(self) -> SpeculativeSpec:
+        # llama.cpp 11434's --spec-type defaults to none: a draft model alone never drafts
+        # (the server then measures as plain while every drafting policy is asked for)
+        typed = any(a == "--spec-type" or a.startswith("--spec-type=") for a in self.args)
+        if self.draft_model() is not None and not typed:
+            raise ValueError(
+                "args: --model-draft without --spec-type: llama-server (build 11434) loads the "
+                "draft model and never drafts; add --spec-type draft-simple"
+            )
+        return self
 
     def draft_model(self) -> Path | None:
         """The draft model file the arguments load (`-md`/`--model-draft`), if any."""
@@ -478,14 +494,18 @@ def running_spec(
     source: str,
     overrides: list[tuple[str, Any]] | None = None,
     slot_context: int | None = None,
+    url: str | None = None,
+    plain_url: str | None = None,
 ) -> ProfileSpec:
     """The spec a running patched server is tuned under (`tune --url`): its own slots, context
     per slot, model and draft length, the default workload at levels 1, 2, 4, ... up to its
-    slots (`--set workload.KEY=VALUE` overrides come last)."""
+    slots (`--set workload.KEY=VALUE` overrides come last), and the URLs it was measured at."""
     server: dict[str, Any] = {
         "binary": RUNNING_BINARY,
         "model": str(model_path),
         "n_parallel": slots,
+        "url": url,
+        "plain_url": plain_url,
     }
     if slot_context:
         server["ctx_size"] = slot_context * slots

@@ -143,7 +143,14 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]
     """Theil-Sen slope with its INTERVAL bounds; None without two distinct x."""
     if len(set(x)) < 2:
         return None
-    slope, _, low, high = stats.theilslopes(np.asarray(y, float), np.asarray(x, float), INTERVAL)
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    with np.errstate(invalid="ignore"):  # a few points: scipy's variance can go below zero
+        slope, _, low, high = stats.theilslopes(ys, xs, INTERVAL)
+    if not (np.isfinite(low) and np.isfinite(high)):
+        # too few points for Sen's interval: the range of the pairwise slopes bounds it
+        pairs = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i)
+                 if xs[j] != xs[i]]  # fmt: skip
+        low, high = min(pairs), max(pairs)
     return float(slope), float(low), float(high)
 
 

@@ -423,7 +423,9 @@ class CostModel:
             upto,
             (round(ulo[0]), round(uhi[0])),
             self.interval,
-            against,
+            # without a plain server the plain curve is the drafting server not drafting
+            # (FitData.plain): the crossover is against that, and must be named so
+            against if self.plain_measured else "off",
         )
 
     # -- serialisation --

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tuner.policy import Policy
-from tuner.recommendation import UNRESOLVED
 from tuner.report.dimensions import Dimensions
 from tuner.report.dimensions import draw as draw_dimensions
 from tuner.report.series import ReportData
@@ -142,10 +141,9 @@ def render_figure(data: ReportData, dims: Dimensions | None = None) -> Any:
     _draw_panel(bottom, data, per_stream=True)
     rec = data.recommendation
     where = f" on {data.host}" if data.host else ""
-    said = "unresolved: best estimate" if rec.status == UNRESOLVED else "recommended"
     fig.suptitle(
-        f"{data.model}{where}\n--spec-draft-max-slots {rec.max_slots} {said} "
-        f"(fit {data.fit_id}, n_max {data.n_max}, -np {data.n_parallel})",
+        f"{data.model}{where}: {rec.headline()}\n"
+        f"fit {data.fit_id}, n_max {data.n_max}, -np {data.n_parallel}",
         fontsize=13,
         fontweight="bold",
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.decide.regret import ValidationReport
 from tuner.model.quality import FitQuality
-from tuner.recommendation import UNRESOLVED, Recommendation
+from tuner.recommendation import Origin, Recommendation
 from tuner.report.dimensions import Dimensions, open_loop_lines
 from tuner.report.figure import PNG_NAME, SVG_NAME
 from tuner.report.series import ReportData
@@ -155,10 +155,9 @@ def _quality_lines(quality: FitQuality, data: ReportData) -> list[str]:
 
 
 def _recommendation_title(rec: Recommendation) -> str:
-    """The section's title: the answer, and never as settled where it is not."""
-    if rec.status == UNRESOLVED:
-        return f"Recommendation: unresolved (N={rec.max_slots} is the best estimate so far)"
-    return f"Recommendation: N={rec.max_slots}"
+    """The section's title: the answer as every surface states it (never as settled where it
+    is not)."""
+    return f"Recommendation: {rec.headline()}"
 
 
 def _recommendation_lines(data: ReportData) -> list[str]:
@@ -186,10 +185,9 @@ def _recommendation_lines(data: ReportData) -> list[str]:
         lines += ["", "Reasons:", ""] + [f"- {reason}" for reason in rec.reasons]
     lines.append("")
     if rec.measure_next:
-        levels = ",".join(map(str, rec.measure_next))
         lines.append(
             f"Measure next: {', '.join(streams(c) for c in rec.measure_next)} "
-            f"(`tuner profile SPEC.toml --levels {levels}`)."
+            f"(`{rec.measure_command}`)."
         )
     else:
         lines.append("Measure next: no unmeasured level the choice rests on is undecided.")
@@ -197,11 +195,21 @@ def _recommendation_lines(data: ReportData) -> list[str]:
 
 
 def _validation_lines(
-    validation: ValidationReport | None, model: str, problem: str | None
+    validation: ValidationReport | None,
+    model: str,
+    problem: str | None,
+    origin: Origin | None = None,
 ) -> list[str]:
     if validation is None:
         if problem:
             return [problem]
+        if origin is not None and origin.url is not None:
+            # validate launches servers of a spec; a running server's data were measured by
+            # tune --url, whose paired comparisons at the answer's contenders are its check
+            return [
+                "no validation run: the data come from a running server (`tune --url`), whose "
+                f"live comparisons are the check; `{origin.measure()}` measures more"
+            ]
         return [f"no validation yet (run `tuner validate --model {model}`)"]
     v = validation
     lines = [
@@ -270,7 +278,12 @@ def render_summary(
         (f"Data used (fit {data.fit_id})", _data_lines(facts, inputs)),
         ("Fit quality", _quality_lines(quality, data)),
         (_recommendation_title(data.recommendation), _recommendation_lines(data)),
-        ("Validation", _validation_lines(validation, data.model, validation_problem)),
+        (
+            "Validation",
+            _validation_lines(
+                validation, data.model, validation_problem, data.recommendation.origin
+            ),
+        ),
         ("Open loop", open_loop_lines(dims or Dimensions())),
     ]
     lines = [

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,34 @@ class Table:
     rows: list[list[str]]
     head: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def contrast_cells(
+    estimate: float,
+    bounds: tuple[float, float],
+    df: float,
+    levels: Sequence[int],
+    pairs: Mapping[int, int],
+    unit: str = "",
+) -> list[str]:
+    """A paired comparison's advantage, bounds and degrees of freedom as table cells, in words
+    where the data cannot give them: a level without a pair ("not measured at 3 streams"), or
+    one pair where a bound needs two. Never nan or inf in anything a user reads."""
+    missing = [c for c in levels if pairs.get(c, 0) == 0]
+    if missing:
+        return [f"not measured at {_levels_text(missing)}", "", ""]
+    if not math.isfinite(estimate):
+        return ["not measured", "", ""]
+    low, high = bounds
+    if not (math.isfinite(low) and math.isfinite(high)):
+        single = [c for c in levels if pairs.get(c, 0) < 2]
+        where = f" at {_levels_text(single)}" if single else ""
+        return [f"{estimate:+.2f}{unit}", f"no bounds: one pair{where}", ""]
+    return [f"{estimate:+.2f}{unit}", f"[{low:+.2f}, {high:+.2f}]{unit}", f"{df:.1f}"]
+
+
+def _levels_text(levels: Sequence[int]) -> str:
+    return ", ".join(map(str, sorted(levels))) + (" stream" if list(levels) == [1] else " streams")
 
 
 def pct(value: float | None) -> str:

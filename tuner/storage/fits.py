@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError
+from tuner.jsonout import finite
 from tuner.model import fitting
 from tuner.model.arrivals import ProbeRecord, TtftRound
 from tuner.model.costmodel import VERSION, CostModel, Crossover
@@ -29,19 +30,6 @@ PROFILE_HINT = (
     "run `tuner tune --url URL` on a running server, or `tuner profile SPEC.toml` (or `tuner dev "
     "import FILE.toml` for a table measured elsewhere)"
 )
-
-
-def finite(value: Any) -> Any:
-    """A JSON-able copy with NaN and infinities as None (PostgreSQL's JSON rejects them)."""
-    if isinstance(value, float):
-        return value if np.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    if isinstance(value, np.generic):
-        return finite(value.item())
-    return value
 
 
 @dataclass

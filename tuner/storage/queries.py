@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from tuner.errors import NotFoundError
 from tuner.policy import Policy
-from tuner.storage.orm import Host, Level, Model, Run, Sample
+from tuner.storage.orm import Host, Level, Model, RecommendationRow, Run, Sample
 from tuner.storage.store import Store
 
 
@@ -35,6 +35,16 @@ class RunSummary:
     levels_total: int
     samples: int
     error: str | None
+    comparisons: tuple[int, int] | None = None  # a tune: (resolved, all) comparisons
+
+    def progress(self) -> str:
+        """What `tuner runs` shows of how far the run got."""
+        if self.kind == "tune":
+            if self.comparisons is None:
+                return "no answer stored"
+            resolved, total = self.comparisons
+            return f"{resolved}/{total} comparisons resolved"
+        return f"{self.levels_done}/{self.levels_total} levels"
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,25 @@ def _summary(session: Session, run: Run) -> RunSummary:
         levels_total=len(run.levels),
         samples=samples,
         error=run.error,
+        comparisons=_tune_comparisons(session, run) if run.kind == "tune" else None,
     )
+
+
+def _tune_comparisons(session: Session, run: Run) -> tuple[int, int] | None:
+    """A tune's comparisons (resolved, all) from the answer it stored: its levels are pairs of
+    rounds, never closed one by one, so a count of closed levels says nothing of it. None where
+    it stored no answer (stopped before its first assessment)."""
+    row = session.scalars(
+        select(RecommendationRow)
+        .where(RecommendationRow.study_name == f"tuner:live:run{run.id}")
+        .order_by(RecommendationRow.id.desc())
+    ).first()
+    if row is None:
+        return None
+    comparisons = (row.details.get("tune") or {}).get("comparisons") or []
+    # decide/paired.py's verdicts: ahead, behind, within tolerance, unresolved
+    resolved = sum(1 for c in comparisons if c.get("verdict") not in (None, "unresolved"))
+    return resolved, len(comparisons)
 
 
 def list_runs(store: Store, model: str | None = None, limit: int = 50) -> list[RunSummary]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from tuner.recommendation import Recommendation
+from tuner.recommendation import Origin, Recommendation
 from tuner.storage.fits import finite
-from tuner.storage.orm import RecommendationRow
+from tuner.storage.orm import Fit, RecommendationRow, Run
 from tuner.storage.store import Store
 
 
@@ -27,20 +28,43 @@ def save(store: Store, rec: Recommendation, extra: dict[str, Any] | None = None)
         session.add(row)
         session.flush()
         rec.id = row.id
+        rec.origin = rec.origin or _origin(session, rec.fit_id, rec.model)
         row.details = {**row.details, "recommendation_id": row.id}
     return rec.id
 
 
-def of_row(row: RecommendationRow) -> Recommendation:
-    return Recommendation.from_stored(
+def of_row(session: Session, row: RecommendationRow) -> Recommendation:
+    rec = Recommendation.from_stored(
         row.id, row.fit_id, row.max_slots, row.n_max, dict(row.details or {})
     )
+    rec.origin = _origin(session, row.fit_id, rec.model)
+    return rec
+
+
+def _origin(session: Session, fit_id: int, model: str) -> Origin:
+    """How the fit's data were measured: the running servers of its newest run measured by
+    `tune --url`, else a spec's launches."""
+    fit = session.get(Fit, fit_id)
+    run_ids = sorted((fit.inputs or {}).get("runs") or [], reverse=True) if fit else []
+    for run_id in run_ids:
+        run = session.get(Run, run_id)
+        server = ((run.spec or {}).get("server") or {}) if run is not None else {}
+        if server.get("url"):
+            return Origin(model, str(server["url"]), server.get("plain_url"))
+        if run is not None and run.kind != "import":
+            break
+    return Origin(model)
+
+
+def origin(store: Store, fit_id: int, model: str) -> Origin:
+    with store.session() as session:
+        return _origin(session, fit_id, model)
 
 
 def load(store: Store, rec_id: int) -> Recommendation | None:
     with store.session() as session:
         row = session.get(RecommendationRow, rec_id)
-        return of_row(row) if row is not None else None
+        return of_row(session, row) if row is not None else None
 
 
 def newest_for_fit(store: Store, fit_id: int) -> Recommendation | None:
@@ -51,4 +75,4 @@ def newest_for_fit(store: Store, fit_id: int) -> Recommendation | None:
             .where(RecommendationRow.fit_id == fit_id)
             .order_by(RecommendationRow.id.desc())
         ).first()
-        return of_row(row) if row is not None else None
+        return of_row(session, row) if row is not None else None

@@ -69,14 +69,24 @@ def display_url(url: str) -> str:
         return url
 
 
+def database_url(name: str) -> str:
+    """A database as the user named it (--db / TUNER_DB): an SQLAlchemy URL as given, or a plain
+    file path (`~/tuner.db`, `./runs.db`), which names an SQLite file."""
+    if "://" in name or name.startswith("sqlite:"):
+        return name
+    return f"sqlite:///{Path(name).expanduser().absolute()}"
+
+
 def make_engine(url: str, busy_timeout_s: float | None = None) -> Engine:
-    """An engine for any SQLAlchemy URL; SQLite files get WAL, a busy timeout and their folder."""
+    """An engine for any SQLAlchemy URL or SQLite file path (database_url); SQLite files get WAL,
+    a busy timeout and their folder."""
+    url = database_url(url)
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         raise ConfigError(
             f"database URL (--db / TUNER_DB) {url!r} is not a valid SQLAlchemy URL "
-            f"(use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+            f"(use a file path, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
         ) from exc
     kwargs: dict[str, Any] = {}
     timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
@@ -191,9 +201,9 @@ class Store:
     def __init__(
         self, url: str, migrate_schema: bool = True, busy_timeout_s: float | None = None
     ) -> None:
-        self.url = url
+        self.url = database_url(url)
         self.busy_timeout_s = DEFAULT_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
-        self.engine = make_engine(url, self.busy_timeout_s)
+        self.engine = make_engine(self.url, self.busy_timeout_s)
         if migrate_schema:
             migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

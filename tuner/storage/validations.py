@@ -68,7 +68,7 @@ def checked_recommendation(store: Store, run_id: int) -> Recommendation:
                 f"validation run {run_id} does not name the recommendation it checked "
                 f"(made before tuner recorded it); run `tuner validate` again"
             )
-        rec = of_row(session.get(RecommendationRow, run.recommendation_id))
+        rec = of_row(session, session.get(RecommendationRow, run.recommendation_id))
         if run.validated_max_slots is not None and run.validated_max_slots != rec.max_slots:
             rec = replace(rec, policy=Policy.of_max_slots(run.validated_max_slots, rec.n_max))
         return rec

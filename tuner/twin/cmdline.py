@@ -1,8 +1,10 @@
 """The twin server's command line: llama-server's, read into `ServerArgs`, and the world and
 policy a launch serves (`launch_world`).
 
-A launch with `--model-draft` (or a `--spec-type` other than none) is the world's drafting
-server, without it the plain one; the draft model's path is not read. `--spec-draft-max-slots`
+A launch with a `--spec-type` other than none is the world's drafting server, without one the
+plain one, as in llama.cpp 11434, whose `--spec-type` defaults to none: `--model-draft` alone
+loads a draft model that never drafts (tools/server/server-context.cpp can_speculate; /slots
+then says speculative false). The draft model's path is not read. `--spec-draft-max-slots`
 (or LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS, checked with the patch's own message), `--spec-draft-n-max`,
 `--parallel`, `--ctx-size` (per slot ctx/parallel, or all of it with `--kv-unified`), `-b`,
 `--spec-synth-len`/`--spec-synth-rates` (over the world's acceptance), `--api-key`, `--alias`,
@@ -136,8 +138,9 @@ class ServerArgs:
 
     @property
     def drafting(self) -> bool:
-        """A draft model (or a draft-less speculative type) is loaded."""
-        return self.model_draft is not None or self.spec_type not in (None, "none")
+        """A speculative type is on (with its draft model, or a draft-less type): the pinned
+        build drafts only then, whatever --model-draft says."""
+        return self.spec_type not in (None, "none")
 
 
 def _max_slots(value: str, flag: str) -> int:

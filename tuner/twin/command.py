@@ -31,9 +31,10 @@ The tuner's twin of llama-server: a simulated server whose world file stands in 
 
 ----- speculative params -----
 
--md,   --model-draft FNAME              load a draft model: the world's drafting server (the
-                                        file is not read)
---spec-type TYPE                        speculative type; any but none drafts
+-md,   --model-draft FNAME              load a draft model (the file is not read); it drafts
+                                        only with a --spec-type, as in build 11434
+--spec-type TYPE                        speculative type (default none); any but none
+                                        drafts: the world's drafting server
 --spec-draft-n-max N                    number of tokens to draft (default: the world's n_max)
 --spec-draft-max-slots N                start no new drafts while more than N slots are
                                         generating, 0 = no limit (default: 0)

@@ -34,10 +34,10 @@ def moved_text(answer: int, standing: settle.Standing, sweeps: int) -> str:
             f"the smaller is the answer now (tie {standing.tie})"
         )
     comp = next(c for c in standing.comparisons if c.contender == standing.answer)
-    low, high = comp.advantage.bounds(settle.CONFIDENCE)
+    figures = comp.advantage.figures(confidence=settle.CONFIDENCE, df=False)
     return (
-        f"N={standing.answer} is ahead of N={answer}: {comp.advantage.estimate:+.2f} tok/s "
-        f"weighted [{low:+.2f}, {high:+.2f}] after {sweeps} sweep(s): it is the answer now"
+        f"N={standing.answer} is ahead of N={answer}: {figures} weighted after {sweeps} "
+        "sweep(s): it is the answer now"
     )
 
 
@@ -46,12 +46,11 @@ def plain_live_reason(
 ) -> Reason:
     """Whether to draft at all, as measured side by side; where that is unresolved, with the
     model's verdict (model: plain - answer, point and one-sided bounds) beside it."""
-    low, high = live.advantage.bounds(settle.CONFIDENCE)
     figures = (
         f"plain (no draft model) against N={live.against}, measured side by side (plain's "
-        f"launch beside the drafting launch, in turn at every level, {live.passes} passes): "
-        f"{live.advantage.estimate:+.2f} tok/s weighted, one-sided 95 % bounds "
-        f"[{low:+.2f}, {high:+.2f}] (df {live.advantage.df:.1f}): {live.verdict}"
+        f"launch beside the drafting launch, in turn at every level, {live.passes} passes), "
+        f"weighted, one-sided 95 % bounds: "
+        f"{live.advantage.figures(confidence=settle.CONFIDENCE)}: {live.verdict}"
     )
     if live.against != answer:
         figures += (
@@ -81,8 +80,7 @@ def plain_live_reason(
 
 
 def bounds_text(c: settle.Comparison, answer: int | None = None) -> str:
-    low, high = c.advantage.bounds(settle.CONFIDENCE)
-    text = f"{c.advantage.estimate:+.2f} tok/s [{low:+.2f}, {high:+.2f}]"
+    text = c.advantage.figures(confidence=settle.CONFIDENCE, df=False)
     if c.against is not None and c.against != answer:
         text += f" against N={c.against}, the best estimate"
     return text

@@ -26,6 +26,13 @@ from tuner.storage.queries import paired_rounds
 from tuner.storage.store import Store
 
 MAX_MOVES = 16  # an answer that keeps moving is a sign of noise, not of a better N
+# The marks that keep a counted round out of tune's pairs, in words (measure/profiler.py).
+SET_ASIDE = {
+    "drafted_off": "the threshold drafted where it must not",
+    "apart": "the streams never generated together",
+    "busy": "other programs used the machine",
+    "foreign": "others' requests reached the server",
+}
 DONE, TIES_LEFT = "done", "ties left"  # how a run of threshold sweeps ends
 
 
@@ -183,6 +190,9 @@ class Tuning:
                 f"budget of {limits.budget_s:.0f} s spent with "
                 f"{len(standing.measuring)} comparison(s) unresolved"
             )
+            left = self.left_unmeasured(standing)
+            if left is not None:
+                self.say(left)
             return DONE
         if ties and not standing.unresolved and spent >= limits.tie_budget_s:
             self.say(
@@ -191,6 +201,35 @@ class Tuning:
             )
             return DONE
         return None
+
+    def left_unmeasured(self, standing: settle.Standing) -> str | None:
+        """The levels an open comparison rests on that hold no pair yet, and why: no round
+        there yet, or its rounds set aside (by what marked them); None where every one has."""
+        missing = [c for c in standing.measure_next if self.report.gains.get(c) is None
+                   or self.report.gains[c].n == 0]  # fmt: skip
+        if not missing:
+            return None
+        parts = []
+        for c in sorted(missing):
+            cell = (self.profiler.depth, c)
+            counted = self.profiler.repeats_by_cell(cell=cell)
+            aside = self.profiler.repeats_by_cell(cell=cell, which="stalled")
+            marks: dict[str, int] = {}
+            for rounds in counted.values():
+                for r in rounds:
+                    for mark, words in SET_ASIDE.items():
+                        if r.get(mark):
+                            marks[words] = marks.get(words, 0) + 1
+            for rounds in aside.values():
+                for r in rounds:
+                    why = str(r.get("stall") or "stalled")
+                    marks[why] = marks.get(why, 0) + 1
+            if marks:
+                said = "; ".join(f"{n} round(s): {why}" for why, n in marks.items())
+                parts.append(f"{c} streams, rounds set aside ({said})")
+            else:
+                parts.append(f"{c} streams, not reached before the budget ended")
+        return "not measured yet, so the comparisons resting there stay open: " + ", ".join(parts)
 
     def sweep(self, standing: settle.Standing) -> None:
         """One sweep: on and off side by side at the levels unresolved comparisons rest on."""

@@ -65,23 +65,20 @@ class TuneReport:
         )
 
     def standing_text(self) -> str:
+        """The answer tune leaves standing, in the words every other surface uses
+        (Recommendation.headline), with how it came about."""
         if self.standing is None:
             return ""
-        line = " ".join(f"{k}={v}" for k, v in self.standing.env().items())
+        how = (
+            f"changed from N={self.started_from.max_slots} by the live comparisons"
+            if self.changed
+            else "unchanged by the live comparisons"
+        )
+        text = f"answer: {self.standing.headline()}; {how}"
         unresolved = self.standing.unresolved_text()
         if unresolved is not None:
-            return f"{line}: {unresolved}"
-        if self.changed:
-            return (
-                f"{line} now stands: the live comparisons changed the recommendation from "
-                f"N={self.started_from.max_slots}"
-            )
-        if not self.standing.drafting_pays:
-            return (
-                f"{line} stands among thresholds, but plain is ahead of it: serve without the "
-                "draft model (see its first reason)"
-            )
-        return f"{line} stands after the live comparisons (unchanged)"
+            text += f"; {unresolved.removeprefix('unresolved: ')}"
+        return text
 
     def as_dict(self) -> dict[str, Any]:
         s = self.settled

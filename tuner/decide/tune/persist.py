@@ -157,17 +157,15 @@ def _comparison_reasons(standing: settle.Standing, answer: int) -> list[Reason]:
     """A reason for each contender against the answer, and for the tie where there is one."""
     reasons = []
     for comp in standing.comparisons:
-        low, high = comp.advantage.bounds(settle.CONFIDENCE)
         code = ReasonCode.PRUNED if comp.verdict == BEHIND else ReasonCode.LIVE_TRIALS
         if comp.verdict == settle.UNRESOLVED:
             code = ReasonCode.UNRESOLVED
         reasons.append(
             Reason(
                 code,
-                f"N={comp.contender} against N={answer}: {comp.advantage.estimate:+.2f} tok/s "
-                f"weighted, one-sided 95 % bounds [{low:+.2f}, {high:+.2f}] "
-                f"(df {comp.advantage.df:.1f}, levels {', '.join(map(str, comp.levels))}): "
-                f"{comp.verdict}",
+                f"N={comp.contender} against N={answer}, weighted, one-sided 95 % bounds at "
+                f"{', '.join(map(str, comp.levels))} streams: "
+                f"{comp.advantage.figures(confidence=settle.CONFIDENCE)}: {comp.verdict}",
             )
         )
     if len(standing.tie) > 1:
