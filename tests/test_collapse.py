@@ -133,3 +133,17 @@ def test_a_request_is_credited_with_generating_slots_only_where_drafts_may_start
         exposure.poll([slot(0, 20, "generating")] + ([slot(1, 21, "generating")] * (n - 1)),
                       1.0, max_slots=0)  # fmt: skip
     assert exposure.ended([slot(1, 21, "generating")]) is None
+
+
+def test_the_realisation_ratio_is_at_most_one_and_one_where_acceptance_moves(bench_model) -> None:
+    """Tokens a step over 1 + accepted a draft: the bench's flat acceptance gives a ratio just
+    under 1; where acceptance moves with the drafting slots the pooled figures are weighted
+    unlike each other (streams, drafts) and the ratio is taken as 1 (on the 27117 world the
+    pooled one came out at 1.64, a floor six times too low)."""
+    from tuner.model.collapse import realisation
+    from tuner.model.trend import AcceptanceTrend
+
+    flat = realisation(bench_model)
+    assert flat is not None and 0.9 < flat <= 1.0
+    moving = AcceptanceTrend({1: 5.0, 16: 0.02}, 8.0, 0.6, -0.3, -0.4, -0.2, 10, True, 8)
+    assert realisation(dataclasses.replace(bench_model, trend=moving)) == 1.0

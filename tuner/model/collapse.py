@@ -11,7 +11,8 @@ threshold server not drafting ("off") from two slots on, the comparison that pla
 
 The model's tokens a step are L = rho (1 + m), m the accepted draft tokens a draft (what the
 server's counters and the profile's per-position counts give: accepted / drafts) and rho the
-realisation ratio (steps without a draft: a request's first and last tokens), so the floor on m is
+realisation ratio (steps without a draft: a request's first and last tokens; at most 1, and 1
+where acceptance moves with the drafting slots: `realisation`), so the floor on m is
 
     m*(c) = ref_tps(c) T_spec(c) / (c rho) - 1,
 
@@ -65,14 +66,19 @@ class Seen:
 
 
 def realisation(model: CostModel, n: int | None = None) -> float | None:
-    """rho: the model's tokens a drafting step over 1 + accepted a draft (None where the fit
-    folds acceptance into its spec curve: it knows no acceptance to set a floor on)."""
+    """rho: the model's tokens a drafting step over 1 + accepted a draft, at most 1 (a step
+    verifies at most one draft a slot); 1 where acceptance moves with the drafting slots, since
+    the pooled tokens a step (weighted by streams) and the pooled rates (weighted by drafts) then
+    mix the levels unlike each other. None where the fit folds acceptance into its spec curve: it
+    knows no acceptance to set a floor on."""
     acceptance = model.acceptance
     if acceptance.rates is None or acceptance.source == "folded":
         return None
+    if model.trend is not None and model.trend.moving:
+        return 1.0
     n = acceptance.n_max if n is None else n
     accepted = float(sum(acceptance.rates[:n]))
-    return float(acceptance.length(n)) / (1.0 + accepted)
+    return min(1.0, float(acceptance.length(n)) / (1.0 + accepted))
 
 
 def _floor_values(model: CostModel, slots: np.ndarray, n: int | None) -> np.ndarray | None:
