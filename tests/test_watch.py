@@ -134,7 +134,8 @@ class Answers:
 def watcher(tmp_path: Path, recommender, on_change: str | None = None) -> Watcher:
     view = ServerView("http://127.0.0.1:1", "m", 8, "slots")
     poller = SimpleNamespace(view=view, interval_s=0.25)
-    options = WatchOptions(every_s=60.0, window_s=60.0, drift=0.2, on_change=on_change)
+    # no dwell: these intervals pass in milliseconds (tests/test_watch_guard.py times it)
+    options = WatchOptions(every_s=60.0, window_s=60.0, drift=0.2, on_change=on_change, dwell_s=0.0)
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     return Watcher(
         store, poller, EnvFile(tmp_path / "server.env"), "watch-test", options, recommender

@@ -60,7 +60,8 @@ def test_a_new_answer_must_clear_the_margin() -> None:
 def watcher(tmp_path: Path, answers: list, **over: float) -> Watcher:
     view = ServerView("http://127.0.0.1:1", "m", 4, "slots")
     poller = SimpleNamespace(view=view, interval_s=0.25)
-    options = WatchOptions(every_s=60.0, window_s=60.0, drift=0.2, **over)  # type: ignore[arg-type]
+    # no dwell: these intervals pass in milliseconds (tests/test_watch_guard.py times it)
+    options = WatchOptions(every_s=60.0, window_s=60.0, drift=0.2, dwell_s=0.0, **over)  # type: ignore[arg-type]
     store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
     feed = iter(answers)
     return Watcher(
@@ -133,7 +134,7 @@ def test_on_a_tie_the_answers_go_back_and_forth_and_n_does_not(tmp_path: Path) -
         answers.append(rec.max_slots)
         return rec
 
-    options = WatchOptions(every_s=120.0, window_s=360.0, drift=0.001, min_busy_s=1.0)
+    options = WatchOptions(every_s=120.0, window_s=360.0, drift=0.001, min_busy_s=1.0, dwell_s=0.0)
     w = Watcher(
         store, SimpleNamespace(view=view, interval_s=0.25), EnvFile(tmp_path / "server.env"),
         "tie", options, recommend,

@@ -15,11 +15,14 @@ BENCH_WORLD = REPO / "profiles" / "twin" / "bench-smollm2-cpu.toml"
 DRAFTING = ["--model-draft", "twin-draft", "--spec-type", "draft-simple", "--spec-draft-n-max", "6"]
 
 
-def twin_in_thread(*extra: str, port: int = 0, speed: float = 50.0) -> TwinServer:
+def twin_in_thread(
+    *extra: str, port: int = 0, speed: float = 50.0, world: Path = BENCH_WORLD, parallel: int = 4
+) -> TwinServer:
     """A drafting twin of the bench world (4 slots, --metrics --props, noise off) serving from a
-    thread, on `port` (0: any free one), with `extra` flags; stop it with stop_thread()."""
+    thread, on `port` (0: any free one), with `extra` flags; stop it with stop_thread(). `world`
+    and `parallel` serve another world."""
     argv = [
-        "--model", str(BENCH_WORLD), "--port", str(port), "--parallel", "4",
+        "--model", str(world), "--port", str(port), "--parallel", str(parallel),
         "--ctx-size", "4096", "--kv-unified", "--noise", "off", "--speed", f"{speed:g}",
         "--metrics", "--props", "--poll", "0", *DRAFTING, *extra,
     ]  # fmt: skip

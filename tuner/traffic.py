@@ -177,6 +177,15 @@ class TrafficProfile:
     # (requests_deferred above 0: the server at capacity, its arrival rate the rate it served)
     readings: int = 0
     deferred: int = 0
+    # The same counters by the number of slots drafting together while the requests of a
+    # reading drafted (their drafting steps' mean, rounded): acceptance by drafting slots, what
+    # tuner.model.collapse holds against the floor. Accepted tokens only (no positions).
+    by_drafting: dict[int, AcceptanceCounts] = field(default_factory=dict)
+
+    def add_drafting(self, slots: int, drafts: float, draft_tokens: float, accepted: float) -> None:
+        """One reading's draft counters, attributed to `slots` drafting together."""
+        counts = self.by_drafting.setdefault(slots, AcceptanceCounts(per_position=False))
+        counts.add(drafts, draft_tokens, accepted, None)
 
     def add(self, generating: int, dt: float) -> None:
         self.seconds[generating] = self.seconds.get(generating, 0.0) + dt
@@ -242,6 +251,7 @@ class TrafficProfile:
             self.acceptance.plus(other.acceptance),
             self.readings + other.readings,
             self.deferred + other.deferred,
+            _by_drafting_plus(self.by_drafting, other.by_drafting),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +283,7 @@ class TrafficProfile:
             "acceptance": self.acceptance.to_dict(),
             "readings": self.readings,
             "deferred": self.deferred,
+            "by_drafting": {str(k): v.to_dict() for k, v in sorted(self.by_drafting.items())},
         }
 
     @classmethod
@@ -292,7 +303,20 @@ class TrafficProfile:
             acceptance=AcceptanceCounts.from_dict(data.get("acceptance") or {}),
             readings=int(data.get("readings") or 0),
             deferred=int(data.get("deferred") or 0),
+            by_drafting={
+                int(k): AcceptanceCounts.from_dict(v)
+                for k, v in (data.get("by_drafting") or {}).items()
+            },
         )
+
+
+def _by_drafting_plus(
+    a: Mapping[int, AcceptanceCounts], b: Mapping[int, AcceptanceCounts]
+) -> dict[int, AcceptanceCounts]:
+    out = {k: AcceptanceCounts.from_dict(v.to_dict()) for k, v in a.items()}
+    for k, v in b.items():
+        out[k] = out[k].plus(v) if k in out else AcceptanceCounts.from_dict(v.to_dict())
+    return out
 
 
 def total_variation(p: Mapping[int, float], q: Mapping[int, float]) -> float:
@@ -309,3 +333,5 @@ class ServerView:
     n_slots: int
     source: str
     counters: bool = False  # /metrics answers: outputs come from tokens_predicted_total
+    build: str = ""  # GET /props' build_info: the build a collapse alarm names
+    max_slots: int = 0  # the threshold the server ran at attach (0: no limit, or unpatched)

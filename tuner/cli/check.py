@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from tuner.cli.options import ApiKeyOption, err, out, reports_errors, settings
+from tuner.cli.options import (
+    ApiKeyOption,
+    err,
+    open_store,
+    out,
+    reports_errors,
+    settings,
+    this_host,
+)
 from tuner.errors import ConfigError, InterruptedRun
 
 if TYPE_CHECKING:
@@ -30,14 +38,18 @@ def check(
 ) -> None:
     """What this llama-server can do for the tuner, and the llama-server flag that fixes each
     gap: the patch's --spec-draft-max-slots, --props and the live switch (tried, then set back),
-    --metrics, --slots, the API key, -np, the draft model, the build. Exit status 0 only when
-    `tuner tune --url` can run against it."""
-    from tuner.measure.doctor import check as check_server
+    --metrics, --slots, the API key, -np, the draft model, the build; and its acceptance since
+    it started against the floor its model's fit sets (where drafting cannot pay at any
+    number of drafting slots: one line naming the build and the answer, plain). Exit status 0
+    only when `tuner tune --url` can run against it."""
+    from tuner.decide.alarm import check_server
 
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url {url!r}: must be an http:// or https:// URL")
     try:
-        report = check_server(url, api_key, observer=_progress, state_dir=settings().state_dir)
+        report = check_server(
+            url, open_store, this_host(), api_key, _progress, settings().state_dir
+        )
     except KeyboardInterrupt:
         raise InterruptedRun("tuner check interrupted") from None
     render(report)

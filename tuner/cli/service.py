@@ -23,9 +23,11 @@ from tuner.cli.options import (
     http_url,
     model_host,
     open_store,
+    out,
     reports_errors,
     settings,
     terminate_as_interrupt,
+    this_host,
 )
 from tuner.cli.progress import LogLines, ProgressDisplay
 from tuner.recommendation import ObjectiveKind
@@ -115,6 +117,31 @@ MarginOption = Annotated[
         "than this share of the objective (so N does not flap on a tie)",
     ),
 ]
+DwellOption = Annotated[
+    str,
+    typer.Option(
+        "--dwell",
+        help="change N at most once in this long (0 turns it off): a new answer that clears "
+        "--margin sooner waits, and is applied once the dwell has passed unless a later answer "
+        "replaced it; only the collapse alarm's protective N does not wait",
+    ),
+]
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="serve the watch's own state on this port at /metrics for Prometheus (the standing "
+        "and applied N, generating slots, acceptance and its floor, decisions, experiments, "
+        "errors); off by default; a port in use stops the watch before it starts",
+    ),
+]
+MetricsHostOption = Annotated[
+    str,
+    advanced(
+        "--metrics-host",
+        help="the address --metrics-port listens on (loopback by default; 0.0.0.0 for all)",
+    ),
+]
 
 
 @reports_errors
@@ -134,18 +161,25 @@ def observe(
     Polls /slots (or /metrics where /slots is off) four times a second over one connection; never
     changes the server; keeps what it has when the server goes away and goes on when it is back.
     The profile is saved every 10 s; `tuner recommend --traffic NAME` weights the objective by it.
+    At the end the acceptance its counters showed by drafting slots is held against the floor of
+    the model's fit: where it collapses, one line names the slots, the build and the answer.
     """
-    from tuner.measure.observe import observe as run_observe
+    from tuner.decide.alarm import observe_server
     from tuner.storage.traffic_profiles import TrafficSaver
 
     http_url(url)
     seconds = duration_option(duration, "--duration")
-    saver = TrafficSaver(open_store(), name)
+    store = open_store()
+    saver = TrafficSaver(store, name)
     with terminate_as_interrupt(), ProgressDisplay() as display:
-        view, profile = run_observe(
-            url, seconds, saver, display, api_key=api_key, state_dir=settings().state_dir
-        )
-    render.traffic(saver.name or "", view, profile)
+        seen = observe_server(
+            url, seconds, saver, display, store, this_host(), api_key=api_key,
+            state_dir=settings().state_dir,
+        )  # fmt: skip
+    render.traffic(saver.name or "", seen.view, seen.profile)
+    for line in (seen.alarm, seen.note):
+        if line:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @reports_errors
@@ -172,6 +206,9 @@ def watch(
     experiment_budget: ExperimentBudgetOption = "30m",
     accept_drift: AcceptDriftOption = 0.1,
     margin: MarginOption = 0.01,
+    dwell: DwellOption = "5m",
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
 ) -> None:
     """The service: observe a running server continuously and keep its N current.
 
@@ -181,7 +218,10 @@ def watch(
     answer is written to the env
     file atomically, set on the running server with --apply live, then --on-change runs once.
     The acceptance the server's own counters show re-decides too when it drifts. With
-    --experiment each answer is then settled on the server's own traffic. SIGTERM stops it
+    --experiment each answer is then settled on the server's own traffic. N changes at most
+    once per --dwell. Where the acceptance the counters show by drafting slots collapses below
+    the floor the fitted costs set, one line names the slots, the build and the protective N,
+    which is applied. --metrics-port serves the watch's state for Prometheus. SIGTERM stops it
     cleanly (N given back where an experiment had switched it).
     """
     from tuner.decide.experiment import ExperimentOptions
@@ -200,6 +240,9 @@ def watch(
         min_busy_s=duration_option(min_busy, "--min-busy"),
         accept_drift=accept_drift,
         margin=margin,
+        dwell_s=duration_option(dwell, "--dwell"),
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
         experiment=ExperimentOptions(
             share=experiment_share,
             budget_s=duration_option(experiment_budget, "--experiment-budget"),

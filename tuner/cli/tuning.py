@@ -4,7 +4,7 @@ did not start (tuner.decide.running.tune_running)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,6 +24,7 @@ from tuner.cli.options import (
     duration_option,
     http_url,
     open_store,
+    out,
     parsed_overrides,
     refuse,
     reports_errors,
@@ -33,6 +34,9 @@ from tuner.cli.options import (
 )
 from tuner.cli.progress import ProgressDisplay, measure_live
 from tuner.jsonout import json_line
+
+if TYPE_CHECKING:
+    from tuner.recommendation import Recommendation
 
 BudgetOption = Annotated[
     str,
@@ -143,7 +147,9 @@ def tune(
     tolerance or the budget is spent; the answer is stored as the recommendation that stands.
 
     Needs a llama-server that knows --spec-draft-max-slots; reuses the server set-up of the
-    model's newest profile. Ctrl-C keeps finished rounds; --resume continues.
+    model's newest profile. Ctrl-C keeps finished rounds; --resume continues. Where the
+    profile's acceptance collapses at some number of drafting slots (below the floor its fitted
+    costs set), one line names the slots, the build and the N that protects the server.
 
     With --url URL: the server as it runs (`tuner check --url URL` says whether it can be):
     profiled live at 1, 2, 4, ... up to its slots, then settled the same way, everything stored
@@ -191,6 +197,7 @@ def tune(
         typer.echo(json_line(report.as_dict()))
     else:
         render.tuning(report)
+        _alarm(model, this_host(), report.standing)
 
 
 def _tune_running(
@@ -232,3 +239,17 @@ def _tune_running(
         typer.echo(json_line(render.running_dict(report)))
     else:
         render.running(report)
+        if report.tune is not None:
+            _alarm(report.server.model, this_host(), report.tune.standing)
+
+
+def _alarm(model: str, host: str, standing: Recommendation | None) -> None:
+    """After a tune: the profile's acceptance by drafting level against its fit's floor, one
+    line where it collapses (tuner.decide.alarm)."""
+    from tuner.decide.alarm import tune_alarm
+
+    if standing is None:
+        return
+    line = tune_alarm(open_store(), model, host, standing.fit_id, standing.policy.max_slots)
+    if line:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)

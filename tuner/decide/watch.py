@@ -21,6 +21,22 @@ folder, renamed over it; other lines kept) and then runs the user's `--on-change
 Decisions happen once per interval, so the command runs at most once per interval. It restarts
 nothing itself unless told to. Every decision is one log line that says why.
 
+No thrash: N changes at most once per `--dwell` (default DWELL_S) and only past `--margin`; an
+answer the dwell holds back waits (`pending`) and is applied once the dwell has passed, unless
+a later answer replaced it or the standing N came back in the meantime. Only the collapse alarm
+acts within the dwell: protecting the server does not wait.
+
+Collapse alarm (tuner.decide.alarm): at every interval's end the acceptance the server's
+counters show by drafting slots is held against the floor of the standing answer's fit; where it
+collapses (below the floor at some count of drafting slots) one line names the count, the build
+and the answer that protects the server (N below the collapse, or plain), and that answer is
+applied and kept as a ceiling on later answers (while this watch runs), plain as N=1 (a live
+switch cannot unload the draft model: the line says to restart without it).
+
+`--metrics-port` serves the watcher's own state for Prometheus (tuner.decide.watchmetrics): the
+snapshot is updated as it polls and decides, and a scrape reads nothing else, so it answers while
+the database is locked or the server is away. The port is bound before anything else starts.
+
 With `--experiment` (and `--apply live`) each answer the model makes is then settled on the
 server's own traffic (tuner.decide.experiment): in short windows the server runs the answer's
 contenders instead (the switch held by tuner.measure.hold.ServerHold, so the threshold is given
@@ -42,26 +58,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.decide.alarm import Floors, draft_length, fit_floors, observed_collapse
 from tuner.decide.experiment import (
     Experiment,
     ExperimentOptions,
     ExperimentReport,
     model_tie,
 )
-from tuner.errors import ConfigError, TunerError
+from tuner.decide.watchmetrics import MetricsServer, WatchMetrics
+from tuner.errors import ConfigError, StorageError, TunerError
 from tuner.measure.client import LlamaClient
 from tuner.measure.hold import ServerHold, recover_left_hold
 from tuner.measure.observe import FLUSH_S, SAMPLE_INTERVAL_S, Poller
 from tuner.measure.plan import Observer, ProgressEvent, quiet
-from tuner.measure.windows import LiveWindows
+from tuner.measure.windows import LiveWindows, WindowBackend, WindowFigures
 from tuner.model.acceptance import ObservedAcceptance, observed_acceptance
-from tuner.recommendation import ENV_MAX_SLOTS, PLAIN, Recommendation
+from tuner.model.collapse import Collapse, seen_in_counts
+from tuner.recommendation import ENV_MAX_SLOTS, PLAIN, SETTLED, UNRESOLVED, Recommendation
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.store import Store
 from tuner.storage.traffic_profiles import server_of
 from tuner.traffic import ServerView, TrafficProfile, total_variation
 
 MIN_BUSY_S = 5.0  # default: below this much busy time in the window, no answer is made from it
+DWELL_S = 300.0  # default: the least time between two changes of N
+# the decisions' kinds as counted on /metrics (every label there from the start, at 0)
+DECISIONS = (
+    "idle", "steady", "recommend_failed", "stands", "held_margin", "held_dwell", "changed",
+    "collapse",
+)  # fmt: skip
+CHANGES = ("start", "recommend", "experiment", "dwell_passed", "collapse")
+ERRORS = ("server", "recommend", "env_file", "apply_live", "database", "experiment", "alarm")
 EXPERIMENTS_KEPT = 5  # the latest experiments stored with the watch's traffic
 
 
@@ -292,6 +319,7 @@ class WatchEvent:
     max_slots: int | None = None  # the answer after this interval
     changed: bool = False
     command_exit: int | None = None
+    kind: str = ""  # what it came to, as /metrics counts it (DECISIONS)
 
 
 @dataclass
@@ -305,6 +333,7 @@ class WatchSummary:
     changes: int = 0
     writes: int = 0
     experiments: list[ExperimentReport] = field(default_factory=list)
+    alarms: list[str] = field(default_factory=list)  # the collapse alarms' lines, as said
 
 
 @dataclass(frozen=True)
@@ -324,6 +353,9 @@ class WatchOptions:
     accept_drift: float = 0.1  # relative move of the observed acceptance that re-decides
     margin: float = 0.01  # a new answer must be ahead of the standing N by more than this
     experiment: ExperimentOptions | None = None  # --experiment: settle each answer live
+    dwell_s: float = DWELL_S  # at most one change of N per this many seconds
+    metrics_port: int | None = None  # --metrics-port: serve the watch's state (None: off)
+    metrics_host: str = "127.0.0.1"
 
     def check(self) -> None:
         if self.apply not in ("env", "live"):
@@ -339,6 +371,8 @@ class WatchOptions:
             raise ConfigError(f"--accept-drift {self.accept_drift:g}: a share in (0, 1)")
         if not 0 <= self.margin < 1:
             raise ConfigError(f"--margin {self.margin:g}: a share of the objective in [0, 1)")
+        if self.dwell_s < 0:
+            raise ConfigError(f"--dwell {self.dwell_s:g} s: a time of 0 or more")
         if self.every_s <= 0:
             raise ConfigError("--every must be above 0")
         if self.window_s < self.every_s:
@@ -355,6 +389,9 @@ class WatchOptions:
 
 
 Recommender = Callable[[str], Recommendation]  # traffic name -> the answer for it
+# the fit the standing answer rests on (None: the model's newest) and the draft length the
+# server runs (None: the fit's) -> its floors, or None
+FloorsSource = Callable[[int | None, int | None], Floors | None]
 # the standing answer, its N and the traffic -> what the experiment did
 Experimenter = Callable[[Recommendation, int, TrafficProfile], ExperimentReport]
 
@@ -377,7 +414,9 @@ def run_command(command: str, timeout_s: float) -> tuple[int, str]:
 
 
 class Watcher:
-    """The watch loop's state: poller, rolling profile, env file, the standing answer."""
+    """The watch loop's state: poller, rolling profile, env file, the standing answer, the
+    guard against thrash (dwell and margin), the collapse alarm's ceiling, and the snapshot
+    /metrics shows."""
 
     def __init__(
         self,
@@ -393,14 +432,19 @@ class Watcher:
         wall: Callable[[], float] = time.time,
         live: LlamaClient | None = None,
         experimenter: Experimenter | None = None,
+        floors: FloorsSource | None = None,
+        metrics: WatchMetrics | None = None,
     ) -> None:
         self.store, self.poller, self.env, self.name = store, poller, env, name
         self.live = live  # --apply live: the server's threshold, set and read back
         self.options, self.recommender, self.observer = options, recommender, observer
         self.experimenter = experimenter  # --experiment: settles each answer live
+        self.floors = floors  # the standing answer's fit's floors: the collapse alarm
         self.clock, self.wall = clock, wall
         view = poller.view
         self.summary = WatchSummary(name, view)
+        self.metrics = metrics or WatchMetrics()
+        self._start_metrics(view)
         self.rolling = self._restored(view)
         self.decided_for: dict[int, float] | None = None
         # the observed mean accepted length the standing answer was made with (None: the
@@ -408,14 +452,36 @@ class Watcher:
         self.decided_acceptance: float | None = None
         self.proposed: int | None = None  # the last answer held back by the margin
         self.current = env.current_max_slots()
+        self.fit_id: int | None = None  # the fit the standing answer rests on
+        self.last_change: float | None = None  # on the clock: the dwell counts from it
+        self.pending: tuple[int, str] | None = None  # an answer the dwell holds back, and why
+        self.ceiling: int | None = None  # the collapse alarm's: no N above it (0 counts above)
         # the experiments stored with the traffic: a restarted watcher keeps them
         stored = traffic_store.stored_dict(store, name) or {}
         self.experiments: list[dict[str, Any]] = list(stored.get("experiments") or [])
         self.bucket: Bucket | None = None
         self.interval_start = self.last_flush = clock()
+        self.save_failing = False
+        self.server_up = True
 
     def log(self, text: str) -> None:
         self.observer(ProgressEvent("message", text=text))
+
+    def _start_metrics(self, view: ServerView) -> None:
+        m, opts = self.metrics, self.options
+        m.update(
+            info={"model": view.model, "url": view.url, "name": self.name, "build": view.build},
+            n_slots=view.n_slots,
+            dwell_s=opts.dwell_s,
+            margin=opts.margin,
+        )
+        for counter, keys in (
+            ("decisions", DECISIONS), ("changes", CHANGES), ("errors", ERRORS),
+            ("windows", ("standing", "contender")), ("window_s", ("standing", "contender")),
+            ("window_requests", ("standing", "contender")),
+        ):  # fmt: skip
+            for key in keys:
+                m.count(counter, key, 0.0)
 
     def _restored(self, view: ServerView) -> RollingTraffic:
         data = traffic_store.stored_dict(self.store, self.name)
@@ -430,11 +496,24 @@ class Watcher:
         return RollingTraffic(view.n_slots, view.source, self.options.window_s)
 
     def save(self, final: bool = False) -> None:
+        """The rolling traffic under the watch's name. A database that does not take it (locked
+        past its busy timeout, full, gone) is said once and counted; the service goes on and
+        tries again at the next flush, the snapshot /metrics shows kept meanwhile."""
         status = "stopped" if final else "watching"
         data = self.rolling.to_dict()
         if self.experiments:
             data["experiments"] = self.experiments[-EXPERIMENTS_KEPT:]
-        traffic_store.save(self.store, self.name, self.poller.view, data, status)
+        try:
+            traffic_store.save(self.store, self.name, self.poller.view, data, status)
+        except StorageError as exc:
+            self.metrics.count("errors", "database")
+            if not self.save_failing:
+                self.log(f"the traffic could not be saved ({exc}); trying again every flush")
+            self.save_failing = True
+            return
+        if self.save_failing:
+            self.log("the traffic is saved again")
+        self.save_failing = False
 
     def apply_live_start(self) -> None:
         """--apply live at start: the env file's N, where it holds one, is what should run; a
@@ -446,8 +525,10 @@ class Watcher:
         """At start: where the env file holds no N, the answer that stands for the model
         (`tuner recommend`'s) is written into it, and set live with --apply live. An env file
         that holds one keeps it: that is what this service applied last."""
+        self.metrics.update(standing=self.current)
         if rec is None:
             return
+        self.fit_id = rec.fit_id
         if rec.policy.max_slots is None:
             self.log(f"the standing answer is {rec.policy.label}: no N to apply")
             return
@@ -465,7 +546,8 @@ class Watcher:
                     " the env file's stands until the traffic says otherwise"
                 )
             return
-        self.change(rec.max_slots, f"the standing answer, {rec.headline()}")
+        self.metrics.update(status=status_of(rec))
+        self.change(rec.max_slots, f"the standing answer, {rec.headline()}", reason="start")
 
     def keep_live(self, starting: bool = False) -> None:
         """--apply live: the server must run the standing N. A restarted server (it starts
@@ -477,11 +559,15 @@ class Watcher:
         try:
             seen = self.live.max_slots()
             if seen == self.current:
+                if self.metrics.snapshot().applied_at is None:
+                    self._applied(seen)  # found in place: applied as far as the watch knows
                 return
             self.live.set_max_slots(self.current)
         except TunerError as exc:
+            self.metrics.count("errors", "apply_live")
             self.log(f"--apply live: could not check or set N={self.current} ({exc})")
             return
+        self._applied(self.current)
         if starting:
             self.log(
                 f"applying the standing N={self.current} live (from {self.env.path}); the server "
@@ -493,15 +579,30 @@ class Watcher:
             f"command-line flag overrides the env file): set it back live"
         )
 
+    def _applied(self, n: int) -> None:
+        self.metrics.update(applied=n, applied_at=self.wall())
+        if hasattr(self.poller, "max_slots"):
+            self.poller.max_slots = n  # the drafting slots its requests see
+
     def apply_live(self, n: int) -> None:
         if self.live is None:
             return
         try:
             self.live.set_max_slots(n)
         except TunerError as exc:
+            self.metrics.count("errors", "apply_live")
             self.log(f"--apply live: N={n} not set on the server ({exc}); the env file has it")
             return
+        self._applied(n)
         self.log(f"set N={n} on the running server (read back from GET /props)")
+
+    # -- deciding --
+
+    def dwell_left(self) -> float:
+        """Seconds until the dwell allows another change of N (0: now)."""
+        if self.last_change is None:
+            return 0.0
+        return max(0.0, self.options.dwell_s - (self.clock() - self.last_change))
 
     def _decision(self, total: TrafficProfile) -> tuple[Decision, ObservedAcceptance | None]:
         """The traffic's drift rule, then the acceptance's (see the module docstring)."""
@@ -516,15 +617,34 @@ class Watcher:
             return Decision(True, moved, decision.drift), observed
         return decision, observed
 
+    def _show_traffic(self, total: TrafficProfile, observed: ObservedAcceptance | None) -> None:
+        accepted = None
+        if observed is not None:
+            lo, hi = observed.interval()
+            accepted = (observed.mean_accepted, lo - 1.0, hi - 1.0)
+        seen = seen_in_counts(total.by_drafting)
+        self.metrics.update(
+            mean_generating=total.mean_generating(),
+            arrival_rate=total.arrival_rate,
+            acceptance=accepted,
+            by_drafting={c: v.accepted for c, v in seen.items()},
+            last_decision=self.wall(),
+        )
+
     def end_of_interval(self) -> WatchEvent:
         """Decide on the rolling profile; on a new answer write the env file, set it live
-        (--apply live) and run the command; with --experiment, settle the answer live."""
+        (--apply live) and run the command; with --experiment, settle the answer live. Before
+        that: an answer the dwell held back, once it has passed, and the collapse alarm."""
         self.keep_live()
         total = self.rolling.total()
         decision, observed = self._decision(total)
+        self._show_traffic(total, observed)
         event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
         self.summary.events.append(event)
+        if self._protect(total, event) or self._after_dwell(event):
+            return event
         if not decision.recommend:
+            self._kind(event, "idle" if "busy time" in decision.why else "steady")
             self.log(f"{total.mean_generating():.2f} slots generating on average; " + decision.why)
             return event
         self.save()
@@ -532,44 +652,139 @@ class Watcher:
             rec = self.recommender(self.name)
         except TunerError as exc:
             # A service keeps going: the answer in the env file stands, and the log says why.
+            self.metrics.count("errors", "recommend")
+            self._kind(event, "recommend_failed")
             self.log(f"{decision.why}; recommend failed ({exc}): the answer stands")
             return event
+        self.fit_id = rec.fit_id
         self.decided_for = total.shares(busy_only=True)
         enough = observed is not None and observed.enough() is None
         self.decided_acceptance = observed.mean_length if enough and observed else None
         head = f"{decision.why}; {total.mean_generating():.2f} slots generating on average"
-        answer = self._held(rec, head)
+        answer = self._held(rec, head, event)
         event.max_slots = answer
+        if answer == rec.max_slots:  # the answer stands on the server (or is about to)
+            self.metrics.update(status=status_of(rec))
         if answer != self.current:
-            self.change(answer, head, event)
+            self.change(answer, head, event, reason="recommend")
         if self.experimenter is not None and self.current is not None:
             self.experiment(rec, total)
         return event
 
-    def _held(self, rec: Recommendation, head: str) -> int | None:
+    def _kind(self, event: WatchEvent, kind: str) -> None:
+        event.kind = kind
+        self.metrics.count("decisions", kind)
+
+    def _capped(self, n: int, head: str) -> int:
+        """An answer under the collapse alarm's ceiling (N=0 drafts at every count: above it)."""
+        if self.ceiling is None or (0 < n <= self.ceiling):
+            return n
+        self.log(f"{head}: N={n} capped at N={self.ceiling}, below the collapse")
+        return self.ceiling
+
+    def _held(self, rec: Recommendation, head: str, event: WatchEvent) -> int | None:
         """The N that stands after a new answer: the answer where it replaces the standing N
-        (see `replaces`), else the standing N."""
-        if rec.max_slots == self.current:
-            self.proposed = None
-            self.log(f"{head}: N={rec.max_slots} stands")
+        (see `replaces`) and the dwell allows a change, else the standing N (the answer then
+        pending until the dwell has passed)."""
+        new = self._capped(rec.max_slots, head)
+        if new == self.current:
+            self.proposed = self.pending = None
+            self._kind(event, "stands")
+            self.log(f"{head}: N={new} stands")
             return self.current
-        verdict, why = replaces(rec, self.current, self.options.margin)
+        verdict, why = (True, "below the collapse") if new != rec.max_slots else (None, "")
         if verdict is None:
-            verdict = self.proposed == rec.max_slots
+            verdict, why = replaces(rec, self.current, self.options.margin)
+        if verdict is None:
+            verdict = self.proposed == new
             why += (
                 "; the same answer twice in a row"
                 if verdict
-                else f": N={rec.max_slots} waits for a second decision in a row"
+                else f": N={new} waits for a second decision in a row"
             )
         if not verdict:
-            self.proposed = rec.max_slots
+            self.proposed = new
+            self._kind(event, "held_margin")
             self.log(f"{head}: {why}")
             return self.current
         self.proposed = None
-        self.log(f"{head}: N={rec.max_slots}, {why}")
-        return rec.max_slots
+        left = self.dwell_left()
+        if left > 0:
+            self.pending = (new, why)
+            self._kind(event, "held_dwell")
+            self.log(
+                f"{head}: N={new}, {why}; held back by the dwell: N last changed "
+                f"{self.options.dwell_s - left:.0f} s ago (--dwell {self.options.dwell_s:.0f} s), "
+                f"N={self.current} stands for {left:.0f} s more"
+            )
+            return self.current
+        self._kind(event, "changed")
+        self.log(f"{head}: N={new}, {why}")
+        return new
 
-    def change(self, answer: int | None, head: str, event: WatchEvent | None = None) -> None:
+    def _after_dwell(self, event: WatchEvent) -> bool:
+        """An answer the dwell held back, applied once it has passed (True: it was)."""
+        if self.pending is None or self.dwell_left() > 0:
+            return False
+        n, why = self.pending
+        self.pending = None
+        if n == self.current:
+            return False
+        self._kind(event, "changed")
+        self.change(n, f"N={n} held back by the dwell ({why}): applied now", event, "dwell_passed")
+        event.max_slots = self.current
+        return True
+
+    def _protect(self, total: TrafficProfile, event: WatchEvent) -> bool:
+        """The collapse alarm: acceptance by drafting slots against the floor of the standing
+        answer's fit; where it collapses, the line, and the protective N applied at once (True:
+        it was changed)."""
+        collapse = self._collapse(total)
+        if collapse is None:
+            self.metrics.update(collapse_slots=0)
+            return False
+        line = collapse.line()
+        self.summary.alarms.append(line)
+        self.metrics.update(collapse_slots=collapse.slots)
+        self.metrics.add("collapse_alarms")
+        self.log(line)
+        if collapse.protected:
+            return False
+        target = collapse.protective or 1  # plain: N=1 drafts least while the draft stays
+        self.ceiling = target if self.ceiling is None else min(self.ceiling, target)
+        self.pending = None
+        if self.current == target:
+            return False
+        self._kind(event, "collapse")
+        how = "" if collapse.protective else " (plain needs a restart without the draft model)"
+        head = f"acceptance collapsed: N={target}{how}, whatever the dwell"
+        self.log(head)
+        self.change(target, head, event, "collapse")
+        event.max_slots = self.current
+        return True
+
+    def _collapse(self, total: TrafficProfile) -> Collapse | None:
+        if self.floors is None or not total.by_drafting:
+            return None
+        try:
+            floors = self.floors(self.fit_id, draft_length(total))
+        except TunerError as exc:
+            self.metrics.count("errors", "alarm")
+            self.log(f"the collapse alarm has no floor now ({exc})")
+            return None
+        if floors is None:
+            return None
+        self.metrics.update(floors={c: f.lower for c, f in floors.floors.items()})
+        view = self.poller.view
+        return observed_collapse(floors, total, view.build, self.current)
+
+    def change(
+        self,
+        answer: int | None,
+        head: str,
+        event: WatchEvent | None = None,
+        reason: str = "recommend",
+    ) -> None:
         """Write the env file, set it live and run the command for a new standing N; event:
         the interval's, where an interval's end made the change (noted on it)."""
         event = event or WatchEvent(self.wall(), Decision(False, head), 0.0)
@@ -581,6 +796,7 @@ class Watcher:
         except OSError as exc:
             # The service keeps going and tries again at the next interval's end.
             self.decided_for = None
+            self.metrics.count("errors", "env_file")
             self.log(
                 f"{head}: N={answer}, but {self.env.path} could not be written "
                 f"({exc.strerror or exc}); trying again at the next interval"
@@ -589,6 +805,9 @@ class Watcher:
         self.summary.writes += 1
         self.summary.changes += 1
         self.current = answer
+        self.last_change = self.clock()
+        self.metrics.count("changes", reason)
+        self.metrics.update(standing=answer, next_change=self.wall() + self.options.dwell_s)
         event.changed = True
         was = f"N={before}" if before is not None else "nothing"
         self.log(f"N={answer} (was {was}); wrote {self.env.path}")
@@ -602,31 +821,62 @@ class Watcher:
 
     def experiment(self, rec: Recommendation, total: TrafficProfile) -> None:
         """--experiment: settle the standing N on the server's own traffic; a verdict that
-        moves it is applied like an answer; the report is logged and stored."""
+        moves it is applied like an answer (the dwell holding it back as it does any); the
+        report is logged and stored."""
         assert self.experimenter is not None and self.current is not None
+        self.metrics.update(experiment_running=True)
         try:
             report = self.experimenter(rec, self.current, total)
         except TunerError as exc:
+            self.metrics.count("errors", "experiment")
             self.log(f"--experiment: {exc}; N={self.current} stands")
             return
+        finally:
+            self.metrics.update(experiment_running=False)
         self.summary.experiments.append(report)
         self.experiments.append(report.as_dict())
+        self.metrics.count("experiments", report.status)
+        self.metrics.update(tpot_ratio=report.cost.tpot_ratio)
+        if report.status == SETTLED:
+            self.metrics.update(status=SETTLED)
         for line in report.verdicts():
             self.log(f"experiment: {line}")
         self.log(f"experiment {report.status}: N={report.answer}; {report.cost.text()}")
-        if report.answer != self.current:
+        answer = self._capped(report.answer, "experiment")
+        if answer != self.current:
             event = WatchEvent(self.wall(), Decision(True, "experiment"), total.mean_generating())
             self.summary.events.append(event)
-            self.change(report.answer, "the server's own traffic settled it", event)
+            left = self.dwell_left()
+            if left > 0:
+                self.pending = (answer, "the server's own traffic settled it")
+                self._kind(event, "held_dwell")
+                self.log(f"experiment: N={answer} held back by the dwell for {left:.0f} s more")
+            else:
+                self._kind(event, "changed")
+                self.change(answer, "the server's own traffic settled it", event, "experiment")
         self.save()
 
     def tick(self) -> None:
-        """After every poll: the flush, and a new bucket when an interval ended (the decision
-        itself is run's, between polls)."""
+        """After every poll: the snapshot /metrics shows, and the flush (the decision itself
+        is run's, between polls)."""
         now = self.clock()
+        self._show_poll()
         if now - self.last_flush >= FLUSH_S:
             self.save()
             self.last_flush = now
+
+    def _show_poll(self) -> None:
+        poller = self.poller
+        up = getattr(poller, "gone_since", None) is None
+        if not up and self.server_up:
+            self.metrics.count("errors", "server")
+        self.server_up = up
+        self.metrics.update(
+            generating=getattr(poller, "generating", None),
+            polls=getattr(poller, "polls", 0),
+            server_up=up,
+            **({"last_poll": self.wall()} if up else {}),
+        )
 
     def run(self, duration_s: float | None = None) -> WatchSummary:
         """Until SIGTERM/Ctrl-C (or duration_s, for tests and the soak; an experiment under
@@ -694,9 +944,57 @@ class Watcher:
                 f"{opts.budget_s:.0f} s at most"
             )
             with hold() as held:
-                return experiment.run(LiveWindows(self.poller, held, profile, tick))
+                shown = ShownWindows(
+                    LiveWindows(self.poller, held, profile, tick), experiment, self.metrics
+                )
+                try:
+                    return experiment.run(shown)
+                finally:
+                    shown.sync()
 
         return run
+
+
+class ShownWindows:
+    """A WindowBackend that shows an experiment's windows on /metrics as they are recorded
+    (by arm: at the standing N, or at a contender), read from the experiment's report."""
+
+    def __init__(self, backend: WindowBackend, experiment: Experiment, metrics: WatchMetrics):
+        self.backend, self.experiment, self.metrics = backend, experiment, metrics
+        self.seen = 0
+
+    @property
+    def n_slots(self) -> int:
+        return self.backend.n_slots
+
+    @property
+    def elapsed(self) -> float:
+        return self.backend.elapsed
+
+    def sync(self) -> None:
+        windows = self.experiment.report.windows
+        for planned, figures in windows[self.seen :]:
+            arm = "contender" if planned.contender else "standing"
+            self.metrics.count("windows", arm)
+            self.metrics.count("window_s", arm, figures.seconds)
+            self.metrics.count("window_requests", arm, figures.finished)
+        self.seen = len(windows)
+        self.metrics.update(tpot_ratio=self.experiment.report.cost.tpot_ratio)
+
+    def switch(self, n: int) -> None:
+        self.sync()
+        self.backend.switch(n)
+
+    def window(self, seconds: float) -> WindowFigures:
+        self.sync()
+        return self.backend.window(seconds)
+
+
+def status_of(rec: Recommendation) -> str:
+    """The answer's kind as /metrics shows it: settled, tie, unresolved or model."""
+    if rec.status == SETTLED and rec.tie:
+        return "tie"
+    return rec.status if rec.status in (SETTLED, UNRESOLVED, "model") else "model"
 
 
 def default_name(view: ServerView) -> str:
@@ -718,21 +1016,78 @@ def watch(
     interval_s: float = SAMPLE_INTERVAL_S,
     recommender: Recommender | None = None,
     state_dir: Path | None = None,
+    floors: FloorsSource | None = None,
 ) -> WatchSummary:
-    """Check the options and the env file, attach to the server and watch it; answers come
-    from `recommend --traffic` on model's data for host (or recommender, in tests). With
-    state_dir, a threshold a tuner that died left switched is given back first."""
+    """Check the options, bind --metrics-port (before anything else: a port in use stops it
+    here), check the env file, attach to the server and watch it; answers come from
+    `recommend --traffic` on model's data for host (or recommender, in tests), the collapse
+    alarm's floors from the model's fit (or floors). With state_dir, a threshold a tuner that
+    died left switched is given back first."""
     from tuner.decide.advice import recommend
 
     options.check()
-    if state_dir is not None:
-        recover_left_hold(url, api_key, state_dir, observer)
-    env = EnvFile(env_path)
-    env.check_writable()
+    metrics = WatchMetrics()
+    server = (
+        MetricsServer(metrics, options.metrics_port, options.metrics_host)
+        if options.metrics_port is not None
+        else None
+    )
+    try:
+        if server is not None:
+            observer(ProgressEvent("message", text=f"serving the watch's /metrics at {server.url}"))
+        if state_dir is not None:
+            recover_left_hold(url, api_key, state_dir, observer)
+        env = EnvFile(env_path)
+        env.check_writable()
 
-    def from_model(traffic: str) -> Recommendation:
-        return recommend(store, model, host, traffic=traffic, **dict(options.recommend))
+        def from_model(traffic: str) -> Recommendation:
+            return recommend(store, model, host, traffic=traffic, **dict(options.recommend))
 
+        explicit = bool(options.recommend.get("host_explicit", False))
+        return _run_watch(
+            store, (model, host), url, env, options, observer, name, api_key, duration_s,
+            interval_s, recommender or from_model, state_dir, metrics,
+            floors or model_floors(store, model, host, explicit),
+        )  # fmt: skip
+    finally:
+        if server is not None:
+            server.close()
+
+
+def model_floors(store: Store, model: str, host: str, host_explicit: bool) -> FloorsSource:
+    """The collapse alarm's floors from the model's fit (the one the standing answer rests on,
+    else the newest), each fit's computed once."""
+    known: dict[tuple[int | None, int | None], Floors | None] = {}
+
+    def floors_of(fit_id: int | None, n_max: int | None) -> Floors | None:
+        if (fit_id, n_max) not in known:
+            known[fit_id, n_max] = fit_floors(
+                store, model, host, host_explicit=host_explicit, fit_id=fit_id, n_max=n_max
+            )
+        return known[fit_id, n_max]
+
+    return floors_of
+
+
+def _run_watch(
+    store: Store,
+    of: tuple[str, str],
+    url: str,
+    env: EnvFile,
+    options: WatchOptions,
+    observer: Observer,
+    name: str | None,
+    api_key: str | None,
+    duration_s: float | None,
+    interval_s: float,
+    recommender: Recommender,
+    state_dir: Path | None,
+    metrics: WatchMetrics,
+    floors: FloorsSource,
+) -> WatchSummary:
+    """watch() once its options, port and env file are checked: the live switch, the poller,
+    the watcher; `of` is the model and host its answers are for."""
+    model, host = of
     live = live_switch(url, api_key) if options.apply == "live" else None
     try:
         with Poller(url, observer, api_key=api_key, interval_s=interval_s) as poller:
@@ -742,9 +1097,11 @@ def watch(
                 env,
                 name or default_name(poller.view),
                 options,
-                recommender or from_model,
+                recommender,
                 observer,
                 live=live,
+                floors=floors,
+                metrics=metrics,
             )
             if options.experiment is not None:
                 if state_dir is None:

@@ -24,6 +24,15 @@ restarted) leaves that interval out, and says so; a server without the counters,
 the per-position ones, is said once; so are requests waiting for a free slot (requests_deferred:
 the server at capacity, its arrival rate the rate it served).
 
+Acceptance by drafting slots: each generating slot's request is credited, poll by poll, with
+the number of slots generating then, where new drafts could start (at most the server's
+threshold N generating, read from GET /props; any number at N = 0); a reading's increments go
+to the count at which the requests that ended since the last reading spent CLEAN_SHARE of their
+drafting time or more, and to none where they mixed counts (`DraftingExposure`, into
+TrafficProfile.by_drafting; the overall acceptance keeps every reading). The threshold counts
+generating slots only, as llama-server's patch does: a slot still reading its prompt neither
+drafts nor counts.
+
 It never changes how the server serves; reading /metrics restarts the averaging window of the
 server's two rate gauges (prompt and predicted tokens per second) for anyone else scraping them,
 so observe reads it only to start and at polls where a request ended. When the server goes away
@@ -301,6 +310,47 @@ def counter_step(
     )
 
 
+CLEAN_SHARE = 0.8  # a reading is put at one drafting count where its requests drafted there so long
+
+
+@dataclass
+class DraftingExposure:
+    """What each request saw while it could draft: for each (slot, task), the seconds at each
+    number of drafting slots (the generating count, at polls where new drafts could start), so
+    the drafts a reading counts can be put at the count their requests drafted at."""
+
+    seen: dict[tuple[int, Any], dict[int, float]] = field(default_factory=dict)
+
+    def poll(self, slots: list[Mapping[str, Any]], dt: float | None, max_slots: int) -> None:
+        """One poll: dt seconds at the generating count seen, where drafts could start."""
+        if not dt or dt <= 0:
+            return
+        generating = [s for s in slots if slot_generating(s)]
+        count = len(generating)
+        if not count or (max_slots > 0 and count > max_slots):
+            return  # nothing generates, or the threshold starts no draft
+        for slot in generating:
+            cell = self.seen.setdefault((int(slot.get("id", -1)), slot.get("id_task")), {})
+            cell[count] = cell.get(count, 0.0) + dt
+
+    def ended(self, slots: list[Mapping[str, Any]]) -> int | None:
+        """The drafting slots the requests ended since the last call drafted at, dropping them:
+        the count that holds CLEAN_SHARE of their drafting time or more; None where none does
+        (their drafts mix counts, and acceptance by count cannot be told from them) or none of
+        them could draft."""
+        live = {(int(s.get("id", -1)), s.get("id_task")) for s in slots if s.get("is_processing")}
+        done = [key for key in self.seen if key not in live]
+        by_count: dict[int, float] = {}
+        for key in done:
+            for count, seconds in self.seen.pop(key).items():
+                by_count[count] = by_count.get(count, 0.0) + seconds
+        total = sum(by_count.values())
+        if total <= 0:
+            return None
+        count, seconds = max(by_count.items(), key=lambda kv: kv[1])
+        return count if seconds >= CLEAN_SHARE * total else None
+
+
 # --- the loop ---------------------------------------------------------------------------------
 
 
@@ -320,12 +370,17 @@ def attach_view(client: LlamaClient) -> ServerView:
     props = client.props()
     n_slots = int(props["total_slots"])
     model = model_name(props)
+    build = str(props.get("build_info") or "")
+    try:
+        threshold = int(props.get("spec_draft_max_slots") or 0)
+    except (TypeError, ValueError):
+        threshold = 0
     try:
         client.slots()
     except EndpointMissingError as no_slots:
         try:
             client.metrics()
-            return ServerView(url, model, n_slots, SOURCE_METRICS)
+            return ServerView(url, model, n_slots, SOURCE_METRICS, False, build, threshold)
         except EndpointMissingError as no_metrics:
             raise ServerError(
                 f"{url} exposes neither /slots (HTTP {no_slots.status}) nor /metrics (HTTP "
@@ -336,7 +391,7 @@ def attach_view(client: LlamaClient) -> ServerView:
         counters = True
     except EndpointMissingError:
         counters = False
-    return ServerView(url, model, n_slots, SOURCE_SLOTS, counters)
+    return ServerView(url, model, n_slots, SOURCE_SLOTS, counters, build, threshold)
 
 
 def poll(client: LlamaClient, view: ServerView) -> tuple[int, list[Mapping[str, Any]]]:
@@ -390,6 +445,12 @@ class Poller:
         # poll after the server came back, which adds none) and the slots: watch --experiment's
         # windows count the tokens decoded at each number of generating slots from them.
         self.on_poll: Callable[[float | None, list[Mapping[str, Any]]], None] | None = None
+        # The threshold the server runs (0: no limit), for the drafting slots a request saw;
+        # read at attach, and set by whoever switches it (watch).
+        self.max_slots = self.view.max_slots
+        self.exposure = DraftingExposure()
+        self.generating: int | None = None  # slots generating at the last poll that answered
+        self.polls = 0  # polls that answered
 
     def close(self) -> None:
         self.client.close()
@@ -426,6 +487,7 @@ class Poller:
             self.gone_since = None
             self.finished = FinishedRequests()  # a restarted server numbers tasks anew
             self.counters = None  # nothing is read across the time it did not answer
+            self.exposure = DraftingExposure()
             for request in self.ledger.reset():
                 profile.add_finished(request)
         elif served is not None and self.served_last is not None:
@@ -434,6 +496,9 @@ class Poller:
             dt = now - self.last
         if dt is not None:
             profile.add(count, dt)
+        self.generating = count
+        self.polls += 1
+        self.exposure.poll(slots, dt, self.max_slots)
         if self.on_poll is not None:
             self.on_poll(dt, slots)
         self.served_last = served
@@ -466,7 +531,7 @@ class Poller:
         except ServerError:
             return  # the next poll says whether the server is gone
         counter = scrape.value("tokens_predicted_total")
-        self.read_counters(scrape, profile)
+        self.read_counters(scrape, profile, again)
         more = self.finished.update(again, self._stamp(again))
         if more:
             self.ledger.waiting += more
@@ -479,9 +544,16 @@ class Poller:
             self.said.add(key)
             self.message(text)
 
-    def read_counters(self, scrape: Metrics, profile: TrafficProfile) -> None:
-        """The draft counters' increase since the last reading into the profile's acceptance;
-        an interval in which a counter went down (a restart) is left out, and said."""
+    def read_counters(
+        self,
+        scrape: Metrics,
+        profile: TrafficProfile,
+        slots: list[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """The draft counters' increase since the last reading into the profile's acceptance
+        (and, with the slots seen beside the reading, by the drafting slots the requests that
+        ended saw); an interval in which a counter went down (a restart) is left out, and
+        said."""
         reading = counter_reading(scrape)
         now = self.clock()
         if reading is None:
@@ -522,6 +594,9 @@ class Poller:
                 "tokens per draft, its per-position rates inferred",
             )
         profile.acceptance.add(drafts, draft_tokens, accepted, positions, tokens)
+        drafting = self.exposure.ended(slots) if slots is not None else None
+        if drafting is not None and drafts > 0:
+            profile.add_drafting(drafting, drafts, draft_tokens, accepted)
 
 
 def observe(

@@ -48,6 +48,9 @@ class AcceptanceTrend:
     moving: bool  # the slope's interval excludes 0
     n_max: int = 0
     notes: list[str] = field(default_factory=list)
+    # one-sided 95 % upper bound of each level's pooled value, from its rounds' spread (levels
+    # of two rounds or more): what tuner.model.collapse holds against the floor
+    per_level_upper: dict[int, float] = field(default_factory=dict)
 
     def accepted_at(self, slots: np.ndarray | float) -> np.ndarray:
         """Accepted draft tokens per draft at this many drafting slots: the line where
@@ -85,11 +88,20 @@ class AcceptanceTrend:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["per_level"] = {str(k): v for k, v in self.per_level.items()}
+        data["per_level_upper"] = {str(k): v for k, v in self.per_level_upper.items()}
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AcceptanceTrend:
-        return cls(**{**data, "per_level": {int(k): v for k, v in data["per_level"].items()}})
+        return cls(
+            **{
+                **data,
+                "per_level": {int(k): v for k, v in data["per_level"].items()},
+                "per_level_upper": {
+                    int(k): v for k, v in (data.get("per_level_upper") or {}).items()
+                },
+            }
+        )
 
 
 def _rounds(data: FitData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -106,6 +118,17 @@ def _rounds(data: FitData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.array(xs), np.array(ys), np.array(ws)
 
 
+def _upper(y: np.ndarray, w: np.ndarray) -> float | None:
+    """One-sided 95 % upper bound of rounds' drafts-weighted mean (ratio estimate, t-quantile
+    for rounds - 1 degrees of freedom); None with fewer than two rounds."""
+    if len(y) < 2:
+        return None
+    mean = float(np.sum(y * w) / np.sum(w))
+    share = w / np.sum(w)
+    se = float(np.sqrt(np.sum(share**2 * (y - mean) ** 2) * len(y) / (len(y) - 1)))
+    return mean + float(stats.t.ppf(0.95, len(y) - 1)) * se
+
+
 def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     """The trend of a fit's data (see the module docstring); None without per-position counts."""
     x, y, w = _rounds(data)
@@ -114,13 +137,15 @@ def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     per_level = {
         int(c): float(np.sum(y[x == c] * w[x == c]) / np.sum(w[x == c])) for c in np.unique(x)
     }
+    uppers = {int(c): _upper(y[x == c], w[x == c]) for c in np.unique(x)}
+    per_level_upper = {c: v for c, v in uppers.items() if v is not None}
     ref = float(np.sum(w * x) / np.sum(w))
     mean = float(np.sum(w * y) / np.sum(w))
     sxx = float(np.sum(w * (x - ref) ** 2))
     if len(per_level) < 2 or len(x) < 3 or sxx <= 0:
         note = "acceptance flat: drafting rounds at one level only, no trend can be told"
         return AcceptanceTrend(
-            per_level, ref, mean, 0.0, 0.0, 0.0, len(x), False, data.n_max, [note]
+            per_level, ref, mean, 0.0, 0.0, 0.0, len(x), False, data.n_max, [note], per_level_upper
         )
     slope = float(np.sum(w * (x - ref) * (y - mean)) / sxx)
     resid = y - mean - slope * (x - ref)
@@ -131,4 +156,6 @@ def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     lower, upper = slope - q * se, slope + q * se
     span = abs(slope) * float(x.max() - x.min()) / (1.0 + mean)
     moving = (lower > 0 or upper < 0) and span >= MATERIAL
-    return AcceptanceTrend(per_level, ref, mean, slope, lower, upper, len(x), moving, data.n_max)
+    return AcceptanceTrend(
+        per_level, ref, mean, slope, lower, upper, len(x), moving, data.n_max, [], per_level_upper
+    )

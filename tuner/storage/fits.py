@@ -550,3 +550,16 @@ def acceptance_by_prompt_set(store: Store, model: str) -> dict[str, float]:
     if len(by_set) < 2:
         return {}
     return {name: float(np.median(values)) for name, values in sorted(by_set.items())}
+
+
+def fit_build(store: Store, fit_id: int) -> str | None:
+    """The build a fit's data were measured on, in one line: its version line and the binary's
+    sha256 prefix (the version line alone does not tell two builds apart); None where the fit
+    names none (an imported table)."""
+    with store.session() as session:
+        row = session.get(Fit, fit_id)
+        build = row.build if row is not None else None
+        if build is None:
+            return None
+        version = " ".join(build.version_text.split()) or "version unknown"
+        return f"{version} (sha256 {build.binary_sha256[:12]})"
