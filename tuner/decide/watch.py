@@ -537,7 +537,8 @@ class Watcher:
             # a server that keeps it can run
             self.log(
                 f"the standing answer is {rec.headline()}: restart the server without "
-                f"--model-draft to follow it; meanwhile N={rec.max_slots} is applied"
+                f"--model-draft to follow it; until then N={rec.max_slots} is the best "
+                "threshold for a server that keeps it"
             )
         if self.current is not None:
             if self.current != rec.max_slots:
