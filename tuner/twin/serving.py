@@ -9,6 +9,7 @@ N = 0 ever had generating is N = 0's server (it never stops a draft): scored onc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -106,16 +107,27 @@ def _mean(values: Sequence[float]) -> float:
 
 # --- scoring ----------------------------------------------------------------------------------
 
+BACKLOG_PER_SLOT = 32  # requests a slot in the backlog that measures a policy's capacity
+
 
 @dataclass(frozen=True)
 class Score:
-    """One policy serving the offered traffic in one world."""
+    """One policy serving the offered traffic in one world: what users feel (time per output
+    token, end-to-end latency: queueing + time to first token + generation) and whether it
+    keeps up (`overloaded`: the arrivals outrun its capacity, so its backlog of requests
+    waiting for a slot grows through the run, without bound the longer it runs)."""
 
     tpot_ms: float  # mean time per output token, over tokens
     busy_tps: float  # tokens per second some slot generated
     p95_tpot_ms: float  # per request
     mean_generating: float
     max_generating: int  # an upper bound on the slots generating at a step's start
+    latency_ms: float = math.nan  # end-to-end per request (arrival to last token), mean
+    p95_latency_ms: float = math.nan
+    tokens_per_second: float = 0.0  # over the run, first arrival to last token
+    backlog_rise: float = 0.0  # requests waiting for a slot: their rise through the run
+    capacity_rps: float = math.inf  # requests/s it serves with every slot busy (backlog_capacity)
+    overloaded: bool = False  # the offered rate is at or above that capacity
 
     def value(self, kind: ObjectiveKind) -> float:
         """Higher is better: 1000 / mean TPOT (tpot), tokens per busy second (tps)."""
@@ -123,16 +135,64 @@ class Score:
             return 1000.0 / self.tpot_ms if self.tpot_ms > 0 else 0.0
         return self.busy_tps
 
+    def against(self, rate: float, capacity_rps: float) -> Score:
+        """This score with its capacity, overloaded where the offered rate reaches it."""
+        return dataclasses.replace(self, capacity_rps=capacity_rps, overloaded=rate >= capacity_rps)
+
+
+def backlog_rise(arrivals: Sequence[float], starts: Sequence[float | None]) -> float:
+    """How far the requests waiting for a slot rose through the run: the least-squares slope of
+    the count waiting at each arrival over the arrivals' span, times that span; a request that
+    never started waits to the end. Shown beside the overload verdict (which rests on capacity:
+    a burst near the end of a run raises this too)."""
+    if len(arrivals) < 3:
+        return 0.0
+    t = np.sort(np.asarray(arrivals, dtype=float))
+    began = np.sort(np.asarray([math.inf if s is None else s for s in starts], dtype=float))
+    waiting = np.arange(1, len(t) + 1) - np.searchsorted(began, t, side="right")
+    span = float(t[-1] - t[0])
+    if span <= 0:
+        return 0.0
+    slope = float(np.polyfit(t - t[0], np.maximum(waiting, 0), 1)[0])
+    return slope * span
+
+
+def backlog_capacity(world: World, policy: Policy, requests: Sequence[Request]) -> float:
+    """Requests/s the policy serves with a backlog of these requests (all there at the start,
+    every slot busy while it lasts, noise off): the requests finished by the time the backlog
+    runs dry (the last -np still running) over that time. Arrivals at or above it outrun the
+    server: its backlog grows without bound."""
+    count = len(requests)
+    done = count - world.n_parallel
+    if done < 1:
+        return math.inf
+    result = simulate(world, policy, Workload(tuple(requests), (0.0,) * count), noise=False)
+    ends = sorted(r.finished_at or 0.0 for r in result.requests)
+    return done / ends[done - 1] if ends[done - 1] > 0 else math.inf
+
+
+def offered_rate(workload: Workload) -> float:
+    """Requests per second the workload offers over its arrivals' span."""
+    times = workload.arrivals
+    span = max(times) - min(times) if times else 0.0
+    return (len(times) - 1) / span if span > 0 else math.inf
+
+
+def backlog_requests(workload: Workload, n_parallel: int) -> tuple[Request, ...]:
+    """The workload's first BACKLOG_PER_SLOT x -np requests: the backlog capacity is measured on."""
+    return workload.requests[: BACKLOG_PER_SLOT * n_parallel]
+
 
 def score(result: SimResult) -> Score:
-    """The figures of one simulated run (see Score)."""
-    done = [r for r in result.requests if r.tokens >= 2]
+    """The figures of one simulated run (see Score; capacity and overload: `Score.against`)."""
+    reqs = result.requests
+    done = [r for r in reqs if r.tokens >= 2]
     gen = sum(r.generation_time or 0.0 for r in done)
     steps = sum(r.tokens - 1 for r in done)
     per_request = [1000.0 * (r.generation_time or 0.0) / (r.tokens - 1) for r in done]
     events = sorted(
-        [(r.token_times[0], 1) for r in result.requests if r.token_times]
-        + [(r.token_times[-1], -1) for r in result.requests if r.token_times]
+        [(r.token_times[0], 1) for r in reqs if r.token_times]
+        + [(r.token_times[-1], -1) for r in reqs if r.token_times]
     )
     level = top = 0
     busy_s, last = 0.0, 0.0
@@ -142,14 +202,21 @@ def score(result: SimResult) -> Score:
         level += change
         top = max(top, level)
         last = t
-    tokens = sum(r.tokens for r in result.requests)
-    area = sum((r.token_times[-1] - r.token_times[0]) for r in result.requests if r.token_times)
+    tokens = sum(r.tokens for r in reqs)
+    area = sum((r.token_times[-1] - r.token_times[0]) for r in reqs if r.token_times)
+    latency = [1000.0 * r.latency for r in reqs if r.latency is not None and not r.cancelled]
+    ends = [r.token_times[-1] for r in reqs if r.token_times]
+    span = max(ends) - min(r.arrival for r in reqs) if ends else 0.0
     return Score(
         tpot_ms=1000.0 * gen / steps if steps else math.nan,
         busy_tps=tokens / busy_s if busy_s > 0 else 0.0,
         p95_tpot_ms=float(np.percentile(per_request, 95)) if per_request else math.nan,
         mean_generating=area / busy_s if busy_s > 0 else 0.0,
         max_generating=top,
+        latency_ms=float(np.mean(latency)) if latency else math.nan,
+        p95_latency_ms=float(np.percentile(latency, 95)) if latency else math.nan,
+        tokens_per_second=tokens / span if span > 0 else 0.0,
+        backlog_rise=backlog_rise([r.arrival for r in reqs], [r.start for r in reqs]),
     )
 
 
