@@ -527,7 +527,9 @@ class _Slot:
         "state",
     )
 
-    def __init__(self, index: int, res: RequestResult, n_max: int, probs: list[float]) -> None:
+    def __init__(
+        self, index: int, res: RequestResult, n_max: int, probs: list[float], lazy: bool = False
+    ) -> None:
         self.index = index
         self.res = res
         req = res.request
@@ -538,7 +540,9 @@ class _Slot:
         self.draft = 0  # draft rows in this step
         self.replay = 0  # checkpoint worlds: rows of a draft in flight, replayed next step
         self.draft_len = 0  # checkpoint worlds: the length the draft in flight was made with
-        self.behind = 0  # tokens generated since the slot last drafted (catch-up)
+        # tokens its drafter has not seen (catch-up): a lazy drafter starts behind by the
+        # prompt it evaluates; every drafter falls behind by what it generates without drafting
+        self.behind = self.prompt_left if lazy else 0
         self.rng = random.Random(req.seed)
         self.per_pos = [0] * n_max
         self.probs = probs  # its class's conditional acceptance per position
@@ -597,6 +601,7 @@ class Engine:
         ms = 1e-3  # the world's costs are in ms, time in seconds
         self._overhead = world.draft.overhead_ms * ms
         self._catch_up = world.draft.catch_up_ms_per_token * ms
+        self._lazy = world.draft.kind == "lazy"
         self._prefill = world.prefill.ms_per_token * ms
         self._prefill_draft = world.prefill.draft_ms_per_token * ms
         self._depth = world.depth.ms_per_row_per_1k * ms / 1000.0
@@ -801,7 +806,7 @@ class Engine:
                 res = self._waiting.popleft()
                 res.start = self.now
                 res.slot = i
-                slots[i] = _Slot(i, res, self._n_max, self._class_probs[res.klass])
+                slots[i] = _Slot(i, res, self._n_max, self._class_probs[res.klass], self._lazy)
                 admitted.append(res.id)
         return admitted
 
