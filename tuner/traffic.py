@@ -177,6 +177,9 @@ class TrafficProfile:
     # (requests_deferred above 0: the server at capacity, its arrival rate the rate it served)
     readings: int = 0
     deferred: int = 0
+    # the threshold (--spec-draft-max-slots; 0: always draft) the server ran while observed,
+    # where known: the counts whose drafts the acceptance counters saw; None unknown or mixed
+    max_slots: int | None = None
 
     def add(self, generating: int, dt: float) -> None:
         self.seconds[generating] = self.seconds.get(generating, 0.0) + dt
@@ -242,6 +245,7 @@ class TrafficProfile:
             self.acceptance.plus(other.acceptance),
             self.readings + other.readings,
             self.deferred + other.deferred,
+            self.max_slots if self.max_slots == other.max_slots else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +277,7 @@ class TrafficProfile:
             "acceptance": self.acceptance.to_dict(),
             "readings": self.readings,
             "deferred": self.deferred,
+            "max_slots": self.max_slots,
         }
 
     @classmethod
@@ -292,6 +297,7 @@ class TrafficProfile:
             acceptance=AcceptanceCounts.from_dict(data.get("acceptance") or {}),
             readings=int(data.get("readings") or 0),
             deferred=int(data.get("deferred") or 0),
+            max_slots=None if data.get("max_slots") is None else int(data["max_slots"]),
         )
 
 

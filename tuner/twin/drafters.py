@@ -75,8 +75,7 @@ DRAFTERS: tuple[Drafter, ...] = (
         resume="ngram-mod adds the n-grams of the tokens since it last drafted (in chunks of 32), "
         "ngram-cache the tokens since its last draft; microseconds a token on the CPU",
         per_draft="a table lookup on the CPU; no model runs",
-        terms="reeval_ms 0, draft_ms_per_token 0, catch_up_ms_per_token (about 0), call_ms "
-        "small",
+        terms="reeval_ms 0, draft_ms_per_token 0, catch_up_ms_per_token (about 0), call_ms small",
         source="speculative.cpp 1853, 1901, 2059, 2221 (process: no-op), 1975-2001 (ngram-mod "
         "begin), 2020-2027 (ngram-mod catch-up), 2184-2197 (ngram-cache catch-up)",
     ),

@@ -1,4 +1,4 @@
-"""A twin world serving offered traffic: the requests (an observed trace replayed, or Poisson
+"""A twin world serving offered traffic: the requests (drawn from an observed trace, or Poisson
 arrivals with observed lengths) and every policy's figures serving them, noise-free.
 
 The open-loop answer (tuner.decide.openanswer) runs every policy through a world made from the
@@ -10,6 +10,7 @@ N = 0 ever had generating is N = 0's server (it never stops a draft): scored onc
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -20,10 +21,18 @@ import numpy as np
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind
 from tuner.traffic import TrafficProfile
-from tuner.twin.engine import Request, SimResult, Workload, request_seed, simulate
+from tuner.twin.engine import (
+    Request,
+    SimResult,
+    Workload,
+    arrival_offsets,
+    request_seed,
+    simulate,
+)
 from tuner.twin.world import World
 
-MIN_REQUESTS = 1000  # requests a scoring serves at least (a short trace is tiled)
+DRAWN_REQUESTS = 4000  # requests the offered traffic is drawn to: its occupancy tail
+BLOCK_GAPS = 20  # consecutive arrival gaps a block of the bootstrap keeps together
 
 
 @dataclass(frozen=True)
@@ -40,39 +49,52 @@ class Offered:
         return Workload(w.requests[:count], w.arrivals[:count])
 
 
-def _tiled(offsets: list[float], lengths: list[tuple[int, int]], seed: int) -> Workload:
-    """A trace repeated end to end until it holds MIN_REQUESTS, as a twin workload."""
-    span = (offsets[-1] - offsets[0]) if len(offsets) > 1 else 1.0
-    gap = span / max(1, len(offsets) - 1)
-    times: list[float] = []
-    pairs: list[tuple[int, int]] = []
-    shift = 0.0
-    while len(times) < MIN_REQUESTS:
-        times += [t - offsets[0] + shift for t in offsets]
-        pairs += lengths
-        shift += span + gap
-    requests = tuple(
+def _requests(pairs: Sequence[tuple[int, int]], seed: int) -> tuple[Request, ...]:
+    return tuple(
         Request(max(1, p), max(1, o), request_seed(seed, i)) for i, (p, o) in enumerate(pairs)
     )
-    return Workload(requests, tuple(times))
 
 
-def offered_trace(profile: TrafficProfile, name: str, seed: int = 0) -> Offered:
-    """The observed requests replayed at their observed times and lengths."""
+def block_gaps(gaps: Sequence[float], count: int, rng: random.Random) -> list[float]:
+    """`count` arrival gaps by a moving-block bootstrap of the observed ones: blocks of
+    BLOCK_GAPS consecutive gaps (fewer where fewer were seen) from random places, end to end,
+    so bursts and lulls stay together as they came and their order is new."""
+    size = max(1, min(BLOCK_GAPS, len(gaps)))
+    out: list[float] = []
+    while len(out) < count:
+        start = rng.randrange(len(gaps) - size + 1)
+        out += gaps[start : start + size]
+    return out[:count]
+
+
+def offered_drawn(
+    profile: TrafficProfile, name: str, seed: int = 0, count: int = DRAWN_REQUESTS
+) -> Offered:
+    """Traffic drawn from the observed traffic's distribution, not a replay of what observe
+    kept: arrival gaps by a block bootstrap of the observed gaps (block_gaps: bursts and lulls
+    as they came), each request's prompt and output drawn together from the observed requests;
+    `count` of them, so the run reaches the occupancies the observation only touched (a replay
+    never goes past the most slots it saw generating)."""
     kept = sorted(profile.requests, key=lambda r: r.arrival)
     if len(kept) < 2:
-        raise ValueError(f"traffic {name!r} holds {len(kept)} finished requests: too few to replay")
-    offsets = [r.arrival for r in kept]
-    work = _tiled(offsets, [(r.prompt, r.output) for r in kept], seed)
-    span = offsets[-1] - offsets[0]
-    rate = (len(kept) - 1) / span if span > 0 else float(len(kept))
+        raise ValueError(
+            f"traffic {name!r} holds {len(kept)} finished requests: too few to draw from"
+        )
+    gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(kept)]
+    span = kept[-1].arrival - kept[0].arrival
+    if span <= 0:
+        raise ValueError(f"traffic {name!r}: its requests all arrived at once; no rate to draw")
+    rng = random.Random(f"offered:{seed}:{name}")
+    times = list(itertools.accumulate(block_gaps(gaps, count - 1, rng), initial=0.0))
+    pairs = [(r.prompt, r.output) for r in (kept[rng.randrange(len(kept))] for _ in range(count))]
+    rate = (len(kept) - 1) / span
     source = (
-        f"traffic {name!r} replayed: {len(kept)} observed requests at their arrival times "
-        f"({rate:.3g} req/s), prompt {_mean([r.prompt for r in kept]):.0f} and output "
-        f"{_mean([r.output for r in kept]):.0f} tokens on average"
-        + (f", repeated to {len(work.requests)} requests" if len(work.requests) > len(kept) else "")
+        f"traffic {name!r}: {count} requests drawn from the {len(kept)} observed ({rate:.3g} "
+        f"req/s; arrival gaps in blocks of {min(BLOCK_GAPS, len(gaps))} as they came, prompt "
+        f"{_mean([p for p, _ in pairs]):.0f} and output {_mean([o for _, o in pairs]):.0f} "
+        "tokens on average)"
     )
-    return Offered(work, rate, source)
+    return Offered(Workload(_requests(pairs, seed), tuple(times)), rate, source)
 
 
 def offered_poisson(
@@ -80,25 +102,23 @@ def offered_poisson(
     lengths: Sequence[tuple[int, int]],
     lengths_from: str,
     seed: int = 0,
+    count: int = DRAWN_REQUESTS,
 ) -> Offered:
-    """Poisson arrivals at a rate, each request's (prompt, output) drawn from `lengths`."""
-    if rate <= 0:
+    """Poisson arrivals at a rate (count-conditioned, as every twin workload's:
+    tuner.twin.engine.arrival_offsets), each request's (prompt, output) drawn from `lengths`."""
+    if not rate > 0:
         raise ValueError(f"an arrival rate must be above 0, got {rate:g}")
+    if not lengths:
+        raise ValueError("no request lengths to draw from")
     rng = random.Random(f"openanswer:{seed}:{rate}")
-    t, times, pairs = 0.0, [], []
-    for _ in range(MIN_REQUESTS):
-        t += rng.expovariate(rate)
-        times.append(t)
-        pairs.append(lengths[rng.randrange(len(lengths))])
-    requests = tuple(
-        Request(max(1, p), max(1, o), request_seed(seed, i)) for i, (p, o) in enumerate(pairs)
-    )
+    times = arrival_offsets("poisson", rate, count / rate, seed)
+    pairs = [lengths[rng.randrange(len(lengths))] for _ in times]
     source = (
         f"Poisson arrivals at {rate:.3g} req/s, lengths {lengths_from} (prompt "
         f"{_mean([p for p, _ in pairs]):.0f}, output {_mean([o for _, o in pairs]):.0f} tokens "
         "on average)"
     )
-    return Offered(Workload(requests, tuple(times)), rate, source)
+    return Offered(Workload(_requests(pairs, seed), tuple(times)), rate, source)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -224,17 +244,22 @@ def score_policies(
     world: World, workload: Workload, candidates: Sequence[Policy]
 ) -> tuple[dict[Policy, Score], int]:
     """Every candidate's score on the world (N = 0 first: thresholds at or above the most slots
-    it had generating are its server, scored once) and how many runs that took."""
+    it had generating are its server, scored once), each against its capacity on a backlog of
+    the workload's requests (overloaded where the workload's rate reaches it), and how many
+    runs that took."""
     out: dict[Policy, Score] = {}
     runs = 0
+    rate = offered_rate(workload)
+    backlog = backlog_requests(workload, world.n_parallel)
     always = [p for p in candidates if p.is_always]
     for p in always + [p for p in candidates if not p.is_always]:
         top = out[always[0]].max_generating if always and always[0] in out else None
         if p.is_threshold and top is not None and (p.max_slots or 0) >= top:
             out[p] = out[always[0]]
             continue
-        out[p] = score(simulate(world, p, workload, noise=False))
-        runs += 1
+        served = score(simulate(world, p, workload, noise=False))
+        out[p] = served.against(rate, backlog_capacity(world, p, backlog))
+        runs += 2
     return out, runs
 
 
