@@ -15,13 +15,14 @@ tokens after the first, token-weighted): regret = (TPOT of the answer - best TPO
 in %, among the policies that keep up. A policy the world's arrivals outrun (its backlog grows
 through the run: tuner.twin.truth's overload) ranks behind every policy that keeps up whatever
 its TPOT, and an answer that is overloaded where another policy keeps up has infinite regret
-(where every policy is overloaded, regret is in throughput). The truth's resolution: the standard error of each policy's difference from the best,
-from ten stretches of requests in arrival order (the same requests under every policy, so the
-arrivals' own variation cancels); the tie is every policy within two such errors of the best,
-and an answer in the tie is as good as the truth can tell. Per world it prints the truth's best,
-its margin to the runner-up (and the margin's error), plain's and always draft's place, and each
-method's answer, regret and simulated cost; then median, 95th percentile and max regret and the
-answers in the tie over all worlds and by each tag of the manifest.
+(where every policy is overloaded, regret is in throughput). The truth's resolution: the
+standard error of each policy's difference from the best, from ten stretches of requests in
+arrival order (the same requests under every policy, so the arrivals' own variation cancels);
+the tie is every policy within two such errors of the best, and an answer in the tie is as good
+as the truth can tell. Per world it prints the truth's best, its margin to the runner-up (and
+the margin's error), plain's and always draft's place, and each method's answer, regret and
+simulated cost; then median, 95th percentile and max regret and the answers in the tie over all
+worlds and by each tag of the manifest.
 
 Rows are written to --out (JSON; a CSV beside it) after every world, so a long run resumes where
 it stopped (--redo runs worlds again) and --render prints the tables again without running.
