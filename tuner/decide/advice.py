@@ -95,7 +95,7 @@ def recommend(
         answering = dataclasses.replace(stored, model=basis.cm)
         answered = _open_loop(store, answering, question, blocked, basis.levels, basis.reasons)
         if isinstance(answered, Recommendation):
-            return answered
+            return _with_plain_live(store, answered, model, host)
         basis.reasons.append(answered)
     weights, goal, said_how = _weighted_goal(
         store, model, basis.cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
@@ -106,11 +106,37 @@ def recommend(
     rec, details = _studied(
         store, model, stored, basis, goal, options, tune_n_max, min_single_stream, seed
     )
+    rec = _with_plain_live(store, rec, model, host)
     if where.interpolated:
         rec.made_now = True
         return rec
     recommendations.save(store, rec, details)
     return rec
+
+
+def _with_plain_live(
+    store: Store, rec: Recommendation, model: str, host: str | None
+) -> Recommendation:
+    """A model's answer with, beside its own verdict on whether to draft at all, the one `tune
+    --plain-url` measured side by side on the servers (where one was stored): what no
+    experiment on one drafting server can measure."""
+    if rec.source == "live":
+        return rec
+    live = recommendations.newest_plain_live(store, model, host)
+    said = next((r for r in live.reasons if SIDE_BY_SIDE in r.text), None) if live else None
+    if live is None or said is None:
+        return rec
+    rec.reasons.append(
+        Reason(
+            ReasonCode.PLAIN_LIVE,
+            f"whether to draft at all, as `tune --plain-url` measured it side by side (stored "
+            f"answer #{live.id}, N={live.max_slots}): {said.text}",
+        )
+    )
+    return rec
+
+
+SIDE_BY_SIDE = "measured side by side"  # what tune.describe.plain_live_reason says
 
 
 @dataclass

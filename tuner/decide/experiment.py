@@ -69,7 +69,8 @@ STOPPED = "stopped"
 WASHOUT_S = 2.0  # after each switch (see ExperimentOptions.washout_s)
 PLAIN_OUT_OF_REACH = (
     "plain (the server without its draft model) is out of the experiment's reach on one "
-    "server: whether to draft at all rests on `tune --plain-url`"
+    "server: whether to draft at all rests on `tune --plain-url` (`tuner recommend` shows what "
+    "it measured beside its answer)"
 )
 
 
