@@ -601,6 +601,10 @@ class Experiment:
             wanted.add(c.contender)
             if c.against is not None and c.against != self.answer:
                 wanted.add(c.against)
+        if not wanted:
+            # only contenders not yet tested are left: their windows wait for the traffic to
+            # reach the counts they differ at
+            wanted = {self._eff(n) for n in self.report.untested}
         wanted.discard(self.answer)
         if not wanted:
             return None

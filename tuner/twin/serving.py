@@ -240,27 +240,54 @@ def score(result: SimResult) -> Score:
     )
 
 
+class Capacities:
+    """Each policy's capacity on a backlog of a workload's requests (backlog_capacity), measured
+    as needed: with every slot busy a threshold drafts only in steps where a slot is still
+    reading its prompt, so its capacity lies between N=1's and always draft's, and a threshold
+    is measured only where the offered rate does not fall below both of those."""
+
+    def __init__(self, world: World, workload: Workload) -> None:
+        self.world = world
+        self.rate = offered_rate(workload)
+        self.backlog = backlog_requests(workload, world.n_parallel)
+        self.measured: dict[Policy, float] = {}
+
+    def of(self, policy: Policy) -> float:
+        key = policy if not policy.drafting else Policy.of_max_slots(policy.max_slots)
+        if key not in self.measured:
+            self.measured[key] = backlog_capacity(self.world, policy, self.backlog)
+        return self.measured[key]
+
+    def against(self, policy: Policy, served: Score) -> Score:
+        """The score with its capacity and whether the offered rate reaches it (a threshold's
+        capacity unmeasured, nan, where the rate is below N=1's and always draft's)."""
+        if policy.is_threshold and (policy.max_slots or 0) > 1:
+            n_max = policy.n_max
+            low = min(self.of(Policy.threshold(1, n_max)), self.of(Policy.always(n_max)))
+            if self.rate < low:
+                return dataclasses.replace(served, capacity_rps=math.nan, overloaded=False)
+        return served.against(self.rate, self.of(policy))
+
+
 def score_policies(
     world: World, workload: Workload, candidates: Sequence[Policy]
 ) -> tuple[dict[Policy, Score], int]:
     """Every candidate's score on the world (N = 0 first: thresholds at or above the most slots
     it had generating are its server, scored once), each against its capacity on a backlog of
-    the workload's requests (overloaded where the workload's rate reaches it), and how many
-    runs that took."""
+    the workload's requests (overloaded where the workload's rate reaches it: Capacities), and
+    how many runs that took."""
     out: dict[Policy, Score] = {}
     runs = 0
-    rate = offered_rate(workload)
-    backlog = backlog_requests(workload, world.n_parallel)
+    capacities = Capacities(world, workload)
     always = [p for p in candidates if p.is_always]
     for p in always + [p for p in candidates if not p.is_always]:
         top = out[always[0]].max_generating if always and always[0] in out else None
         if p.is_threshold and top is not None and (p.max_slots or 0) >= top:
             out[p] = out[always[0]]
             continue
-        served = score(simulate(world, p, workload, noise=False))
-        out[p] = served.against(rate, backlog_capacity(world, p, backlog))
-        runs += 2
-    return out, runs
+        out[p] = capacities.against(p, score(simulate(world, p, workload, noise=False)))
+        runs += 1
+    return out, runs + len(capacities.measured)
 
 
 def scaled(workload: Workload, factor: float) -> Workload:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from tuner.policy import Policy
 from tuner.twin.engine import RequestResult, Workload, policies, simulate
-from tuner.twin.serving import backlog_capacity, backlog_requests, offered_rate, score
+from tuner.twin.serving import Capacities, score
 from tuner.twin.world import World
 
 
@@ -409,8 +409,7 @@ def open_loop_truth(
     What users feel is scored once, in tuner.twin.serving.score: time per output token,
     end-to-end latency, and whether the policy keeps up (its backlog does not grow)."""
     work = workload or Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
-    offered = offered_rate(work)
-    backlog = backlog_requests(work, world.n_parallel)
+    capacities = Capacities(world, work)
     out: dict[Policy, OpenLoopTruth] = {}
     ran: dict[Policy, OpenLoopTruth] = {}
     for policy in candidates or policies(world):
@@ -423,7 +422,7 @@ def open_loop_truth(
             continue
         result = simulate(world, policy, work, seed=seed, noise=False)
         figures = result.open_loop_figures(rate)
-        felt = score(result).against(offered, backlog_capacity(world, policy, backlog))
+        felt = capacities.against(policy, score(result))
         tps_se, tpot_se, parts, latency_parts = _batch_means(result.requests, batches)
         drafts = sum(r.drafts for r in result.requests)
         accepted = sum(r.draft_accepted for r in result.requests)
