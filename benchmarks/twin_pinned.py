@@ -187,7 +187,7 @@ def main() -> int:
     costs = fit.model.arrivals
     if costs is None:
         raise SystemExit("the profile stored no arrival probes (probes.enabled off?)")
-    print(f"\n== 2. the profile: run {run_id}; its fit's arrival costs")
+    print(f"\n== 2. the profile: run {run_id} in {store.url}; its fit's arrival costs")
     for line in costs.lines():
         print(f"- {line}")
     cal = calibrate_run(run_levels(store, run_id))

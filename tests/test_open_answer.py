@@ -154,7 +154,7 @@ def test_bad_arrivals_are_one_line_and_store_nothing(profiled, finished: int) ->
     store, _ = profiled
     before = _recommendations(store)
     asked = {"objective": ObjectiveKind.TPOT, "host_explicit": True, "replicates": 2}
-    with pytest.raises(ConfigError, match="an arrival rate is above 0"):
+    with pytest.raises(ConfigError, match="an arrival rate must be above 0"):
         advice.recommend(store, "twin-cpu-draft", HOST, rate=0.0, **asked)
     profile = TrafficProfile(8, source=SOURCE_SLOTS)
     profile.add(1, 30.0)

@@ -89,8 +89,19 @@ def recommend(
             return newest
     basis = _answered_by(store, stored, where, model, host, host_explicit, seed, traffic)
     if not plain_question or traffic is not None:
-        asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
-        question = OpenQuestion(*asked, replicates or REPLICATES)
+        question = OpenQuestion(
+            model=model,
+            host=host,
+            objective=objective,
+            host_explicit=host_explicit,
+            traffic=traffic,
+            rate=rate,
+            output_tokens=output_tokens,
+            prompt_tokens=prompt_tokens,
+            slo_tpot_ms=slo_tpot_ms,
+            seed=seed,
+            replicates=replicates or REPLICATES,
+        )
         blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
         answering = dataclasses.replace(stored, model=basis.cm)
         answered = _open_loop(store, answering, question, blocked, basis.levels, basis.reasons)
@@ -489,10 +500,7 @@ def arrival_objective(
 ) -> Objective:
     """The tpot or capacity objective, its rate and output length from the options or the
     observed traffic; one clear error when something it needs is missing."""
-    if rate is not None and rate <= 0:
-        raise ConfigError(f"--rate {rate:g}: an arrival rate must be above 0")
-    if output_tokens is not None and output_tokens <= 0:
-        raise ConfigError(f"--output-tokens {output_tokens:g}: must be above 0")
+    # rate and lengths were checked when the question was made (OpenQuestion)
     if kind is ObjectiveKind.CAPACITY and (slo_tpot_ms is None or slo_tpot_ms <= 0):
         raise ConfigError(
             "--objective capacity needs --slo-tpot-ms X above 0: the p95 time per output "

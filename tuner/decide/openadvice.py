@@ -50,6 +50,20 @@ class OpenQuestion:
     seed: int = 0
     replicates: int = REPLICATES  # replicate worlds for the spread
 
+    def __post_init__(self) -> None:
+        """Checked when made: every figure given is one a server can have."""
+        for option, value in (
+            ("--rate", self.rate),
+            ("--output-tokens", self.output_tokens),
+            ("--prompt-tokens", self.prompt_tokens),
+            ("--slo-tpot-ms", self.slo_tpot_ms),
+        ):
+            if value is not None and not value > 0:
+                what = "an arrival rate must be above 0 requests/s" if option == "--rate" else ""
+                raise ConfigError(f"{option} {value:g}: {what or 'must be above 0'}")
+        if self.replicates < 0:
+            raise ConfigError(f"replicates {self.replicates}: 0 or more")
+
 
 def answers_open(model: CostModel, question: OpenQuestion) -> bool:
     """Whether the open loop answers this question on this fit: arrivals asked about (a traffic
@@ -101,8 +115,6 @@ def offered(
     --output-tokens replace the lengths either way. Capacity without a rate starts from
     base_rate (its answer speeds the arrivals up or slows them down)."""
     seed = question.seed
-    if question.rate is not None and not question.rate > 0:
-        raise ConfigError(f"--rate {question.rate:g}: an arrival rate is above 0 requests/s")
     if question.traffic is not None:
         profile = traffic_store.load(store, question.traffic)
         if len(profile.requests) < 2 and question.rate is None:
