@@ -21,16 +21,26 @@ walk from outside the tie to it may take two moves and is no flap).
 Bench mode (--bench; the lead runs it, it needs the machine to itself): the bench spec profiled
 into a fresh database (or --db holding it), a patched drafting llama-server of the spec started
 with --props --metrics at the model's answer, the bench's open-loop load (Poisson arrivals at
-the rate the cost model says keeps half the slots generating, the spec's requests) for
---minutes, and `tuner watch --apply live --experiment` (the CLI, as a user runs it) beside it
-for the same time. Afterwards: that it switched (windows at a contender in the stored
-experiments), that the server's threshold is the env file's (given back, or moved by a verdict
-and applied) with no hold left behind, that every verdict line carries its bounds; the windows,
-the verdicts and the cost to users are recorded.
+two rates in turn, each for half of --minutes: those the cost model says keep --loads of the
+slots generating, a quarter and 60 % by default; the spec's requests), and `tuner watch --apply
+live --experiment` (the CLI, as a user runs it) beside it for the same time. Afterwards: that it
+switched (windows at a contender in the stored experiments), that the server's threshold is the
+env file's (given back, or moved by a verdict and applied) with no hold left behind, that every
+verdict line carries its bounds; the windows, the verdicts and the cost to users are recorded.
 
     .venv/bin/python benchmarks/watch_experiment.py [--worlds DIR] [--select a,b]
         [--traffic poisson,bursty] [--load 0.5] [--minutes 30] [--start offset|best]
     .venv/bin/python benchmarks/watch_experiment.py --bench --minutes 20 [--db URL]
+        [--loads 0.25,0.6]
+
+Twin mode with --openloop grades an open-loop set (--worlds profiles/twin/openloop2 for version
+2) with each world's own traffic (its rate, lengths and content classes) under Poisson and
+bursty arrivals (--traffic), --seeds seeds each, against that traffic's open-loop truth
+(thresholds only: plain is out of the experiment's reach): besides the share within 1 %, the
+coverage of "settled" (the settled answers within 1 % of the best threshold) and, where the
+start was 5 % or more behind at 0.1 requests/s or more, the share within 1 % at the end.
+A bench smoke run (a few minutes, under `flock /tmp/tuner-heavy.lock`):
+`--bench --minutes 3 --every 1`.
 """
 
 from __future__ import annotations
@@ -380,12 +390,19 @@ def bench(args: argparse.Namespace) -> None:
     spec = load_spec(spec_path, [], lambda: load_bench(Settings().bench_manifest_path).as_refs())
     length = float(spec.workload.max_tokens)
     tps = cm.policy_tps(cm.levels, answer.policy)
-    rate = queue.rate_for_mean_generating(tps, length, cm.n_parallel / 2)
+    loads = [float(x) for x in args.loads.split(",")]
+    rates = [queue.rate_for_mean_generating(tps, length, cm.n_parallel * x) for x in loads]
+    turn_s = 60.0 * args.minutes / len(rates)  # each rate in turn, an equal share of the run
     config = launch_config(spec, Policy.of_max_slots(answer.max_slots, spec.speculative.n_max))
     config.args += ["--props", "--metrics"]
     env_file = work / "server.env"
     env_file.write_text(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={answer.max_slots}\n")
-    print(f"standing N={answer.max_slots}; Poisson arrivals at {rate:.3f}/s", flush=True)
+    print(
+        f"standing N={answer.max_slots}; Poisson arrivals at "
+        + " then ".join(f"{r:.3f}/s" for r in rates)
+        + f", {turn_s:.0f} s each",
+        flush=True,
+    )
     stop = threading.Event()
     served: list = []
     with ManagedServer(config, work / "server.log", start_timeout_s=180) as server:
@@ -395,9 +412,11 @@ def bench(args: argparse.Namespace) -> None:
                 server.url,
                 Workload(prompt_tokens=spec.workload.prompt_tokens, max_tokens=int(length)),
             )
-            key = 0
+            key, began = 0, time.monotonic()
             while not stop.is_set():
-                offsets = poisson_offsets(rate, 300.0, seed=args.seed * 1000 + key)
+                turn = min(len(rates) - 1, int((time.monotonic() - began) / turn_s))
+                span = min(300.0, turn_s)
+                offsets = poisson_offsets(rates[turn], span, seed=args.seed * 1000 + key)
                 served.extend(generator.run_arrivals(offsets, round_key=key)[1])
                 key += 1
 
@@ -447,7 +466,7 @@ def bench(args: argparse.Namespace) -> None:
         "verdicts with bounds": bounded,
         "standing N": answer.max_slots,
         "answer N": env_n,
-        "rate /s": rate,
+        "rates /s": ", ".join(f"{r:.3f}" for r in rates),
         "minutes": args.minutes,
     }
     cost_rows = [
@@ -542,6 +561,11 @@ def main() -> None:
         help="--bench: the profile spec of the server (profiles/twin/bench-twin.toml: a dry run)",
     )
     parser.add_argument("--model", default="smollm2-135m-f32", help="--bench: its model_name")
+    parser.add_argument(
+        "--loads",
+        default="0.25,0.6",
+        help="--bench: the Poisson rates in turn, as shares of the slots generating on average",
+    )
     parser.add_argument(
         "--every",
         type=float,
