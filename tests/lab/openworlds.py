@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -539,12 +539,22 @@ def _entry(
     process: dict[str, float],
     name: str,
     extra_tags: Sequence[str] = (),
+    *,
+    seed_of: Callable[[str], int] | None = None,
+    capacity_of: Callable[[World, Traffic], float] | None = None,
+    drafter: str = "",
 ) -> Entry:
+    """A world's manifest entry: its traffic at the design's load of a capacity (capacity_of;
+    version 1's: the better of plain and always draft), its seeds (seed_of; version 1's)."""
+    seed_of = seed_of or _seed
     shape = Traffic(
         design.arrivals, load=design.load, capacity=1.0, prompt=prompt, output=output,
         classes=classes, **process,
     )  # fmt: skip
-    cap = capacity(world, shape, _seed(f"{world.model_name}:capacity"))
+    if capacity_of is None:
+        cap = capacity(world, shape, seed_of(f"{world.model_name}:capacity"))
+    else:
+        cap = capacity_of(world, shape)
     if design.arrivals == "mmpp":
         process = process | {"busy_s": _r(process["busy_s"] / (design.load * cap), 1)}
     traffic = Traffic(
@@ -555,10 +565,10 @@ def _entry(
         name=name,
         file=f"{name}.toml",
         model_name=world.model_name,
-        seed=_seed(f"{name}:method"),
-        truth_seed=_seed(f"{name}:truth"),
+        seed=seed_of(f"{name}:method"),
+        truth_seed=seed_of(f"{name}:truth"),
         truth_requests=TRUTH_REQUESTS,
-        observe_seed=_seed(f"{name}:observe"),
+        observe_seed=seed_of(f"{name}:observe"),
         observe_requests=OBSERVED_REQUESTS,
         n_parallel=world.n_parallel,
         n_max=world.n_max,
@@ -570,6 +580,7 @@ def _entry(
         prompts=design.prompts,
         traffic=traffic,
         tags=_tags(design, traffic, extra_tags),
+        drafter=drafter,
     )
 
 

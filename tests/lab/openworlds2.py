@@ -58,9 +58,9 @@ from lab.openworlds import (
     Traffic,
     _acceptance,
     _depth,
+    _entry,
     _r,
     _surface,
-    _tags,
     _traffic_shape,
     capacities,
     render_set,
@@ -227,41 +227,18 @@ def entry_of(
     name: str,
     extra_tags: tuple[str, ...] = (),
 ) -> Entry:
-    """The world's entry: its rate a share of the weakest compared policy's capacity."""
-    shape = Traffic(
-        design.arrivals, load=design.load, capacity=1.0, prompt=prompt, output=output,
-        classes=classes, **process,
+    """The world's entry (version 1's, lab.openworlds._entry): its rate a share of the weakest
+    compared policy's capacity, its seeds version 2's."""
+
+    def weakest(w: World, shape: Traffic) -> float:
+        got = capacities(w, shape, _seed(f"{name}:capacity"), compared(w))
+        return round(min(got.values()), 6)
+
+    tags = (f"drafter-{drafter}", *extra_tags)
+    return _entry(
+        world, design, prompt, output, classes, process, name, tags,
+        seed_of=_seed, capacity_of=weakest, drafter=drafter,
     )  # fmt: skip
-    cap = round(
-        min(capacities(world, shape, _seed(f"{name}:capacity"), compared(world)).values()), 6
-    )
-    if design.arrivals == "mmpp":
-        process = process | {"busy_s": _r(process["busy_s"] / (design.load * cap), 1)}
-    traffic = Traffic(
-        design.arrivals, load=design.load, capacity=cap, prompt=prompt, output=output,
-        classes=classes, **process,
-    )  # fmt: skip
-    return Entry(
-        name=name,
-        file=f"{name}.toml",
-        model_name=world.model_name,
-        seed=_seed(f"{name}:method"),
-        truth_seed=_seed(f"{name}:truth"),
-        truth_requests=TRUTH_REQUESTS,
-        observe_seed=_seed(f"{name}:observe"),
-        observe_requests=OBSERVED_REQUESTS,
-        n_parallel=world.n_parallel,
-        n_max=world.n_max,
-        surface=design.surface,
-        draft_prefill=design.prefill,
-        draft_ms_per_token=world.prefill.draft_ms_per_token,
-        accept_drafting=design.drafting,
-        content=design.content,
-        prompts=design.prompts,
-        traffic=traffic,
-        tags=_tags(design, traffic, (f"drafter-{drafter}", *extra_tags)),
-        drafter=drafter,
-    )
 
 
 def issue_world(k: int, load: float) -> tuple[World, Entry]:

@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -321,6 +321,13 @@ def capacity(
         ]
         return bool(per_request) and float(np.percentile(per_request, quantile)) <= slo_tpot_ms
 
+    return fastest(meets, steps), runs
+
+
+def fastest(meets: Callable[[float], bool], steps: int = 6) -> float:
+    """The largest factor `meets` holds at (it holds below a limit, fails above): doubled or
+    halved from 1 until the limit is bracketed (at most `steps` doublings), then halved in
+    between `steps` times; 0 where even an eighth misses it."""
     if meets(1.0):
         lo, hi = 1.0, 2.0
         while hi <= 2.0**steps and meets(hi):
@@ -329,7 +336,7 @@ def capacity(
         lo, hi = 0.5, 1.0
         while not meets(lo):
             if lo <= 1.0 / 8:
-                return 0.0, runs
+                return 0.0
             lo, hi = lo / 2, lo
     for _ in range(steps):
         mid = (lo + hi) / 2
@@ -337,4 +344,4 @@ def capacity(
             lo = mid
         else:
             hi = mid
-    return lo, runs
+    return lo

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from tuner.policy import Policy
 from tuner.twin.engine import RequestResult, Workload, policies, simulate
-from tuner.twin.serving import Capacities, score
+from tuner.twin.serving import Capacities, fastest, score
 from tuner.twin.world import World
 
 
@@ -470,23 +470,7 @@ def open_loop_capacity(
         figure = next(iter(got.values()))
         return not figure.overloaded and figure.value(objective) <= limit_ms
 
-    if meets(1.0):
-        lo, hi = 1.0, 2.0
-        while hi <= 2.0**steps and meets(hi):
-            lo, hi = hi, hi * 2
-    else:
-        lo, hi = 0.5, 1.0
-        while not meets(lo):
-            if lo <= 1.0 / 8:
-                return 0.0
-            lo, hi = lo / 2, lo
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return fastest(meets, steps)
 
 
 def _same_server(world: World, policy: Policy) -> Policy:
