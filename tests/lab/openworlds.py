@@ -504,14 +504,31 @@ def make_world(design: Design, seed: int = GENERATOR_SEED) -> tuple[World, Entry
     drafted = _draft(design, surface, draw)
     acceptance = _acceptance(design, surface, draw)
     name = f"openloop-{design.index:02d}"
+    description = (
+        f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
+        f"draft prompt cost {design.prefill}, acceptance by drafts {design.drafting}, "
+        f"content {design.content}, {design.prompts} prompts"
+    )
+    model_name = f"twin-openloop-{design.index:02d}-{design.surface}"
+    world = world_of(design, surface, drafted, acceptance, name, model_name, description)
+    prompt, output, classes, process = _traffic_shape(design, surface, draw)
+    return world, _entry(world, design, prompt, output, classes, process, name)
+
+
+def world_of(
+    design: Design,
+    surface: dict[str, Any],
+    drafted: dict[str, Any],
+    acceptance: dict[str, Any],
+    name: str,
+    model_name: str,
+    description: str,
+) -> World:
+    """A drawn world from its surface, drafter and acceptance."""
     data = {
         "name": name,
-        "model_name": f"twin-openloop-{design.index:02d}-{design.surface}",
-        "description": (
-            f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
-            f"draft prompt cost {design.prefill}, acceptance by drafts {design.drafting}, "
-            f"content {design.content}, {design.prompts} prompts"
-        ),
+        "model_name": model_name,
+        "description": description,
         "n_parallel": surface["n_parallel"],
         "n_max": surface["n_max"],
         "slot_context": surface["slot_context"],
@@ -525,9 +542,7 @@ def make_world(design: Design, seed: int = GENERATOR_SEED) -> tuple[World, Entry
         "depth": _depth(design, surface),
         "noise": {"preset": "quiet"},
     }
-    world = World.model_validate(data)
-    prompt, output, classes, process = _traffic_shape(design, surface, draw)
-    return world, _entry(world, design, prompt, output, classes, process, name)
+    return World.model_validate(data)
 
 
 def _entry(

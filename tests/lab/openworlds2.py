@@ -57,13 +57,13 @@ from lab.openworlds import (
     Lengths,
     Traffic,
     _acceptance,
-    _depth,
     _entry,
     _r,
     _surface,
     _traffic_shape,
     capacities,
     render_set,
+    world_of,
 )
 from tuner.policy import Policy
 from tuner.twin.world import World
@@ -186,28 +186,13 @@ def make_world(
     if drafter == "ngram":
         acceptance = _ngram_acceptance(acceptance, surface["n_max"], draw)
     name = f"{PREFIX}-{design.index:02d}"
-    data = {
-        "name": name,
-        "model_name": f"twin-{PREFIX}-{design.index:02d}-{design.surface}",
-        "description": (
-            f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
-            f"{drafter} drafter, draft prompt cost {design.prefill}, acceptance by drafts "
-            f"{design.drafting}, content {design.content}, {design.prompts} prompts"
-        ),
-        "n_parallel": n_parallel,
-        "n_max": surface["n_max"],
-        "slot_context": surface["slot_context"],
-        "acceptance": acceptance,
-        "step": {"rows_ms": surface["rows"], "slots_ms": surface["slots"]},
-        "draft": drafted["draft"],
-        "prefill": {
-            "ms_per_token": _r(surface["prefill"]),
-            "draft_ms_per_token": drafted["draft_ms_per_token"],
-        },
-        "depth": _depth(design, surface),
-        "noise": {"preset": "quiet"},
-    }
-    world = World.model_validate(data)
+    description = (
+        f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
+        f"{drafter} drafter, draft prompt cost {design.prefill}, acceptance by drafts "
+        f"{design.drafting}, content {design.content}, {design.prompts} prompts"
+    )
+    model_name = f"twin-{PREFIX}-{design.index:02d}-{design.surface}"
+    world = world_of(design, surface, drafted, acceptance, name, model_name, description)
     prompt, output, classes, process = _traffic_shape(design, surface, draw)
     return world, entry_of(world, design, drafter, prompt, output, classes, process, name)
 
