@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -29,6 +30,7 @@ __all__ = [
     "chosen_methods",
     "grading_arguments",
     "load_rows",
+    "percentile",
     "rate_for",
     "run_grading",
     "save_rows_json",
@@ -198,6 +200,20 @@ def chosen_methods(parser: argparse.ArgumentParser, text: str, known: Sequence[s
     if unknown:
         parser.error(f"unknown method(s) {unknown}; known: {', '.join(known)}")
     return methods
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile, interpolated linearly as numpy's; infinite where it reaches an
+    infinite value (numpy gives nan there): a regret that is infinite (an overloaded answer)
+    counts as the largest."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    if math.isinf(ordered[hi]) and (hi > lo or math.isinf(ordered[lo])):
+        return math.inf
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def cached_json(path: Path, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -12,13 +12,17 @@ plain where none) and "open" (the slot for issue 45's method, skipped until it i
 
 The figure of merit is the mean time per output token over all tokens (generation time over
 tokens after the first, token-weighted): regret = (TPOT of the answer - best TPOT) / best TPOT,
-in %. The truth's resolution: the standard error of each policy's difference from the best,
-from ten stretches of requests in arrival order (the same requests under every policy, so the
-arrivals' own variation cancels); the tie is every policy within two such errors of the best,
-and an answer in the tie is as good as the truth can tell. Per world it prints the truth's best,
-its margin to the runner-up (and the margin's error), plain's and always draft's place, and each
-method's answer, regret and simulated cost; then median, 95th percentile and max regret and the
-answers in the tie over all worlds and by each tag of the manifest.
+in %, among the policies that keep up. A policy the world's arrivals outrun (its backlog grows
+through the run: tuner.twin.truth's overload) ranks behind every policy that keeps up whatever
+its TPOT, and an answer that is overloaded where another policy keeps up has infinite regret
+(where every policy is overloaded, regret is in throughput). The truth's resolution: the
+standard error of each policy's difference from the best, from ten stretches of requests in
+arrival order (the same requests under every policy, so the arrivals' own variation cancels);
+the tie is every policy within two such errors of the best, and an answer in the tie is as good
+as the truth can tell. Per world it prints the truth's best, its margin to the runner-up (and
+the margin's error), plain's and always draft's place, and each method's answer, regret and
+simulated cost; then median, 95th percentile and max regret and the answers in the tie over all
+worlds and by each tag of the manifest.
 
 Rows are written to --out (JSON; a CSV beside it) after every world, so a long run resumes where
 it stopped (--redo runs worlds again) and --render prints the tables again without running.
@@ -42,12 +46,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from common import (
     cached_json,
     chosen_methods,
     grading_arguments,
     load_rows,
+    percentile,
     run_grading,
     save_rows_json,
 )
@@ -76,37 +80,63 @@ def canonical(policy: Policy, n_parallel: int) -> str:
     return Policy.always().label if n == 0 or n >= n_parallel else Policy.threshold(n).label
 
 
-def truth_summary(world: World, entry: Entry) -> dict[str, Any]:
-    """What grading needs of a world's open-loop truth, JSON-ready."""
+TRUTH_VERSION = 3  # 3: end-to-end latency and overload (by capacity) beside the TPOT
+
+
+def truth_summary(world: World, entry: Entry, objective: str = "tpot") -> dict[str, Any]:
+    """What grading needs of a world's open-loop truth, JSON-ready: every policy's figures, the
+    overloaded ones (their backlog grows through the run: ranked behind every policy that keeps
+    up, tuner.twin.truth.ranked), the best by that ranking in the objective, each policy's
+    regret (infinite for an overloaded one where another keeps up), the tie; and the best as
+    the time per output token alone would rank it (`best_tpot_only`, the rule before overload
+    was told apart)."""
     start = time.perf_counter()
     figures = open_loop_truth(world, entry.rate, workload=entry.truth_workload())
     seconds = time.perf_counter() - start
     by_label: dict[str, OpenLoopTruth] = {}
     for policy, f in figures.items():
         by_label.setdefault(canonical(policy, world.n_parallel), f)
-    values = {label: f.tpot_mean_ms for label, f in by_label.items()}
-    order = sorted(values, key=lambda k: (values[k], _order(k)))
+    values = {label: f.value(objective) for label, f in by_label.items()}
+    order = sorted(values, key=lambda k: (by_label[k].rank_key(objective), _order(k)))
     best = order[0]
-    se = {k: by_label[k].difference_se(by_label[best]) if k != best else 0.0 for k in values}
-    ties = [k for k in order if values[k] - values[best] <= TIE_SE * se[k]]
+    top = by_label[best]
+    se = {k: by_label[k].difference_se(top, objective) if k != best else 0.0 for k in values}
+    regret = {k: 100.0 * by_label[k].regret(top, objective) for k in values}
+    ties = [
+        k
+        for k in order
+        if by_label[k].overloaded == top.overloaded
+        and (k == best or (not top.overloaded and values[k] - values[best] <= TIE_SE * se[k]))
+    ]
     runner = order[1] if len(order) > 1 else None
     value = values[best]
+    tpot_only = min(by_label, key=lambda k: (by_label[k].tpot_mean_ms, _order(k)))
 
     def pct(x: float) -> float:
         return 100.0 * x / value
 
     return {
+        "version": TRUTH_VERSION,
+        "objective": objective,
         "best": best,
+        "best_tpot_only": tpot_only,
         "value": value,
         "runner_up": runner,
-        "margin_pct": pct(values[runner] - value) if runner else 0.0,
+        "margin_pct": regret[runner] if runner else 0.0,
         "margin_se_pct": pct(se[runner]) if runner else 0.0,
         "ties": ties,
         "values": values,
+        "regret_pct": regret,
+        "overloaded": [k for k in order if by_label[k].overloaded],
+        "backlog_rise": {k: f.backlog_rise for k, f in by_label.items()},
+        "capacity_rps": {k: f.capacity_rps for k, f in by_label.items()},
+        "tpot_ms": {k: f.tpot_mean_ms for k, f in by_label.items()},
+        "latency_ms": {k: f.latency_mean_ms for k, f in by_label.items()},
+        "latency_p95_ms": {k: f.latency_p95_ms for k, f in by_label.items()},
         "se_pct": {k: pct(v) for k, v in se.items()},
-        "plain_pct": pct(values["plain"] - value),
-        "always_pct": pct(values["N=0"] - value),
-        "resolution_pct": max(pct(v) for v in se.values()),
+        "plain_pct": regret["plain"],
+        "always_pct": regret["N=0"],
+        "resolution_pct": max(pct(v) for v in se.values() if math.isfinite(v)),
         "mean_generating": {k: f.mean_generating for k, f in by_label.items()},
         "accept_len": {k: f.accept_len for k, f in by_label.items() if k != "plain"},
         "ttft_p95_ms": {k: f.ttft_ms[1] for k, f in by_label.items()},
@@ -133,7 +163,7 @@ def world_truth(folder: str, entry: Entry, truth_dir: str) -> tuple[World, dict[
     path = Path(folder) / entry.file
     world = load_world(path)
     traffic = json.dumps(entry.traffic.as_dict(), sort_keys=True)
-    stamp = f"{entry.truth_seed}:{entry.truth_requests}:{traffic}".encode()
+    stamp = f"{entry.truth_seed}:{entry.truth_requests}:{traffic}:v{TRUTH_VERSION}".encode()
     key = hashlib.sha256(path.read_bytes() + stamp).hexdigest()[:12]
     cache = Path(truth_dir) / f"{entry.name}-{key}.json"
     return world, cached_json(cache, lambda: truth_summary(world, entry))
@@ -157,7 +187,6 @@ def grade_world(
         "methods": {},
         "skipped": {},
     }
-    best = truth["value"]
     for method in methods:
         began = time.perf_counter()
         try:
@@ -167,11 +196,11 @@ def grade_world(
             row["skipped"][method] = str(exc)
             continue
         label = canonical(result.answer, entry.n_parallel)
-        value = truth["values"][label]
         row["methods"][method] = {
             "label": label,
-            "value": value,
-            "regret_pct": 100.0 * (value - best) / best,
+            "value": truth["values"][label],
+            "overloaded": label in truth["overloaded"],
+            "regret_pct": truth["regret_pct"][label],
             "in_ties": label in truth["ties"],
             "seconds": result.seconds,
             "wall_s": time.perf_counter() - began,
@@ -240,12 +269,12 @@ def run(
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else math.nan
+    return percentile(values, q)
 
 
 def world_columns(methods: Sequence[str]) -> list[str]:
     head = ["world", "np", "tags", "load", "arrivals", "truth best", "margin %", "margin se %"]
-    head += ["plain %", "always %", "ties"]
+    head += ["plain %", "always %", "ties", "overloaded"]
     for m in methods:
         head += [f"{m} answer", f"{m} in tie", f"{m} regret %", f"{m} cost s"]
     return head
@@ -260,7 +289,7 @@ def world_rows(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[l
         t = row["truth"]
         line: list[Any] = [row["name"], row["n_parallel"], _short(row["tags"]), row["load"]]
         line += [row["arrivals"], t["best"], t["margin_pct"], t["margin_se_pct"]]
-        line += [t["plain_pct"], t["always_pct"], t["ties"]]
+        line += [t["plain_pct"], t["always_pct"], t["ties"], t["overloaded"]]
         for m in methods:
             r = row["methods"].get(m)
             keys = ("label", "in_ties", "regret_pct", "seconds")
@@ -379,12 +408,13 @@ def world_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[
             if r is None:
                 line += f" | {'skip':>6} {'-':>7}"
                 continue
-            mark = "=" if r["in_ties"] else " "
+            mark = "=" if r["in_ties"] else "!" if r.get("overloaded") else " "
             line += f" | {r['label']:>5}{mark} {r['regret_pct']:>6.2f}%"
         lines.append(line)
     lines.append(
         "margin: the best over the runner-up +- its paired standard error; plain, always: how "
-        "far behind the best (%); '=' the answer is in the truth's tie"
+        "far behind the best (%; inf: overloaded where another policy keeps up); '=' the answer "
+        "is in the truth's tie, '!' it is overloaded (its backlog grows: regret inf)"
     )
     return lines
 

@@ -21,21 +21,32 @@ walk from outside the tie to it may take two moves and is no flap).
 Bench mode (--bench; the lead runs it, it needs the machine to itself): the bench spec profiled
 into a fresh database (or --db holding it), a patched drafting llama-server of the spec started
 with --props --metrics at the model's answer, the bench's open-loop load (Poisson arrivals at
-the rate the cost model says keeps half the slots generating, the spec's requests) for
---minutes, and `tuner watch --apply live --experiment` (the CLI, as a user runs it) beside it
-for the same time. Afterwards: that it switched (windows at a contender in the stored
-experiments), that the server's threshold is the env file's (given back, or moved by a verdict
-and applied) with no hold left behind, that every verdict line carries its bounds; the windows,
-the verdicts and the cost to users are recorded.
+two rates in turn, each for half of --minutes: those the cost model says keep --loads of the
+slots generating, a quarter and 60 % by default; the spec's requests), and `tuner watch --apply
+live --experiment` (the CLI, as a user runs it) beside it for the same time. Afterwards: that it
+switched (windows at a contender in the stored experiments), that the server's threshold is the
+env file's (given back, or moved by a verdict and applied) with no hold left behind, that every
+verdict line carries its bounds; the windows, the verdicts and the cost to users are recorded.
 
     .venv/bin/python benchmarks/watch_experiment.py [--worlds DIR] [--select a,b]
         [--traffic poisson,bursty] [--load 0.5] [--minutes 30] [--start offset|best]
     .venv/bin/python benchmarks/watch_experiment.py --bench --minutes 20 [--db URL]
+        [--loads 0.25,0.6]
+
+Twin mode with --openloop grades an open-loop set (--worlds profiles/twin/openloop2 for version
+2) with each world's own traffic (its rate, lengths and content classes) under Poisson and
+bursty arrivals (--traffic), --seeds seeds each, against that traffic's open-loop truth
+(thresholds only: plain is out of the experiment's reach): besides the share within 1 %, the
+coverage of "settled" (the settled answers within 1 % of the best threshold) and, where the
+start was 5 % or more behind at 0.1 requests/s or more, the share within 1 % at the end.
+A bench smoke run (a few minutes, under `flock /tmp/tuner-heavy.lock`):
+`--bench --minutes 3 --every 1`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import shutil
@@ -47,6 +58,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import common  # noqa: F401  (puts tests/ on sys.path: lab)
 from lab.experiment import (
@@ -123,27 +135,65 @@ def frozen_cases(args: argparse.Namespace) -> Iterator[Case]:
             yield Case(entry.name, kind, world, rate, seed, truth, served, OUTPUT_TOKENS)
 
 
+BURSTS = {"peak": 8.0, "busy_share": 0.2, "busy_gaps": 30.0}  # --openloop's bursty arrivals
+
+
+def variant(entry: Any, kind: str) -> Any:
+    """An open-loop world's entry with its traffic's arrivals made `kind`: poisson, or bursty
+    (a two-state MMPP, BURSTS: busy spells at 8 times the quiet rate, a fifth of the time, each
+    as long as 30 mean gaps); its rate, lengths and content classes its own."""
+    t = entry.traffic
+    if kind == "poisson":
+        traffic = dataclasses.replace(t, arrivals="poisson")
+    else:
+        busy_s = round(BURSTS["busy_gaps"] / t.rate, 1)
+        traffic = dataclasses.replace(
+            t, arrivals="mmpp", peak=BURSTS["peak"], busy_share=BURSTS["busy_share"], busy_s=busy_s
+        )
+    return dataclasses.replace(entry, traffic=traffic)
+
+
+def threshold_values(truth: dict[str, Any], n_parallel: int) -> dict[int, float]:
+    """Every threshold's figure to grade by (lower better; N = -np always draft): its mean time
+    per output token where it keeps up; infinite where the arrivals outrun it and another keeps
+    up; where every threshold is overloaded, 1000 / its throughput (the one that serves most
+    first): the best it can serve, plain out of its reach."""
+    labels = [k for k in truth["values"] if k.startswith("N=")]
+    over = set(truth["overloaded"])
+    all_over = all(k in over for k in labels)
+    out = {}
+    for label in labels:
+        n = int(label[2:]) or n_parallel
+        if all_over:
+            out[n] = 1000.0 / truth["tokens_per_second"][label]
+        else:
+            out[n] = math.inf if label in over else truth["values"][label]
+    return out
+
+
 def openloop_cases(args: argparse.Namespace) -> Iterator[Case]:
-    """The open-loop set's worlds, each under its own traffic (lab.openworlds: arrivals,
-    prompt and output lengths, content classes); the truth openloop_regret's, cached."""
+    """An open-loop set's worlds, each with its own traffic (lab.openworlds: rate, prompt and
+    output lengths, content classes) under each --traffic kind's arrivals and --seeds seeds; the
+    truth openloop_regret's (that traffic, cached), thresholds only: plain is out of reach."""
     from lab.openworlds import load_manifest as load_open_manifest
     from openloop_regret import world_truth
 
+    kinds = [t.strip() for t in args.traffic.split(",") if t.strip()]
     for entry in select(load_open_manifest(args.worlds), args.select):
-        world, truth = world_truth(str(args.worlds), entry, str(args.truth_dir))
-        thresholds = {
-            int(label[2:]) or world.n_parallel: value
-            for label, value in truth["values"].items()
-            if label.startswith("N=")
-        }
-        count = int(entry.rate * 60.0 * args.minutes * 1.5) + 100
-        workload = entry.traffic.workload(count, entry.observe_seed)
-        output = entry.traffic.output
-
-        served = partial(_served_workload, world, workload, entry.seed)
-        mean_output = output.median * math.exp(output.sigma**2 / 2)
-        kind = entry.traffic.arrivals
-        yield Case(entry.name, kind, world, entry.rate, entry.seed, thresholds, served, mean_output)
+        for kind in kinds:
+            mine = variant(entry, kind)
+            world, truth = world_truth(str(args.worlds), mine, str(args.truth_dir))
+            thresholds = threshold_values(truth, world.n_parallel)
+            output = mine.traffic.output
+            mean_output = output.median * math.exp(output.sigma**2 / 2)
+            for k in range(args.seeds):
+                count = int(mine.rate * 60.0 * args.minutes * 1.5) + 100
+                workload = mine.traffic.workload(count, mine.observe_seed + k)
+                seed = mine.seed + k
+                served = partial(_served_workload, world, workload, seed)
+                yield Case(
+                    entry.name, kind, world, mine.rate, seed, thresholds, served, mean_output
+                )
 
 
 def graded(case: Case, args: argparse.Namespace, db: str) -> list:
@@ -205,6 +255,8 @@ def graded(case: Case, args: argparse.Namespace, db: str) -> list:
         result.changes,
         len(near) > 1,
         start in near,
+        100 * (truth[start] / truth[best] - 1.0),
+        case.seed,
     ]
     print(
         f"{case.name:<12} {case.kind:<8} rate {case.rate:6.3f}  best N={best:<2} start N={start:<2}"
@@ -239,11 +291,26 @@ def twin(args: argparse.Namespace) -> None:
     # outside it to the best may take two moves and is none)
     flaps = [r for r in ties if r[14] and r[12] > 1]
     share = len(within) / len(rows) if rows else 0.0
+    settled = [r for r in rows if r[6] == "settled"]
+    right = [r for r in settled if r[7] <= 100 * WITHIN + 1e-9]
+    behind = [r for r in rows if r[15] >= 5.0 and r[2] >= 0.1]
+    reached = [r for r in behind if r[7] <= 100 * WITHIN + 1e-9]
+    coverage = len(right) / len(settled) if settled else None
+    moved = len(reached) / len(behind) if behind else None
     print(
         f"\nwithin 1 % of the open-loop best: {len(within)} of {len(rows)} ({share:.0%}); "
         f"truth on a tie (another N within 1 %): {len(ties)}, of them started within it and N "
-        f"changed more than once (flaps): {len(flaps)}; {time.monotonic() - started:.0f} s"
+        f"changed more than once (flaps): {len(flaps)}; {time.monotonic() - started:.0f} s\n"
+        f"settled: {len(settled)} of {len(rows)}; coverage of settled (within 1 % of the best "
+        f"it can serve): {len(right)} of {len(settled)}"
+        + (f" ({coverage:.1%})" if coverage is not None else "")
+        + f"; started 5 % or more behind at 0.1 req/s or more: {len(behind)}, of them within "
+        f"1 % of the best at the end: {len(reached)}"
+        + (f" ({moved:.0%})" if moved is not None else "")
     )
+    for r in settled:
+        if r not in right:
+            print(f"  settled but {r[7]:.1f} % behind: {r[0]} {r[1]} seed {r[16]} N={r[5]}")
     by_kind = {}
     for kind in kinds:
         mine = [r for r in rows if r[1] == kind]
@@ -261,10 +328,15 @@ def twin(args: argparse.Namespace) -> None:
     summary = {
         "worlds x traffic": len(rows),
         "within 1 % of the open-loop best (share)": share,
+        "settled": len(settled),
+        "coverage of settled (share within 1 %)": coverage,
+        "started 5 % or more behind at 0.1 req/s or more": len(behind),
+        "of them within 1 % at the end (share)": moved,
         **{f"within 1 %, {k} (share)": v for k, v in by_kind.items()},
         "truth on a tie": len(ties),
         "flaps (on a tie, started within it, N changed more than once)": len(flaps),
-        "set": "openloop" if args.openloop else "frozen",
+        "set": args.worlds.name,
+        "seeds": args.seeds if args.openloop else 1,
         "skipped (no answer to start from)": ", ".join(skipped) or "none",
         "load (mean generating share under always draft)": None if args.openloop else args.load,
         "minutes of traffic at most": args.minutes,
@@ -273,7 +345,7 @@ def twin(args: argparse.Namespace) -> None:
     columns = [
         "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
         "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
-        "start in tie",
+        "start in tie", "start regret %", "seed",
     ]  # fmt: skip
     save_run(__file__, args, summary, [Table("per world and traffic", columns, rows)])
 
@@ -318,12 +390,19 @@ def bench(args: argparse.Namespace) -> None:
     spec = load_spec(spec_path, [], lambda: load_bench(Settings().bench_manifest_path).as_refs())
     length = float(spec.workload.max_tokens)
     tps = cm.policy_tps(cm.levels, answer.policy)
-    rate = queue.rate_for_mean_generating(tps, length, cm.n_parallel / 2)
+    loads = [float(x) for x in args.loads.split(",")]
+    rates = [queue.rate_for_mean_generating(tps, length, cm.n_parallel * x) for x in loads]
+    turn_s = 60.0 * args.minutes / len(rates)  # each rate in turn, an equal share of the run
     config = launch_config(spec, Policy.of_max_slots(answer.max_slots, spec.speculative.n_max))
     config.args += ["--props", "--metrics"]
     env_file = work / "server.env"
     env_file.write_text(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={answer.max_slots}\n")
-    print(f"standing N={answer.max_slots}; Poisson arrivals at {rate:.3f}/s", flush=True)
+    print(
+        f"standing N={answer.max_slots}; Poisson arrivals at "
+        + " then ".join(f"{r:.3f}/s" for r in rates)
+        + f", {turn_s:.0f} s each",
+        flush=True,
+    )
     stop = threading.Event()
     served: list = []
     with ManagedServer(config, work / "server.log", start_timeout_s=180) as server:
@@ -333,9 +412,11 @@ def bench(args: argparse.Namespace) -> None:
                 server.url,
                 Workload(prompt_tokens=spec.workload.prompt_tokens, max_tokens=int(length)),
             )
-            key = 0
+            key, began = 0, time.monotonic()
             while not stop.is_set():
-                offsets = poisson_offsets(rate, 300.0, seed=args.seed * 1000 + key)
+                turn = min(len(rates) - 1, int((time.monotonic() - began) / turn_s))
+                span = min(300.0, turn_s)
+                offsets = poisson_offsets(rates[turn], span, seed=args.seed * 1000 + key)
                 served.extend(generator.run_arrivals(offsets, round_key=key)[1])
                 key += 1
 
@@ -385,7 +466,7 @@ def bench(args: argparse.Namespace) -> None:
         "verdicts with bounds": bounded,
         "standing N": answer.max_slots,
         "answer N": env_n,
-        "rate /s": rate,
+        "rates /s": ", ".join(f"{r:.3f}" for r in rates),
         "minutes": args.minutes,
     }
     cost_rows = [
@@ -452,6 +533,9 @@ def main() -> None:
     parser.add_argument("--start", choices=("model", "offset", "best"), default="model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--seeds", type=int, default=1, help="--openloop: seeds a world and traffic (3 for the set)"
+    )
+    parser.add_argument(
         "--truth-s",
         type=float,
         default=3600.0,
@@ -477,6 +561,11 @@ def main() -> None:
         help="--bench: the profile spec of the server (profiles/twin/bench-twin.toml: a dry run)",
     )
     parser.add_argument("--model", default="smollm2-135m-f32", help="--bench: its model_name")
+    parser.add_argument(
+        "--loads",
+        default="0.25,0.6",
+        help="--bench: the Poisson rates in turn, as shares of the slots generating on average",
+    )
     parser.add_argument(
         "--every",
         type=float,

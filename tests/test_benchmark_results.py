@@ -34,6 +34,7 @@ SHARED = {"common", "record"}  # code the benchmarks share, not benchmarks
 EXEMPT = {
     "make_frozen_worlds": "writes the frozen twin worlds (inputs); it measures nothing",
     "make_openloop_worlds": "writes the open-loop twin worlds (inputs); it measures nothing",
+    "make_openloop2_worlds": "writes version 2 of the open-loop twin worlds (inputs)",
 }
 
 
@@ -513,6 +514,7 @@ def openloop_row(name: str, tags: list[str], regret: float) -> dict[str, Any]:
             "plain_pct": 4.0,
             "always_pct": 2.0,
             "ties": ["N=2"],
+            "overloaded": [],
             "resolution_pct": 0.3,
             "requests": 2400,
             "seconds": 30.0,
@@ -529,8 +531,14 @@ def test_openloop_regret_tables(tmp_path: Path) -> None:
         openloop_row("openloop-02", ["surface-gpu", "load-low"], 3.0),
     ]
     worlds = ol.world_rows(rows, ["closed", "open"])
-    assert worlds[1][2] == "gpu low" and worlds[1][11:15] == ["N=2", False, 3.0, 300.0]
-    assert worlds[1][15:] == [None] * 4  # open: skipped
+    assert worlds[1][2] == "gpu low" and worlds[1][12:16] == ["N=2", False, 3.0, 300.0]
+    assert worlds[1][16:] == [None] * 4  # open: skipped
+    # an answer the arrivals outrun where another policy keeps up: infinite regret, the
+    # largest in every percentile that reaches it
+    over = openloop_row("openloop-03", ["surface-cpu", "load-high"], math.inf)
+    over["truth"]["overloaded"] = ["N=2"]
+    summary = ol.summary_rows([*rows, over], ["closed"])[0]
+    assert summary[3] == 3.0 and summary[4] == math.inf and summary[5] == math.inf
     groups = ol.summary_rows(rows, ["closed", "open"])
     assert groups[0] == ["all", 2, "closed", 1.5, pytest.approx(2.85), 3.0, 1, 0, 300.0]
     names = ["all", "truth: drafting best", "load-low", "surface-apu", "surface-gpu"]

@@ -148,6 +148,39 @@ def test_the_manifest_says_how_the_set_was_made() -> None:
     assert render_set([])[MANIFEST].splitlines()[:5] == text.splitlines()[:5]
 
 
+# -- version 2 -------------------------------------------------------------------------------------
+
+OPENLOOP2 = REPO / "profiles" / "twin" / "openloop2"
+
+
+def test_version_2_is_what_its_generator_makes_and_follows_the_pinned_build(tmp_path: Path) -> None:
+    from lab import openworlds2
+
+    made = {p.name: p.read_text() for p in openworlds2.write_set(tmp_path)}
+    found = differences(made, OPENLOOP2)
+    assert not found, f"regenerate or revert (never adjust a world by hand): {found}"
+    entries = load_manifest(OPENLOOP2)
+    assert len(entries) == openworlds2.DRAWN + 3
+    kinds = Counter(e.drafter for e in entries)
+    assert set(kinds) == {"mtp", "draft-gpu", "draft-cpu", "ngram"} and min(kinds.values()) >= 5
+    for e in entries:
+        w = load_world(OPENLOOP2 / e.file)
+        # every drafter one the pinned build has, charging its own kind's terms alone
+        assert w.draft.kind == ("lazy" if e.drafter == "ngram" else "eager")
+        if w.draft.kind == "eager":
+            assert w.draft.catch_up_ms_per_token == 0.0
+            assert max(ms for _, ms in w.draft.reeval_ms) > 0
+        else:
+            assert w.prefill.draft_ms_per_token == 0.0 and w.acceptance.by_drafting is None
+        # the load is a share of the weakest compared policy's capacity (the generator's
+        # capacity, checked byte for byte above): plain, always draft and N=1
+        assert 0.1 <= e.traffic.load <= 0.9
+        assert {p.label for p in openworlds2.compared(w)} == {"plain", "N=0", "N=1"}
+    assert {e.n_parallel for e in entries if e.surface == "gpu"} == {16, 32}
+    issue = [e for e in entries if openworlds2.SPECIAL in e.tags]
+    assert len(issue) == 3 and all(e.drafter == "draft-cpu" for e in issue)
+
+
 # -- the harness on two tiny worlds ----------------------------------------------------------------
 
 

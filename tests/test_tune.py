@@ -245,6 +245,24 @@ def test_plain_and_contenders_that_could_cost_regret_are_measured_before_tie_que
     # tie budget was spent (well inside the whole budget), and is left open, named
     assert events.count("assess") > 4 and report.settled.status == settle.OPEN
     assert 300.0 <= report.seconds < 400.0, report.seconds
+    # the model's answer for traffic (an experiment on one drafting server cannot reach plain)
+    # shows beside its own the draft-at-all verdict plain measured side by side
+    from lab.method import HOST
+    from twinworlds import world
+
+    from tuner.decide import advice
+    from tuner.recommendation import ObjectiveKind
+    from tuner.storage.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'a' / 't.db'}")
+    rec = advice.recommend(
+        store, world("bench").model_name, HOST, objective=ObjectiveKind.TPOT, rate=0.3,
+        output_tokens=64, closed_loop=True,
+    )  # fmt: skip
+    store.dispose()
+    live = [r for r in rec.reasons if r.code is ReasonCode.PLAIN_LIVE]
+    assert len(live) == 1 and "tune --plain-url" in live[0].text
+    assert "measured side by side" in live[0].text
     # a tie budget of 0 names the tie question at once: no sweep after the two; a plain budget
     # of 0 leaves plain unmeasured, unresolved (the model's verdict stands)
     report, events = _ordered_tune(

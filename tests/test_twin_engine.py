@@ -343,6 +343,49 @@ def test_catch_up_is_paid_when_a_slot_drafts_again() -> None:
     assert resumed.cost == pytest.approx((base + 5 * 1.0) * 1e-3)
 
 
+def test_a_drafter_of_a_kind_charges_no_other_kinds_terms() -> None:
+    with pytest.raises(ConfigError, match="eager drafter"):
+        make_world(draft={"kind": "eager", "call_ms": [[1, 2.0]], "catch_up_ms_per_token": 1.0})
+    with pytest.raises(ConfigError, match="reeval_ms must be 0"):
+        make_world(draft={"kind": "lazy", "call_ms": [[1, 2.0]], "reeval_ms": [[1, 0.5]]})
+    with pytest.raises(ConfigError, match="draft_ms_per_token must be 0"):
+        make_world(draft={"kind": "lazy", "call_ms": [[1, 2.0]]}, prefill={"draft_ms_per_token": 1})
+
+
+def test_an_eager_drafter_pays_its_prompt_at_admission_every_step_and_nothing_on_resuming() -> None:
+    """draft-simple at llama.cpp 11434: the draft model processes every target batch (the
+    prompt's rows with the target's, each step's rows drafting or not), so a slot that drafts
+    again has nothing to catch up."""
+    world = make_world(
+        draft={"kind": "eager", "call_ms": [[1, 2.0]], "reeval_ms": [[1, 0.5], [64, 32.0]]},
+        prefill={"ms_per_token": 0.1, "draft_ms_per_token": 0.2},
+    )
+    engine = Engine(world, Policy.threshold(1), seed=0)
+    engine.submit(Request(prompt_tokens=11, max_tokens=300, seed=1))
+    engine.submit(Request(prompt_tokens=11, max_tokens=6, seed=2))
+    admitted = engine.step()  # both prompts in one batch: 22 rows, no decode rows
+    assert admitted is not None and admitted.prompt_rows == 22
+    assert admitted.cost == pytest.approx((10.0 + 22 * (0.1 + 0.2)) * 1e-3)
+    held = [engine.step() for _ in range(5)]  # two generate: no drafts, reeval of 2 rows
+    for step in held:
+        assert step is not None and step.drafts_started == 0
+        assert step.cost == pytest.approx((11.0 + 1.0) * 1e-3)  # rows_ms(2) + reeval_ms(2)
+    resumed = engine.step()  # alone again: it drafts 3, verifies 4 rows, nothing to catch up
+    assert resumed is not None and resumed.drafts_started == 1 and resumed.rows == 4
+    assert resumed.cost == pytest.approx((13.0 + 2.0 + 3 * 2.0) * 1e-3)
+
+
+def test_a_lazy_drafter_catches_its_prompt_up_at_the_first_draft_and_its_gap_on_resuming() -> None:
+    world = make_world(draft={"kind": "lazy", "call_ms": [[1, 2.0]], "catch_up_ms_per_token": 1.0})
+    engine = Engine(world, Policy.threshold(1), seed=0)
+    engine.submit(Request(prompt_tokens=8, max_tokens=300, seed=1))
+    admitted = engine.step()  # the prompt: the target alone pays
+    assert admitted is not None and admitted.cost == pytest.approx(10.0e-3)
+    first = engine.step()  # its first draft: the 8 prompt tokens caught up
+    assert first is not None and first.drafts_started == 1
+    assert first.cost == pytest.approx((13.0 + 3 * 2.0 + 8 * 1.0) * 1e-3)
+
+
 # -- the API around it --
 
 

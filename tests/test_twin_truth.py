@@ -4,14 +4,18 @@ error stated; the best N with its ties; a surface whose gain changes sign twice;
 
 from __future__ import annotations
 
+import math
 import statistics
+from pathlib import Path
 
 import pytest
+from lab.openworlds import load_manifest
 from twinworlds import BENCH_WORLD, zigzag_world
 
 from tuner.policy import Policy
 from tuner.twin import closed_level, load_world
-from tuner.twin.truth import closed_truth, open_loop_truth
+from tuner.twin.engine import Workload
+from tuner.twin.truth import closed_truth, open_loop_capacity, open_loop_truth, ranked
 
 
 def test_a_gain_can_change_sign_twice() -> None:
@@ -127,3 +131,41 @@ def test_open_loop_truth_pairs_every_n_on_the_same_arrivals() -> None:
     assert always.tpot_mean_ms == top.tpot_mean_ms  # the same server at -np 8
     # drafting while few generate beats plain on time per token at this light load
     assert figures[Policy.threshold(3, 6)].tpot_mean_ms < figures[Policy.plain()].tpot_mean_ms
+
+
+def test_an_overloaded_policy_ranks_behind_every_one_that_keeps_up() -> None:
+    """openloop-24 of the open-loop set: always draft decodes each token fastest but serves
+    fewer requests a second than arrive (the draft model's prompts on the CPU); its TPOT
+    would put it first, the truth puts it behind plain and every threshold, which keep up."""
+    folder = Path(__file__).resolve().parent.parent / "profiles" / "twin" / "openloop"
+    entry = next(e for e in load_manifest(folder) if e.name == "openloop-24")
+    world = load_world(folder / entry.file)
+    full = entry.truth_workload()
+    work = Workload(full.requests[:500], full.arrivals[:500])
+    always, plain, two = Policy.always(world.n_max), Policy.plain(), Policy.threshold(2)
+    figures = open_loop_truth(world, entry.rate, candidates=[always, plain, two], workload=work)
+    assert figures[always].overloaded and not figures[plain].overloaded
+    assert not figures[two].overloaded
+    assert figures[always].capacity_rps <= entry.rate < figures[plain].capacity_rps
+    order = [p for p, _ in ranked(figures)]
+    assert order[-1] == always
+    best = figures[order[0]]
+    assert figures[always].regret(best) == math.inf
+    assert figures[two].regret(best) >= 0.0
+    for f in figures.values():  # end to end: queueing, first token and generation
+        assert f.latency_mean_ms >= f.ttft_ms[0] * 0.5 and f.latency_p95_ms >= f.latency_mean_ms
+    # its backlog rises through the run; the others' do not
+    assert figures[always].backlog_rise > 10 * max(0.0, figures[plain].backlog_rise)
+
+
+def test_capacity_under_a_latency_limit_brackets_the_limit() -> None:
+    world = load_world(BENCH_WORLD)
+    work = Workload.poisson(0.1, 1200.0, 64, 32, seed=3)
+    plain = Policy.plain()
+    base = open_loop_truth(world, 0.1, candidates=[plain], workload=work)[plain]
+    limit = 2.0 * base.latency_p95_ms
+    factor = open_loop_capacity(world, work, plain, limit, steps=4)
+    assert factor > 1.0
+    at = Workload(work.requests, tuple(t / factor for t in work.arrivals))
+    met = open_loop_truth(world, 1.0, candidates=[plain], workload=at)[plain]
+    assert met.latency_p95_ms <= limit and not met.overloaded

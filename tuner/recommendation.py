@@ -32,6 +32,7 @@ class ReasonCode(StrEnum):
     PLAIN_AHEAD = "plain-ahead"  # plain shown ahead of the chosen N: drafting does not pay
     PLAIN_UNRESOLVED = "plain-unresolved"  # plain predicted ahead, not shown: draft at all?
     PLAIN_UNMEASURED = "plain-unmeasured"  # no plain server measured: only the threshold settled
+    PLAIN_LIVE = "plain-live"  # beside another answer: draft at all as tune --plain-url measured it
     DISTURBED = "disturbed"  # data measured while others competed for the machine or server
     SPEC_EVERYWHERE = "spec-everywhere"  # spec ahead at every level: N=0
     CROSSOVER = "crossover"  # spec up to N, plain above

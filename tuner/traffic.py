@@ -181,6 +181,9 @@ class TrafficProfile:
     # reading drafted (their drafting steps' mean, rounded): acceptance by drafting slots, what
     # tuner.model.collapse holds against the floor. Accepted tokens only (no positions).
     by_drafting: dict[int, AcceptanceCounts] = field(default_factory=dict)
+    # the threshold (--spec-draft-max-slots; 0: always draft) the server ran while observed,
+    # where known: the counts whose drafts the acceptance counters saw; None unknown or mixed
+    max_slots: int | None = None
 
     def add_drafting(self, slots: int, drafts: float, draft_tokens: float, accepted: float) -> None:
         """One reading's draft counters, attributed to `slots` drafting together."""
@@ -252,6 +255,7 @@ class TrafficProfile:
             self.readings + other.readings,
             self.deferred + other.deferred,
             _by_drafting_plus(self.by_drafting, other.by_drafting),
+            self.max_slots if self.max_slots == other.max_slots else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,6 +288,7 @@ class TrafficProfile:
             "readings": self.readings,
             "deferred": self.deferred,
             "by_drafting": {str(k): v.to_dict() for k, v in sorted(self.by_drafting.items())},
+            "max_slots": self.max_slots,
         }
 
     @classmethod
@@ -307,6 +312,7 @@ class TrafficProfile:
                 int(k): AcceptanceCounts.from_dict(v)
                 for k, v in (data.get("by_drafting") or {}).items()
             },
+            max_slots=None if data.get("max_slots") is None else int(data["max_slots"]),
         )
 
 

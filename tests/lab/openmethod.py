@@ -15,8 +15,10 @@ output length), never the world's design or the truth.
   streams, closed loop) and N = the last of those levels where always draft beat plain; plain
   where it beat plain at none. It ignores the traffic: what a user who ran one closed benchmark
   would set;
-- `open`: issue 45's open-loop method (`open_answer`): the closed method's profile and
-  observation, a live profile beside it where the traffic weighs (its arrival probes, the off
+- `open`: the open-loop method (`open_answer`): the closed method's profile and observation
+  (where that answer serves without the draft model, the traffic observed again on the
+  drafting server at the standing threshold: a plain server's counters show no acceptance), a
+  live profile beside it where the traffic weighs (its arrival probes, the off
   arm, a deep level for deep traffic), and `recommend --traffic NAME --objective tpot`
   answered in the open loop (tuner.decide.openadvice: every policy serving the observed
   traffic in a twin of the fit).
@@ -72,6 +74,7 @@ def observe(world: World, policy: Policy, workload: Workload, seed: int) -> Traf
     for request, at in zip(workload.requests, workload.arrivals, strict=True):
         engine.submit(request, at=at)
     profile = TrafficProfile(world.n_parallel, source=SOURCE_SLOTS)
+    profile.max_slots = policy.max_slots if policy.drafting else None
     last = 0.0
     reader = CounterReader(engine)
     while (step := engine.step()) is not None:
@@ -114,6 +117,7 @@ class OpenContext:
     seed: int
     folder: Path
     seconds: float  # simulated seconds the profile took
+    entry: Entry  # the traffic, for observing it again (never its design or truth)
     measured_s: float = 0.0  # simulated seconds the method measured besides: add to it
 
 
@@ -123,6 +127,12 @@ def open_answer(ctx: OpenContext) -> Policy:
     weighs, and a deep level where the traffic's context is far deeper than the profile's own:
     lab.method.traffic_depths), then `recommend --traffic NAME --objective tpot`, answered in
     the open loop (tuner.decide.openadvice); the profile's simulated seconds are counted."""
+    if answer_of(ctx.standing).is_plain:
+        # a server without its draft model shows no acceptance: the traffic is observed on the
+        # drafting server at the standing threshold, whose counters show what it accepts
+        seen = observe(ctx.world, ctx.standing.policy, ctx.entry.observed_workload(), ctx.seed)
+        store_traffic(ctx.store, ctx.world, seen, ctx.traffic)
+        ctx.observed = seen
     weights = {c: w for c, w in ctx.observed.weights(ctx.world.n_parallel).items() if w > 0}
     depths = traffic_depths(ctx.observed)
     # its own requests and noise (another seed): new draws, not the closed profile's again
@@ -190,7 +200,7 @@ def run_open_method(
             return OpenResult(method, answer_of(rec), seconds, details)
         ctx = OpenContext(
             world, store, world.model_name, HOST, TRAFFIC, seen, standing, entry.seed, folder,
-            seconds,
+            seconds, entry,
         )  # fmt: skip
         answer = OPEN_METHOD(ctx)
         return OpenResult(method, answer, seconds + ctx.measured_s, details)

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -226,20 +226,30 @@ class Traffic:
         )
 
 
-def capacity(world: World, traffic: Traffic, seed: int) -> float:
-    """Requests/s the better of plain and always draft serves with a backlog of the traffic's
-    requests (CAPACITY_BACKLOG a slot, all there at the start, noise off): the requests finished
-    by the time the backlog runs dry (the last -np still running) over that time."""
+def capacities(
+    world: World, traffic: Traffic, seed: int, candidates: Sequence[Policy]
+) -> dict[Policy, float]:
+    """Requests/s each policy serves with a backlog of the traffic's requests (CAPACITY_BACKLOG
+    a slot, all there at the start, noise off): the requests finished by the time the backlog
+    runs dry (the last -np still running) over that time."""
     count = CAPACITY_BACKLOG * world.n_parallel
     requests = traffic.requests(count, seed)
     work = Workload(tuple(requests), (0.0,) * count)
-    best = 0.0
-    for policy in (Policy.plain(), Policy.always()):
+    out: dict[Policy, float] = {}
+    for policy in candidates:
         result = simulate(world, policy, work, noise=False)
         ends = sorted(r.finished_at or 0.0 for r in result.requests)
         done = count - world.n_parallel
-        best = max(best, done / ends[done - 1])
-    return round(best, 6)
+        out[policy] = done / ends[done - 1]
+    return out
+
+
+def capacity(world: World, traffic: Traffic, seed: int) -> float:
+    """Requests/s the better of plain and always draft serves with a backlog of the traffic's
+    requests (`capacities`): what version 1 sets its loads against."""
+    return round(
+        max(capacities(world, traffic, seed, (Policy.plain(), Policy.always())).values()), 6
+    )
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -455,6 +465,7 @@ class Entry:
     prompts: str
     traffic: Traffic
     tags: tuple[str, ...]
+    drafter: str = ""  # version 2: the speculative type the world's drafter follows
 
     @property
     def rate(self) -> float:
@@ -493,14 +504,31 @@ def make_world(design: Design, seed: int = GENERATOR_SEED) -> tuple[World, Entry
     drafted = _draft(design, surface, draw)
     acceptance = _acceptance(design, surface, draw)
     name = f"openloop-{design.index:02d}"
+    description = (
+        f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
+        f"draft prompt cost {design.prefill}, acceptance by drafts {design.drafting}, "
+        f"content {design.content}, {design.prompts} prompts"
+    )
+    model_name = f"twin-openloop-{design.index:02d}-{design.surface}"
+    world = world_of(design, surface, drafted, acceptance, name, model_name, description)
+    prompt, output, classes, process = _traffic_shape(design, surface, draw)
+    return world, _entry(world, design, prompt, output, classes, process, name)
+
+
+def world_of(
+    design: Design,
+    surface: dict[str, Any],
+    drafted: dict[str, Any],
+    acceptance: dict[str, Any],
+    name: str,
+    model_name: str,
+    description: str,
+) -> World:
+    """A drawn world from its surface, drafter and acceptance."""
     data = {
         "name": name,
-        "model_name": f"twin-openloop-{design.index:02d}-{design.surface}",
-        "description": (
-            f"open-loop set v{GENERATOR_VERSION} world {design.index}: {design.surface} surface, "
-            f"draft prompt cost {design.prefill}, acceptance by drafts {design.drafting}, "
-            f"content {design.content}, {design.prompts} prompts"
-        ),
+        "model_name": model_name,
+        "description": description,
         "n_parallel": surface["n_parallel"],
         "n_max": surface["n_max"],
         "slot_context": surface["slot_context"],
@@ -514,9 +542,7 @@ def make_world(design: Design, seed: int = GENERATOR_SEED) -> tuple[World, Entry
         "depth": _depth(design, surface),
         "noise": {"preset": "quiet"},
     }
-    world = World.model_validate(data)
-    prompt, output, classes, process = _traffic_shape(design, surface, draw)
-    return world, _entry(world, design, prompt, output, classes, process, name)
+    return World.model_validate(data)
 
 
 def _entry(
@@ -528,12 +554,22 @@ def _entry(
     process: dict[str, float],
     name: str,
     extra_tags: Sequence[str] = (),
+    *,
+    seed_of: Callable[[str], int] | None = None,
+    capacity_of: Callable[[World, Traffic], float] | None = None,
+    drafter: str = "",
 ) -> Entry:
+    """A world's manifest entry: its traffic at the design's load of a capacity (capacity_of;
+    version 1's: the better of plain and always draft), its seeds (seed_of; version 1's)."""
+    seed_of = seed_of or _seed
     shape = Traffic(
         design.arrivals, load=design.load, capacity=1.0, prompt=prompt, output=output,
         classes=classes, **process,
     )  # fmt: skip
-    cap = capacity(world, shape, _seed(f"{world.model_name}:capacity"))
+    if capacity_of is None:
+        cap = capacity(world, shape, seed_of(f"{world.model_name}:capacity"))
+    else:
+        cap = capacity_of(world, shape)
     if design.arrivals == "mmpp":
         process = process | {"busy_s": _r(process["busy_s"] / (design.load * cap), 1)}
     traffic = Traffic(
@@ -544,10 +580,10 @@ def _entry(
         name=name,
         file=f"{name}.toml",
         model_name=world.model_name,
-        seed=_seed(f"{name}:method"),
-        truth_seed=_seed(f"{name}:truth"),
+        seed=seed_of(f"{name}:method"),
+        truth_seed=seed_of(f"{name}:truth"),
         truth_requests=TRUTH_REQUESTS,
-        observe_seed=_seed(f"{name}:observe"),
+        observe_seed=seed_of(f"{name}:observe"),
         observe_requests=OBSERVED_REQUESTS,
         n_parallel=world.n_parallel,
         n_max=world.n_max,
@@ -559,6 +595,7 @@ def _entry(
         prompts=design.prompts,
         traffic=traffic,
         tags=_tags(design, traffic, extra_tags),
+        drafter=drafter,
     )
 
 
@@ -647,25 +684,34 @@ _HEADER = """\
 """
 
 
-def render_set(worlds: Sequence[tuple[World, Entry]], seed: int = GENERATOR_SEED) -> dict[str, str]:
-    """File name -> text of every world file and the manifest."""
+def render_set(
+    worlds: Sequence[tuple[World, Entry]],
+    seed: int = GENERATOR_SEED,
+    *,
+    version: int = GENERATOR_VERSION,
+    header: str = _HEADER,
+    generator: str = "tests/lab/openworlds.py",
+    special: str = "issue-45",
+) -> dict[str, str]:
+    """File name -> text of every world file and the manifest (of version 1 by default; a later
+    version gives its own header and generator)."""
     files: dict[str, str] = {}
     for world, entry in worlds:
         t = entry.traffic
         head = (
-            f"# Open-loop twin world {world.name} (tests/lab/openworlds.py v{GENERATOR_VERSION}; "
+            f"# Open-loop twin world {world.name} ({generator} v{version}; "
             f"see {MANIFEST}). Do not edit:\n# the set is regenerated byte for byte. Traffic: "
             f"{t.arrivals} arrivals at {100 * t.load:.0f} % of capacity ({t.rate:.4g} "
             f"requests/s), tags {', '.join(entry.tags)}.\n\n"
         )
         files[entry.file] = head + world_to_toml(world)
-    drawn = sum("issue-45" not in e.tags for _, e in worlds)
-    header = _HEADER.format(version=GENERATOR_VERSION, seed=seed, count=len(worlds), drawn=drawn)
-    lines = manifest_head(header, "tests/lab/openworlds.py", GENERATOR_VERSION, seed, len(worlds))
+    drawn = sum(special not in e.tags for _, e in worlds)
+    said = header.format(version=version, seed=seed, count=len(worlds), drawn=drawn)
+    lines = manifest_head(said, generator, version, seed, len(worlds))
     for _, entry in worlds:
         lines += ["", "[[world]]"]
         for key, value in entry.__dict__.items():
-            if key != "traffic":
+            if key != "traffic" and not (key == "drafter" and not value):
                 lines.append(f"{key} = {toml_value(value)}")
         traffic = entry.traffic.as_dict()
         for table in ("arrivals", "prompt", "output", "classes"):

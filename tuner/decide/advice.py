@@ -89,13 +89,24 @@ def recommend(
             return newest
     basis = _answered_by(store, stored, where, model, host, host_explicit, seed, traffic)
     if not plain_question or traffic is not None:
-        asked = (model, host, objective, host_explicit, traffic, *lengths, slo_tpot_ms, seed)
-        question = OpenQuestion(*asked, replicates or REPLICATES)
+        question = OpenQuestion(
+            model=model,
+            host=host,
+            objective=objective,
+            host_explicit=host_explicit,
+            traffic=traffic,
+            rate=rate,
+            output_tokens=output_tokens,
+            prompt_tokens=prompt_tokens,
+            slo_tpot_ms=slo_tpot_ms,
+            seed=seed,
+            replicates=replicates or REPLICATES,
+        )
         blocked = _open_blocked(where.derived, tune_n_max, min_single_stream, closed_loop)
         answering = dataclasses.replace(stored, model=basis.cm)
         answered = _open_loop(store, answering, question, blocked, basis.levels, basis.reasons)
         if isinstance(answered, Recommendation):
-            return answered
+            return _with_plain_live(store, answered, model, host)
         basis.reasons.append(answered)
     weights, goal, said_how = _weighted_goal(
         store, model, basis.cm, stored.weights, traffic, objective, slo_tpot_ms, rate, output_tokens
@@ -106,12 +117,38 @@ def recommend(
     rec, details = _studied(
         store, model, stored, basis, goal, options, tune_n_max, min_single_stream, seed
     )
+    rec = _with_plain_live(store, rec, model, host)
     if where.interpolated:
         rec.made_now = True
         rec.origin = recommendations.origin(store, rec.fit_id, model)
         return rec
     recommendations.save(store, rec, details)
     return rec
+
+
+def _with_plain_live(
+    store: Store, rec: Recommendation, model: str, host: str | None
+) -> Recommendation:
+    """A model's answer with, beside its own verdict on whether to draft at all, the one `tune
+    --plain-url` measured side by side on the servers (where one was stored): what no
+    experiment on one drafting server can measure."""
+    if rec.source == "live":
+        return rec
+    live = recommendations.newest_plain_live(store, model, host)
+    said = next((r for r in live.reasons if SIDE_BY_SIDE in r.text), None) if live else None
+    if live is None or said is None:
+        return rec
+    rec.reasons.append(
+        Reason(
+            ReasonCode.PLAIN_LIVE,
+            f"whether to draft at all, as `tune --plain-url` measured it side by side (stored "
+            f"answer #{live.id}, N={live.max_slots}): {said.text}",
+        )
+    )
+    return rec
+
+
+SIDE_BY_SIDE = "measured side by side"  # what tune.describe.plain_live_reason says
 
 
 @dataclass
@@ -464,10 +501,7 @@ def arrival_objective(
 ) -> Objective:
     """The tpot or capacity objective, its rate and output length from the options or the
     observed traffic; one clear error when something it needs is missing."""
-    if rate is not None and rate <= 0:
-        raise ConfigError(f"--rate {rate:g}: an arrival rate must be above 0")
-    if output_tokens is not None and output_tokens <= 0:
-        raise ConfigError(f"--output-tokens {output_tokens:g}: must be above 0")
+    # rate and lengths were checked when the question was made (OpenQuestion)
     if kind is ObjectiveKind.CAPACITY and (slo_tpot_ms is None or slo_tpot_ms <= 0):
         raise ConfigError(
             "--objective capacity needs --slo-tpot-ms X above 0: the p95 time per output "

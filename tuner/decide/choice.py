@@ -17,6 +17,7 @@ Pure: reads only the cost model and the study's evaluations (tuner.decide.search
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +193,38 @@ def _one_standard_error(
             )
             return N
     return pick
+
+
+def least_bad_within(
+    values: Mapping[Policy, float],
+    samples: Mapping[Policy, Sequence[float]],
+    ranked: Sequence[Policy],
+    order: Callable[[Policy], int],
+) -> tuple[Policy, list[Policy], dict[Policy, float]]:
+    """Among the policies whose shortfall from the best (`ranked[0]`, by the point estimate) is
+    within the spread of their paired difference over the replicates (the same spread rule 2
+    reads), the one whose worst case over the replicates and the point estimate is least bad:
+    its largest shortfall from the best of them in any one replicate, as a share; equal worst
+    cases go to the smaller `order`. Returns it, the policies within, and each one's worst
+    case. Higher values are better."""
+    best = ranked[0]
+    within = [best]
+    for p in ranked[1:]:
+        diff = np.asarray(samples[best]) - np.asarray(samples[p])
+        sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+        if values[best] - values[p] <= sd:
+            within.append(p)
+    draws = min((len(samples[p]) for p in within), default=0)
+    worlds = [dict(values)] + [{p: samples[p][r] for p in within} for r in range(draws)]
+    worst: dict[Policy, float] = {}
+    for p in within:
+        shortfalls = []
+        for w in worlds:
+            top = max(w[q] for q in within)
+            shortfalls.append((top - w[p]) / abs(top) if top else 0.0)
+        worst[p] = max(shortfalls)
+    chosen = min(within, key=lambda p: (worst[p], order(p)))
+    return chosen, within, worst
 
 
 def _level_reason(

@@ -44,6 +44,7 @@ is served when; a burst passes sooner).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -65,6 +66,12 @@ STOP_AFTER = 3  # windows in a row it could not use
 # that fills the server passes within a few windows, arrivals above its capacity do not
 OVERLOADED_AFTER = 6
 STOPPED = "stopped"
+WASHOUT_S = 2.0  # after each switch (see ExperimentOptions.washout_s)
+PLAIN_OUT_OF_REACH = (
+    "plain (the server without its draft model) is out of the experiment's reach on one "
+    "server: whether to draft at all rests on `tune --plain-url` (`tuner recommend` shows what "
+    "it measured beside its answer)"
+)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,10 @@ class ExperimentOptions:
     always: bool = True
     reach: int = 1  # neighbours: values this far from the tie set's and the answer
     max_moves: int = 4
+    # seconds after every switch served at the new N but counted in no window: a switch's
+    # transient (drafts in flight, a lazy drafter catching up) is not charged to the N
+    # switched to (benchmarks/washout.py measures it)
+    washout_s: float = WASHOUT_S
 
     def check(self) -> None:
         if not 0 < self.share <= 1 / 3:
@@ -99,6 +110,8 @@ class ExperimentOptions:
             raise ConfigError("experiment windows: 0 < min_window_s <= max_window_s")
         if not 0 < self.tolerance < 1:
             raise ConfigError(f"--tolerance {self.tolerance:g}: a share of the objective in (0, 1)")
+        if self.washout_s < 0:
+            raise ConfigError("experiment washout: 0 s or more")
 
     @property
     def cycle(self) -> int:
@@ -190,6 +203,10 @@ class ExperimentReport:
     moves: list[int] = field(default_factory=list)
     cost: Cost = field(default_factory=Cost)
     notes: list[str] = field(default_factory=list)
+    # contenders the traffic has not yet told apart from the answer: they differ from it only
+    # at counts the windows have not seen enough of (absence of data is no evidence)
+    untested: list[int] = field(default_factory=list)
+    washouts: int = 0  # switches followed by a washout counted in no window
 
     @property
     def changed(self) -> bool:
@@ -229,6 +246,8 @@ class ExperimentReport:
             "questions": [c.as_dict() for c in standing.questions] if standing else [],
             "cost": self.cost.as_dict(),
             "notes": self.notes,
+            "untested": self.untested,
+            "washouts": self.washouts,
             # a window it could not read is kept as what it was meant to be and why not,
             # none of its figures
             "windows": [
@@ -270,6 +289,16 @@ def _pooled_gain(cells: list[tuple[float, float, float, float]]) -> float:
     """Pooled on rate less pooled off rate over (on tokens, on s, off tokens, off s) cells."""
     on_t, on_s, off_t, off_s = (sum(cell[i] for cell in cells) for i in range(4))
     return on_t / on_s - off_t / off_s
+
+
+def _span(counts: list[int]) -> str:
+    """Counts as ranges: 3-5, 8."""
+    parts, start = [], counts[0]
+    for a, b in itertools.pairwise([*counts, None]):
+        if b is None or b != a + 1:
+            parts.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(parts)
 
 
 def drafts_at(n: int, c: int) -> bool:
@@ -339,13 +368,19 @@ class Experiment:
         return {c: 1.0 / self.n_parallel for c in range(1, self.n_parallel + 1)}
 
     def shares_weights(self) -> list[float]:
-        """w_c for c = 1..n_parallel: share of the busy time (the occupancy as seen, none below
-        min_share): the objective's weights where the arrivals are not known."""
+        """w_c for c = 1..n_parallel: share of the busy time (the occupancy as seen): the
+        objective's weights where the arrivals are not known. Counts below min_share each weigh
+        nothing where together they are below it too; a tail of many rare counts (a 32-slot
+        server spending 8 % of its time above 17, none of those counts 0.5 %) keeps its weight,
+        and a comparison resting on it waits for data there."""
         shares = self.time_shares()
         busy = sum(v for c, v in shares.items() if c > 0)
         n = self.n_parallel
         out = [shares.get(c, 0.0) / busy if busy > 0 else 0.0 for c in range(1, n + 1)]
-        return [w if w >= self.options.min_share else 0.0 for w in out]
+        least = self.options.min_share
+        if sum(w for w in out if w < least) >= least:
+            return out
+        return [w if w >= least else 0.0 for w in out]
 
     def level_rates(self) -> tuple[list[float | None], list[float | None]]:
         """tok/s at each count (index c, 0 unused), drafting (on) and not (off), pooled over
@@ -507,14 +542,16 @@ class Experiment:
 
     def assess(self) -> settle.Standing:
         weights, objective = self.weights()
-        # a contender that differs from the answer only where the traffic never goes is the
-        # same server for it: not worth a window, nor a move
-        allowed = {
-            m
-            for m in self.allowed()
-            if any(weights[c - 1] > 0 for c in settle.between(self.answer, m))
-        }
+        # a contender that differs from the answer only at counts the windows have not seen
+        # enough of is not yet tested: no window tells it apart (the traffic would have to
+        # reach those counts), and it is no evidence either way: the answer cannot be settled
+        # while one is left
         above = [v for v in self.visited if v > self.answer]
+        candidates = settle.contenders(self.answer, self.n_parallel, above, self.allowed())
+        tested = {
+            m for m in candidates if any(weights[c - 1] > 0 for c in settle.between(self.answer, m))
+        }
+        self.report.untested = [self._out(m) for m in candidates if m not in tested]
         standing = settle.assess(
             self.gains(),
             weights,
@@ -523,10 +560,42 @@ class Experiment:
             objective,
             self.options.tolerance,
             kept=above,
-            allowed=allowed,
+            allowed=tested,
         )
+        if standing.status == settle.SETTLED and self.report.untested:
+            standing = dataclasses.replace(standing, status=settle.OPEN)
         self.report.standing = standing
         return standing
+
+    def waiting_for(self) -> str:
+        """What an unresolved answer waits for: the counts its open and untested comparisons
+        rest on, the seconds the windows saw there, and how long the traffic takes to give
+        each comparison level_s x min_blocks seconds there at the share of the time it spent
+        there so far."""
+        standing = self.report.standing
+        counts = set()
+        for m in [*(self._eff(n) for n in self.report.untested)]:
+            counts |= set(settle.between(self.answer, m))
+        if standing is not None:
+            for c in standing.measuring:
+                counts |= set(c.levels)
+        if not counts:
+            return ""
+        shares = self.time_shares()
+        seen = {c: sum(f.at(c)[0] for f in self.usable()) for c in counts}
+        share = sum(shares.get(c, 0.0) for c in counts)
+        need = self.options.level_s * self.options.min_blocks * 2
+        span = _span(sorted(counts))
+        if share <= 0:
+            when = "the traffic has not reached them yet"
+        else:
+            minutes = max(0.0, need - sum(seen.values())) / share / 60.0
+            when = (
+                f"{100 * share:.2g} % of the time is spent there: about {minutes:.0f} more "
+                "minutes of this traffic"
+            )
+        got = sum(seen.values())
+        return f"waits for {need:.0f} s at {span} generating slots ({got:.0f} s seen; {when})"
 
     # --- the schedule ------------------------------------------------------------------------
 
@@ -538,6 +607,10 @@ class Experiment:
             wanted.add(c.contender)
             if c.against is not None and c.against != self.answer:
                 wanted.add(c.against)
+        if not wanted:
+            # only contenders not yet tested are left: their windows wait for the traffic to
+            # reach the counts they differ at
+            wanted = {self._eff(n) for n in self.report.untested}
         wanted.discard(self.answer)
         if not wanted:
             return None
@@ -561,8 +634,10 @@ class Experiment:
         last: flanked by the standing N), within the time left."""
         k = self.options.cycle
         place = self.rng.randint(1, k - 2)
-        # a window ends with the step that crosses its end: a second to spare for them
-        seconds = min(self.window_s(contender), max(left - 1.0, 0.0) / k)
+        # a window ends with the step that crosses its end: a second to spare for them; and
+        # the cycle switches twice, each followed by a washout
+        spare = 1.0 + 2 * self.options.washout_s
+        seconds = min(self.window_s(contender), max(left - spare, 0.0) / k)
         return [
             Planned(
                 contender if i == place else self.answer, i == place, seconds, index, self.answer
@@ -633,6 +708,7 @@ class Experiment:
         started = backend.elapsed
         backend.switch(self._out(self.answer))
         self.current = self.answer
+        self._note(PLAIN_OUT_OF_REACH)
         standing = self.assess()
         cycles = 0
         while True:
@@ -646,12 +722,20 @@ class Experiment:
                 break
             left = self.options.budget_s - (backend.elapsed - started)
             contender = self.next_contender(standing)
-            if contender is None or left < self.options.min_window_s * self.options.cycle:
+            cycle_s = self.options.min_window_s * self.options.cycle + 2 * self.options.washout_s
+            if contender is None or left < cycle_s:
                 report.status = settle.OPEN
+                untested = ", ".join(f"N={n}" for n in report.untested)
+                why = (
+                    f"the experiment's {self.options.budget_s:.0f} s are spent"
+                    if contender is not None
+                    else "no comparison the traffic can tell is open"
+                )
                 self._note(
-                    f"the experiment's {self.options.budget_s:.0f} s are spent: "
-                    f"N={self._out(self.answer)} stands, {len(standing.measuring)} "
-                    "comparison(s) unresolved"
+                    f"{why}: N={self._out(self.answer)} stands unresolved, "
+                    f"{len(standing.measuring)} comparison(s) open"
+                    + (f", {untested} not yet tested" if untested else "")
+                    + (f"; it {self.waiting_for()}" if self.waiting_for() else "")
                 )
                 break
             standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
@@ -679,6 +763,10 @@ class Experiment:
             if planned.n != self.current:
                 backend.switch(self._out(planned.n))
                 self.current = planned.n
+                if self.options.washout_s > 0:
+                    # served at the new N, counted in no window: the switch's transient
+                    self.report.cost.add(planned, backend.window(self.options.washout_s))
+                    self.report.washouts += 1
             figures = backend.window(planned.seconds)
             self.record(planned, figures)
             done.append((planned, figures))

@@ -69,14 +69,65 @@ def observed_in_place(
             None,
         )
     draws = observed.draws(len(cm.replicates), cm.n_max, seed)
+    factor, where = _to_reference(cm, profile)
+    rates = _scaled(rates, factor)
+    draws = [_scaled(d, factor) for d in draws]
     model = cm.with_acceptance(rates, draws, SOURCE)
     inferred = "" if observed.rates is not None else " (per-position rates inferred from the mean)"
     reason = _said(
         f"acceptance observed on traffic {name!r}, {seen}{inferred}, in place of the profile's "
-        f"{own.expected(own.n_max):.2f} at every level the model drafts; the replicates draw "
-        "it within its spread"
+        f"{own.expected(own.n_max):.2f} at every level the model drafts{where}; the replicates "
+        "draw it within its spread"
     )
     return model, reason, {"acceptance": [round(v, 6) for v in rates]}
+
+
+def drafting_mix(profile: TrafficProfile, n_parallel: int) -> dict[int, float] | None:
+    """The drafts behind the observed counters by the slots drafting together: a step with c
+    generating drafts c times where the threshold the server ran (profile.max_slots) lets it
+    (c <= N; every c at N = 0), the time at c standing for its steps; None where that threshold
+    is unknown or nothing was observed where it drafts."""
+    if profile.max_slots is None:
+        return None
+    top = n_parallel if profile.max_slots <= 0 else profile.max_slots
+    weights = {c: s * c for c, s in profile.seconds.items() if 1 <= c <= top and s > 0}
+    total = sum(weights.values())
+    return {c: w / total for c, w in sorted(weights.items())} if total > 0 else None
+
+
+def _to_reference(cm: CostModel, profile: TrafficProfile) -> tuple[float, str]:
+    """Where acceptance falls with the slots drafting together (the fit's trend), what the
+    counters saw is the traffic's acceptance at the drafting slots it was seen at, not at the
+    trend's reference: the factor that takes it there (the trend's value at its reference over
+    its drafts-weighted value over the observed mix), and what was done, in words. The trend
+    then moves it level by level as it moves the profile's."""
+    trend = cm.trend
+    if trend is None or not trend.moving:
+        return 1.0, ""
+    mix = drafting_mix(profile, cm.n_parallel)
+    if mix is None:
+        return 1.0, (
+            " (taken at the trend's reference: the threshold the traffic was served at, and so "
+            "the slots its drafts were made with, is unknown)"
+        )
+    seen_at = sum(share * float(trend.accepted_at(c)) for c, share in mix.items())
+    if seen_at <= 0:
+        return 1.0, ""
+    slots = sum(share * c for c, share in mix.items())
+    return trend.accepted / seen_at, (
+        f", moved from the {slots:.1f} slots drafting together it was seen at to the trend's "
+        f"reference {trend.reference:.1f} (x{trend.accepted / seen_at:.3f}), the trend moving it "
+        "by level from there"
+    )
+
+
+def _scaled(rates: tuple[float, ...] | list[float], factor: float) -> tuple[float, ...]:
+    """Per-position rates scaled by a factor, each within [0, 1] and not rising with position."""
+    out, top = [], 1.0
+    for r in rates:
+        top = min(top, max(0.0, min(1.0, r * factor)))
+        out.append(top)
+    return tuple(out)
 
 
 def _seen(observed: ObservedAcceptance) -> str:

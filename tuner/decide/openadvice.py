@@ -1,5 +1,5 @@
-"""`recommend`'s open-loop path: the offered traffic (a stored traffic profile replayed, or Poisson
-arrivals at --rate with the observed or the profile's lengths), the open-loop answer
+"""`recommend`'s open-loop path: the offered traffic (drawn from a stored traffic profile, or
+Poisson arrivals at --rate with the observed or the profile's lengths), the open-loop answer
 (tuner.decide.openanswer) and the recommendation made of it, with what came from where.
 
 It answers where the fit carries measured arrival costs (tuner.model.arrivals: prompt
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.decide.observed import observed_in_place
 from tuner.decide.openanswer import REPLICATES, OpenAnswer, open_answer
 from tuner.errors import ConfigError
 from tuner.model.costmodel import CostModel
@@ -28,7 +29,7 @@ from tuner.storage.probes import mean_output_tokens
 from tuner.storage.store import Store
 from tuner.traffic import Finished, TrafficProfile
 from tuner.twin.fitted import Levels
-from tuner.twin.serving import Offered, offered_poisson, offered_trace
+from tuner.twin.serving import Offered, offered_drawn, offered_poisson
 
 KINDS = (ObjectiveKind.TPOT, ObjectiveKind.TPS, ObjectiveKind.CAPACITY)  # the open loop's
 
@@ -48,6 +49,20 @@ class OpenQuestion:
     slo_tpot_ms: float | None = None
     seed: int = 0
     replicates: int = REPLICATES  # replicate worlds for the spread
+
+    def __post_init__(self) -> None:
+        """Checked when made: every figure given is one a server can have."""
+        for option, value in (
+            ("--rate", self.rate),
+            ("--output-tokens", self.output_tokens),
+            ("--prompt-tokens", self.prompt_tokens),
+            ("--slo-tpot-ms", self.slo_tpot_ms),
+        ):
+            if value is not None and not value > 0:
+                what = "an arrival rate must be above 0 requests/s" if option == "--rate" else ""
+                raise ConfigError(f"{option} {value:g}: {what or 'must be above 0'}")
+        if self.replicates < 0:
+            raise ConfigError(f"replicates {self.replicates}: 0 or more")
 
 
 def answers_open(model: CostModel, question: OpenQuestion) -> bool:
@@ -94,21 +109,27 @@ def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:
 def offered(
     store: Store, question: OpenQuestion, profile_lengths: tuple[int, int], base_rate: float
 ) -> Offered:
-    """The traffic the policies serve: the stored profile's trace (at --rate, Poisson with its
-    lengths), or Poisson at --rate with the profile's lengths; --prompt-tokens and
+    """The traffic the policies serve: drawn from the stored profile's distribution
+    (tuner.twin.serving.offered_drawn; at --rate, Poisson with its lengths), or Poisson at --rate
+    with the profile's lengths; --prompt-tokens and
     --output-tokens replace the lengths either way. Capacity without a rate starts from
     base_rate (its answer speeds the arrivals up or slows them down)."""
     seed = question.seed
     if question.traffic is not None:
         profile = traffic_store.load(store, question.traffic)
+        if len(profile.requests) < 2 and question.rate is None:
+            raise ConfigError(
+                f"traffic {question.traffic!r} saw {len(profile.requests)} request(s) finish: "
+                "too few to draw its arrivals from; observe it longer, or give --rate"
+            )
         if not profile.requests:
             raise ConfigError(
-                f"traffic {question.traffic!r} saw no request finish: nothing to replay"
+                f"traffic {question.traffic!r} saw no request finish: no lengths to draw from"
             )
         if question.prompt_tokens is not None or question.output_tokens is not None:
             profile = _with_lengths(profile, question)
         if question.rate is None:
-            return offered_trace(profile, question.traffic, seed)
+            return offered_drawn(profile, question.traffic, seed)
         pairs = [(r.prompt, r.output) for r in profile.requests]
         return offered_poisson(
             question.rate, pairs, f"as observed in traffic {question.traffic!r}", seed
@@ -209,6 +230,11 @@ def depth_levels(
     }
     nearest = sorted(depths, key=lambda d: abs(held(d) - context))
     chosen = nearest[0]
+    if question.traffic is not None:
+        # the acceptance seen on the traffic stands in for this depth's profile as for the fit's
+        profile = traffic_store.load(store, question.traffic)
+        model = observed_in_place(fits[chosen].model, profile, question.traffic, question.seed)[0]
+        fits[chosen] = dataclasses.replace(fits[chosen], model=model)
     # a deep level's outputs were shortened (equal time): its rounds' own length
     output = round(mean_output_tokens(store, fits[chosen].inputs.get("levels") or []) or output)
     lo, hi = sorted(nearest[:2])

@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tuner.decide.choice import least_bad_within
 from tuner.decide.search import preference
 from tuner.model.costmodel import CostModel
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode
 from tuner.twin.fitted import Levels, world_from_model
-from tuner.twin.serving import Offered, capacity, score_policies
+from tuner.twin.serving import Offered, Score, capacity, score_policies
 from tuner.twin.world import World
 
 REPLICATES = 6  # replicate worlds for the spread
@@ -62,11 +63,18 @@ class OpenAnswer:
     runs: int  # simulated runs
     reasons: list[Reason] = field(default_factory=list)
     slo_tpot_ms: float | None = None  # capacity's limit
+    overloaded: frozenset[Policy] = frozenset()  # the arrivals outrun them in the point world
 
     @property
     def plain_ahead(self) -> bool:
         """Plain shown ahead: its advantage's lower bound over the replicate worlds above 0
-        (the point world's alone where there are none)."""
+        (the point world's alone where there are none); or the chosen policy overloaded where
+        plain keeps up."""
+        plain = Policy.plain()
+        if self.policy in self.overloaded and plain not in self.overloaded:
+            return True
+        if plain in self.overloaded and self.policy not in self.overloaded:
+            return False
         return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
 
     @property
@@ -105,11 +113,18 @@ def _worlds(model: CostModel, replicates: int, seed: int, levels: Levels) -> lis
     return [world_from_model(reps[i], model.arrivals.draw(rng), levels) for i in picks]
 
 
-def _contenders(values: dict[Policy, float], best: Policy, npar: int, n_max: int) -> list[Policy]:
-    """Drafting policies within CONTENDER_SHARE of the best (the smallest N first), the best."""
+def _contenders(
+    values: dict[Policy, float],
+    best: Policy,
+    npar: int,
+    n_max: int,
+    eligible: list[Policy],
+) -> list[Policy]:
+    """Eligible drafting policies within CONTENDER_SHARE of the best (the smallest N first),
+    the best first."""
     near = [
         p
-        for p in values
+        for p in eligible
         if p.drafting and values[p] >= values[best] * (1.0 - CONTENDER_SHARE) and p != best
     ]
     near.sort(key=lambda p: preference(p, npar, n_max))
@@ -138,10 +153,13 @@ def open_answer(
         return _capacity_answer(model, point_world, offered, slo_tpot_ms)
     scores, runs = score_policies(point_world, offered.workload, candidates(model))
     values = {p: s.value(kind) for p, s in scores.items()}
+    overloaded = frozenset(p for p, s in scores.items() if s.overloaded)
     npar, n_max = model.n_parallel, model.n_max
     drafting = [p for p in values if p.drafting]
-    best = min(drafting, key=lambda p: (-values[p], preference(p, npar, n_max)))
-    contenders = _contenders(values, best, npar, n_max)
+    # a policy the arrivals outrun ranks behind every one that keeps up, whatever its speed
+    keeping = [p for p in drafting if p not in overloaded] or drafting
+    best = min(keeping, key=lambda p: (-values[p], preference(p, npar, n_max)))
+    contenders = _contenders(values, best, npar, n_max, keeping)
     samples: dict[Policy, list[float]] = {p: [] for p in [*contenders, Policy.plain()]}
     head = offered.head(REPLICATE_REQUESTS)
     worlds = _worlds(model, replicates, seed, levels)
@@ -155,10 +173,13 @@ def open_answer(
         runs += n
         for p, s in got.items():
             samples[p].append(values[p] + s.value(kind) - base[p].value(kind))
-    chosen, reasons = _smallest_within(values, samples, contenders, npar)
+    chosen, reasons = _least_bad(values, samples, contenders, npar)
     advantage = _plain_advantage(values, samples, chosen)
     answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
+    answer.overloaded = overloaded
     answer.reasons[:0] = [_plain_reason(answer)]
+    if overloaded:
+        answer.reasons.append(_overload_reason(answer, scores, offered.rate))
     return answer
 
 
@@ -189,28 +210,26 @@ def _capacity_answer(
     return answer
 
 
-def _smallest_within(
+def _least_bad(
     values: dict[Policy, float],
     samples: dict[Policy, list[float]],
     contenders: list[Policy],
     npar: int,
 ) -> tuple[Policy, list[Reason]]:
-    """The smallest contender whose shortfall from the best is within the replicates' spread of
-    the paired difference (the best where none is), and the reason where it moved."""
-    best = contenders[0]
-    for p in sorted(contenders[1:], key=lambda q: q.effective(npar)):
-        if p.effective(npar) >= best.effective(npar):
-            break
-        diff = np.asarray(samples[best]) - np.asarray(samples[p])
-        point = values[best] - values[p]
-        sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
-        if point <= sd:
-            text = (
-                f"{p.label} and {best.label} are within the spread of the replicate worlds "
-                f"(difference {point:.3g} ± {sd:.3g}): preferring the smaller N"
-            )
-            return p, [Reason(ReasonCode.WITHIN_UNCERTAINTY, text)]
-    return best, []
+    """Among the contenders within the replicates' spread of the best, the one whose worst case
+    over the replicate worlds is least bad (tuner.decide.choice.least_bad_within; equal ones:
+    the smaller N), and the reason where it is not the best."""
+    chosen, within, worst = least_bad_within(
+        values, samples, contenders, lambda p: p.effective(npar)
+    )
+    if len(within) < 2:
+        return chosen, []
+    tied = ", ".join(f"{p.label} (worst {100 * worst[p]:.2g} % short)" for p in within)
+    text = (
+        f"{tied} are within the spread of the replicate worlds: {chosen.label}, whose worst case "
+        "over them is least bad"
+    )
+    return chosen, [Reason(ReasonCode.WITHIN_UNCERTAINTY, text)]
 
 
 def _plain_advantage(
@@ -223,6 +242,19 @@ def _plain_advantage(
     if len(diff) == 0:
         return point, point, point
     return point, float(np.percentile(diff, 5)), float(np.percentile(diff, 95))
+
+
+def _overload_reason(answer: OpenAnswer, scores: dict[Policy, Score], rate: float) -> Reason:
+    """Which policies the offered arrivals outrun in the point world (their backlog would grow
+    without bound): ranked behind every policy that keeps up."""
+    over = sorted(answer.overloaded, key=lambda p: p.sort_key)
+    each = ", ".join(f"{p.label} ({scores[p].capacity_rps:.3g} req/s)" for p in over)
+    return Reason(
+        ReasonCode.OPEN_LOOP,
+        f"the offered {rate:.3g} req/s outrun {each} in the twin of this server (capacity with "
+        "every slot busy): their queues would grow without bound, so they rank behind every "
+        "policy that keeps up",
+    )
 
 
 def _plain_reason(answer: OpenAnswer) -> Reason:
@@ -239,10 +271,23 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
         f"plain {answer.describe(plain_value)} against {answer.policy.label}'s "
         f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; {spread})"
     )
-    if point > 0 and low > 0:
+    plain = Policy.plain()
+    if plain in answer.overloaded and answer.policy not in answer.overloaded:
+        return Reason(
+            ReasonCode.DRAFTING_PAYS,
+            f"drafting pays for this traffic: without the draft model the arrivals outrun the "
+            f"server; {figures}",
+        )
+    if answer.plain_ahead:
+        why = (
+            f"with it ({answer.policy.label}) the arrivals outrun the server; "
+            if answer.policy in answer.overloaded
+            else ""
+        )
         return Reason(
             ReasonCode.PLAIN_AHEAD,
-            f"drafting does not pay for this traffic: {figures}; serve without the draft model",
+            f"drafting does not pay for this traffic: {why}{figures}; serve without the draft "
+            "model",
         )
     if point > 0:
         return Reason(

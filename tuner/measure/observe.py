@@ -464,6 +464,14 @@ class Poller:
     def message(self, text: str) -> None:
         self.observer(ProgressEvent("message", text=text))
 
+    def threshold(self) -> int | None:
+        """The server's --spec-draft-max-slots now (GET /props); None where it has no such
+        field or does not answer: the counts its acceptance counters are read at."""
+        try:
+            return self.client.max_slots()
+        except ServerError:
+            return None
+
     def step(self, profile: TrafficProfile) -> bool:
         """One poll into profile; False while the server does not answer."""
         self.sleep(max(0.0, self.interval_s - (self.clock() - self.last)))
@@ -623,6 +631,7 @@ def observe(
     ) as poller:
         view = poller.view
         profile = TrafficProfile(view.n_slots, source=view.source)
+        profile.max_slots = poller.threshold()
         poller.message(
             f"observing {view.url} ({view.model}, {view.n_slots} slots) from /{view.source}, "
             f"every {interval_s * 1000:.0f} ms for {duration_s:.0f} s"

@@ -156,7 +156,7 @@ def estimate_acceptance(data: FitData, spec_levels: list[LevelObs]) -> Acceptanc
 
 MIN_DRAFTS = 500  # fewer drafts than this are not enough to stand in for the profile's
 MIN_READINGS = 10  # nor fewer readings (groups of whole requests) than this
-MAX_HALF_WIDTH = 0.05  # nor a 90 % interval of the mean accepted length wider than +-5 % of it
+MAX_HALF_WIDTH = 0.10  # nor a 90 % interval of the mean accepted length wider than +-10 % of it
 OBSERVED_INTERVAL = 0.90
 
 

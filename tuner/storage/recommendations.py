@@ -76,3 +76,22 @@ def newest_for_fit(store: Store, fit_id: int) -> Recommendation | None:
             .order_by(RecommendationRow.id.desc())
         ).first()
         return of_row(session, row) if row is not None else None
+
+
+def newest_plain_live(store: Store, model: str, host: str | None = None) -> Recommendation | None:
+    """The newest answer `tune` stored for the model (on the host, where given) with plain
+    measured side by side against it (`tune --plain-url`, `--plain-live`): whether to draft at
+    all as the server showed it, its reason first among the answer's."""
+    with store.session() as session:
+        rows = session.scalars(
+            select(RecommendationRow).order_by(RecommendationRow.id.desc()).limit(500)
+        ).all()
+        for row in rows:
+            details = row.details or {}
+            tune = details.get("tune") or {}
+            if details.get("model") != model or not tune.get("plain_live"):
+                continue
+            if host is not None and details.get("host") not in (None, host):
+                continue
+            return of_row(session, row)
+    return None

@@ -333,7 +333,7 @@ def calibrate_table(
             "n_max": doc.n_max,
             "acceptance": {"synth_len": length},
             "step": {"rows_ms": [[1, 1000.0 * first / plain[first]]]},
-            "draft": {"call_ms": [[1, 1.0]]},
+            "draft": {"kind": "eager", "call_ms": [[1, 1.0]]},
             "noise": {"preset": noise},
         }
     )

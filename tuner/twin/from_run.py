@@ -272,7 +272,7 @@ def calibrate_run(
             "n_max": data.n_max,
             "acceptance": acceptance,
             "step": {"rows_ms": [list(p) for p in _rows_template(data, plain)]},
-            "draft": {"call_ms": [[1, 1.0]]},
+            "draft": {"kind": "eager", "call_ms": [[1, 1.0]]},
             "prefill": prefill,
             "noise": {"preset": noise},
         }

@@ -22,11 +22,20 @@ N with the margin to the runner-up and the N within two standard errors of the b
 a tuner's choice inside that set is as good as the truth can tell.
 
 Open loop (`open_loop_truth`): per N, one long run (an hour of virtual time by default) of
-Poisson arrivals at a rate, the same arrivals and request seeds for every N: throughput, the mean
-time per output token over tokens (the tpot objective's E[c] / E[tps]), per-request TPOT and TTFT
-p50/p95/p99 as `summarize_open_loop` reports them, mean generating slots; standard errors by
-batch means over ten stretches of requests (they are mostly the arrivals' own variation, shared
-by every N: differences between N are far more precise than these errors).
+Poisson arrivals at a rate (or any workload), the same arrivals and request seeds for every N,
+scored by what users feel (tuner.twin.serving.score): the mean time per output token over tokens
+(the tpot objective's E[c] / E[tps]), end-to-end latency per request (queueing + time to first
+token + generation: mean and p95), per-request TPOT and TTFT p50/p95/p99 as
+`summarize_open_loop` reports them, throughput, mean generating slots, and whether the policy
+keeps up: a policy whose backlog of requests waiting for a slot grows through the run (the
+offered rate at or above what it serves with every slot busy on a backlog of the workload's own
+requests: tuner.twin.serving.backlog_capacity; the backlog's rise through the run is kept beside
+it) is overloaded, and ranks behind every policy that keeps up whatever its decode speed (`ranked`,
+`OpenLoopTruth.rank_key` and `regret`: infinite for an overloaded answer where another keeps
+up). Standard errors by batch means over ten stretches of requests (they are mostly the
+arrivals' own variation, shared by every N: differences between N are far more precise than
+these errors). `open_loop_capacity`: capacity under a latency limit, the most a workload's
+arrivals can be sped up with a policy keeping up and within the limit.
 
 Deterministic for a given world and arguments: every seed is fixed.
 """
@@ -41,6 +50,7 @@ from dataclasses import dataclass, field
 
 from tuner.policy import Policy
 from tuner.twin.engine import RequestResult, Workload, policies, simulate
+from tuner.twin.serving import Capacities, fastest, score
 from tuner.twin.world import World
 
 
@@ -297,6 +307,10 @@ def _rel_se(values: list[float]) -> float:
 
 # -- open loop --
 
+# What the open-loop truth ranks by (lower is better, ms): the mean time per output token over
+# tokens, the mean and the 95th percentile of end-to-end latency per request
+OPEN_OBJECTIVES = ("tpot", "latency", "latency_p95")
+
 
 @dataclass(frozen=True)
 class OpenLoopTruth:
@@ -317,15 +331,62 @@ class OpenLoopTruth:
     # requests under every policy of one call, so differences between policies pair up
     tpot_batches: tuple[float, ...] = field(default=(), repr=False)
     accept_len: float = math.nan  # tokens per verified draft, the target's own included
+    # end to end per request (queueing + time to first token + generation), ms
+    latency_mean_ms: float = math.nan
+    latency_p95_ms: float = math.nan
+    latency_batches: tuple[float, ...] = field(default=(), repr=False)
+    backlog_rise: float = 0.0  # requests waiting for a slot: their rise through the run
+    capacity_rps: float = math.inf  # requests/s it serves with a backlog of these requests
+    overloaded: bool = False  # the arrivals reach that capacity: its backlog grows unbounded
 
-    def difference_se(self, other: OpenLoopTruth) -> float:
-        """Standard error of tpot_mean_ms - other's from the paired stretches (the arrivals'
-        own variation, shared by both, cancels)."""
-        a, b = self.tpot_batches, other.tpot_batches
+    def value(self, objective: str = "tpot") -> float:
+        """The objective's figure, ms, lower is better (OPEN_OBJECTIVES)."""
+        if objective == "tpot":
+            return self.tpot_mean_ms
+        if objective == "latency":
+            return self.latency_mean_ms
+        if objective == "latency_p95":
+            return self.latency_p95_ms
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OPEN_OBJECTIVES)}")
+
+    def rank_key(self, objective: str = "tpot") -> tuple[int, float]:
+        """Sorts best first: every policy that keeps up before every overloaded one (whatever
+        its decode speed: its queue grows without bound), the former by the objective, the
+        latter by the throughput they manage."""
+        if self.overloaded:
+            return (1, -self.tokens_per_second)
+        return (0, self.value(objective))
+
+    def regret(self, best: OpenLoopTruth, objective: str = "tpot") -> float:
+        """How much this policy gives up against the best, as a share: in the objective where
+        it keeps up; infinite where it is overloaded and the best keeps up; in throughput where
+        both are overloaded."""
+        if self.overloaded and not best.overloaded:
+            return math.inf
+        if best.overloaded:
+            return best.tokens_per_second / self.tokens_per_second - 1.0
+        return self.value(objective) / best.value(objective) - 1.0
+
+    def difference_se(self, other: OpenLoopTruth, objective: str = "tpot") -> float:
+        """Standard error of value(objective) - other's from the paired stretches (the arrivals'
+        own variation, shared by both, cancels); mean figures only (tpot, latency)."""
+        if objective == "tpot":
+            a, b = self.tpot_batches, other.tpot_batches
+        elif objective == "latency":
+            a, b = self.latency_batches, other.latency_batches
+        else:
+            return math.nan
         if len(a) != len(b) or len(a) < 2:
             return math.nan
         diffs = [x - y for x, y in zip(a, b, strict=True)]
         return statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def ranked(
+    figures: Mapping[Policy, OpenLoopTruth], objective: str = "tpot"
+) -> list[tuple[Policy, OpenLoopTruth]]:
+    """The policies best first (OpenLoopTruth.rank_key; equal ones keep the order given)."""
+    return sorted(figures.items(), key=lambda kv: kv[1].rank_key(objective))
 
 
 def open_loop_truth(
@@ -344,8 +405,11 @@ def open_loop_truth(
     rate, or `workload` (any arrivals, lengths and acceptance classes; `rate` then only labels
     the figures). Common random numbers: every policy serves the same requests at the same
     times with the same request seeds. N = n_parallel is N = 0's server (never more than
-    n_parallel generate): run once. `batches`: stretches of requests for the standard errors."""
+    n_parallel generate): run once. `batches`: stretches of requests for the standard errors.
+    What users feel is scored once, in tuner.twin.serving.score: time per output token,
+    end-to-end latency, and whether the policy keeps up (its backlog does not grow)."""
     work = workload or Workload.poisson(rate, duration_s, output_tokens, prompt_tokens, seed=seed)
+    capacities = Capacities(world, work)
     out: dict[Policy, OpenLoopTruth] = {}
     ran: dict[Policy, OpenLoopTruth] = {}
     for policy in candidates or policies(world):
@@ -358,11 +422,8 @@ def open_loop_truth(
             continue
         result = simulate(world, policy, work, seed=seed, noise=False)
         figures = result.open_loop_figures(rate)
-        done = [r for r in result.requests if r.tokens >= 2]
-        gen = [r.generation_time or 0.0 for r in done]
-        steps = [r.tokens - 1 for r in done]
-        tpot = 1000.0 * sum(gen) / sum(steps) if steps else math.nan
-        tps_se, tpot_se, parts = _batch_means(result.requests, batches)
+        felt = capacities.against(policy, score(result))
+        tps_se, tpot_se, parts, latency_parts = _batch_means(result.requests, batches)
         drafts = sum(r.drafts for r in result.requests)
         accepted = sum(r.draft_accepted for r in result.requests)
         ran[same] = out[policy] = OpenLoopTruth(
@@ -372,15 +433,44 @@ def open_loop_truth(
             span_s=figures.span_s,
             tokens_per_second=figures.tokens_per_second,
             tokens_per_second_se=tps_se,
-            tpot_mean_ms=tpot,
+            tpot_mean_ms=felt.tpot_ms,
             tpot_mean_ms_se=tpot_se,
             tpot_ms=figures.tpot_ms,
             ttft_ms=figures.ttft_ms,
             mean_generating=figures.mean_generating,
             tpot_batches=parts,
             accept_len=1.0 + accepted / drafts if drafts else math.nan,
+            latency_mean_ms=felt.latency_ms,
+            latency_p95_ms=felt.p95_latency_ms,
+            latency_batches=latency_parts,
+            backlog_rise=felt.backlog_rise,
+            capacity_rps=felt.capacity_rps,
+            overloaded=felt.overloaded,
         )
     return out
+
+
+def open_loop_capacity(
+    world: World,
+    workload: Workload,
+    policy: Policy,
+    limit_ms: float,
+    *,
+    objective: str = "latency_p95",
+    steps: int = 6,
+) -> float:
+    """Capacity under a latency limit: the most the workload's arrivals can be sped up (a
+    factor of its rate) with the policy keeping up and its objective figure (OPEN_OBJECTIVES,
+    default the 95th percentile of end-to-end latency) within limit_ms; doubled or halved until
+    bracketed, then halved in between `steps` times; 0 where an eighth of the pace misses it."""
+
+    def meets(factor: float) -> bool:
+        fast = Workload(workload.requests, tuple(t / factor for t in workload.arrivals))
+        got = open_loop_truth(world, 1.0, candidates=[policy], workload=fast, batches=2)
+        figure = next(iter(got.values()))
+        return not figure.overloaded and figure.value(objective) <= limit_ms
+
+    return fastest(meets, steps)
 
 
 def _same_server(world: World, policy: Policy) -> Policy:
@@ -392,14 +482,15 @@ def _same_server(world: World, policy: Policy) -> Policy:
 
 def _batch_means(
     requests: Sequence[RequestResult], batches: int = 10
-) -> tuple[float, float, tuple[float, ...]]:
+) -> tuple[float, float, tuple[float, ...], tuple[float, ...]]:
     """Standard errors of throughput and token-weighted TPOT from stretches of requests (in
-    arrival order): the spread of stretch means over sqrt(stretches); and each stretch's TPOT."""
+    arrival order): the spread of stretch means over sqrt(stretches); and each stretch's TPOT
+    and mean end-to-end latency."""
     done = [r for r in requests if r.tokens >= 2]
     if len(done) < 2 * batches:
-        return math.nan, math.nan, ()
+        return math.nan, math.nan, (), ()
     size = len(requests) // batches
-    tps, tpot = [], []
+    tps, tpot, latency = [], [], []
     for b in range(batches):
         part = requests[b * size : (b + 1) * size]
         t0 = min(r.arrival for r in part)
@@ -408,8 +499,11 @@ def _batch_means(
         gen = sum(r.generation_time or 0.0 for r in part if r.tokens >= 2)
         steps = sum(r.tokens - 1 for r in part if r.tokens >= 2)
         tpot.append(1000.0 * gen / steps if steps else math.nan)
+        ends = [1000.0 * r.latency for r in part if r.latency is not None]
+        latency.append(statistics.fmean(ends) if ends else math.nan)
     return (
         statistics.stdev(tps) / math.sqrt(batches),
         statistics.stdev(tpot) / math.sqrt(batches),
         tuple(tpot),
+        tuple(latency),
     )

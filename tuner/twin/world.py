@@ -38,10 +38,16 @@ sign twice (a cheap stretch of rows_ms where verify batches land); values may fa
 rise. A table holding one point is a constant. A world without a [noise] table gets the "quiet"
 preset; the truth always runs noise-free.
 
-`catch_up_ms_per_token` defaults to 0: llama.cpp 11434's drafters keep the draft context in step
-by re-evaluating every target batch (the cost is reeval_ms, paid every step), so a slot that
-resumes drafting has nothing to catch up. A drafter that skipped that re-evaluation would set
-reeval_ms to [[1, 0]] and pay per caught-up token instead; the real figure is to be measured.
+`draft.kind` says which drafter the terms describe (DraftCost): "eager" (llama.cpp 11434's
+draft-simple and MTP process every target batch: tools/server/server-context.cpp calls
+`common_speculative_process(spec, batch.view)` right after the target's decode, and
+draft-simple's `process()` in common/speculative.cpp decodes every row of it on the draft
+context), so its prompt is paid at admission (draft_ms_per_token), every step pays reeval_ms
+whether the slot drafts or not, and a resumed slot has nothing to catch up; or "lazy" (the
+n-gram drafters, whose `process()` is a no-op: a slot's context is taken in when it drafts),
+paying catch_up_ms_per_token per token it had not seen, its prompt at its first draft. A world
+of either kind charges no other kind's terms; docs/twin.md names the source lines. Worlds
+without a kind charge the terms as written (the sets written before kinds).
 """
 
 from __future__ import annotations
@@ -294,9 +300,28 @@ class StepCost(_Strict):
         return _check_table(points)
 
 
-class DraftCost(_Strict):
-    """What a server started with a draft model pays (see the module docstring)."""
+DRAFTERS = ("eager", "lazy")
 
+
+class DraftCost(_Strict):
+    """What a server started with a draft model pays (see the module docstring), and how its
+    drafter keeps its context (`kind`):
+
+    - "eager": the drafter processes every batch the target decodes (llama.cpp 11434's
+      draft-simple and MTP: `common_speculative_process` after the target's decode): its prompt
+      at admission with the target's (prefill.draft_ms_per_token), every step's rows whether
+      it drafts or not (reeval_ms: the off arm's cost against plain), nothing to catch up when
+      a slot drafts again (catch_up_ms_per_token must be 0);
+    - "lazy": the drafter processes a slot's context only when the slot drafts (prefix reuse at
+      draft time; 11434's n-gram drafters update their tables that way): nothing per step
+      (reeval_ms 0) nor at admission (draft_ms_per_token 0); a slot's first draft catches up its
+      prompt, a resumed one the tokens it generated since it last drafted, at
+      catch_up_ms_per_token each;
+    - unset: the terms as written, each charged where the module docstring says (the worlds
+      written before drafters had kinds: the frozen set, the open-loop set's version 1 and
+      seed-flapping keep their accounting)."""
+
+    kind: Literal["eager", "lazy"] | None = None
     call_ms: Table = Field(description="one draft-model forward over d drafting slots")
     reeval_ms: Table = Field(
         default=[(1.0, 0.0)], description="draft model re-evaluating R decode rows, every step"
@@ -354,6 +379,7 @@ class World(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> World:
+        self._drafter_rule()
         acc = self.acceptance
         kinds = [("acceptance", acc.rates, acc.synth_len)] + [
             (f"acceptance class {c.name!r}", c.rates, c.synth_len) for c in acc.classes
@@ -369,6 +395,26 @@ class World(_Strict):
                     f"{where}: synth_len {synth_len:g} exceeds n_max + 1 = {self.n_max + 1}"
                 )
         return self
+
+    def _drafter_rule(self) -> None:
+        """A drafter of a kind charges that kind's terms and no other's (DraftCost)."""
+        draft = self.draft
+        if draft.kind == "eager" and draft.catch_up_ms_per_token > 0:
+            raise ValueError(
+                'draft: an eager drafter (kind = "eager") processes every batch and has '
+                "nothing to catch up: catch_up_ms_per_token must be 0"
+            )
+        if draft.kind == "lazy":
+            if any(ms > 0 for _, ms in draft.reeval_ms):
+                raise ValueError(
+                    'draft: a lazy drafter (kind = "lazy") processes nothing per step: '
+                    "reeval_ms must be 0"
+                )
+            if self.prefill.draft_ms_per_token > 0:
+                raise ValueError(
+                    'draft: a lazy drafter (kind = "lazy") catches its prompt up at its '
+                    "first draft: prefill.draft_ms_per_token must be 0"
+                )
 
     # -- what the engine reads --
 
