@@ -30,14 +30,18 @@ pytestmark = pytest.mark.bench
 
 LIGHT = [(1, 64), (2, 64)]
 HEAVY = [(6, 48), (8, 48)]
-# Three decisions in each phase: the light phase's first three, the heavy phase's last one.
-# (5 s intervals in 16 s phases left no decision in the heavy phase's second half: each decision
-# recommends in this process, and the heavy traffic slows that to seconds.)
+# Each decision recommends in this process, and the heavy traffic slows that to seconds (12 s a
+# decision on a slow CI machine): which phase a decision saw is read from when the traffic
+# changed, not from how many decisions came before it.
 INTERVAL_S = 6.0
 # Two intervals: what is stored at the end holds the last whole interval of heavy traffic, not
 # only the seconds since the last decision (a 2 s remnant saw no request finish on a slow CI).
 WINDOW_S = 2 * INTERVAL_S
 PHASE_S = 20.0
+# A decision saw the heavy traffic once three quarters of its window did; the watch runs two
+# intervals past the first such moment, room for one decision even at 12 s a decision.
+HEAVY_FROM_S = 0.75 * WINDOW_S
+WATCH_S = PHASE_S + HEAVY_FROM_S + 2 * INTERVAL_S + 3.0
 # The first interval must decide. Its traffic keeps the slots busy most of its 6 s, but not
 # surely 5 s (the service's default gate, a guard against idle spells): the test's gate is ten
 # times below what the traffic gives.
@@ -74,10 +78,14 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
         on_change=f"echo reload >> {reloads}",
         min_busy_s=MIN_BUSY_S,
     )
-    load_thread = threading.Thread(
-        target=lambda: (offer(server.url, LIGHT, PHASE_S), offer(server.url, HEAVY, PHASE_S)),
-        daemon=True,
-    )
+    switched: list[float] = []  # when the heavy traffic began (wall clock, as events are)
+
+    def traffic() -> None:
+        offer(server.url, LIGHT, PHASE_S)
+        switched.append(time.time())
+        offer(server.url, HEAVY, WATCH_S - PHASE_S + 2.0)  # past the watch's last window
+
+    load_thread = threading.Thread(target=traffic, daemon=True)
     load_thread.start()
     summary = watch(
         store,
@@ -87,14 +95,17 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
         env_path,
         options,
         name="bench-watch",
-        duration_s=2 * PHASE_S - 2.0,  # the last window holds heavy traffic
+        duration_s=WATCH_S,
     )
     load_thread.join(timeout=300)
 
     events = summary.events
-    answers = [(round(e.mean_generating, 2), e.max_slots, e.decision.why) for e in events]
-    light = [e for e in events if e.at - events[0].at < PHASE_S - INTERVAL_S]
-    heavy = [e for e in events if e.at - events[0].at > PHASE_S + INTERVAL_S]
+    answers = [
+        (round(e.at - events[0].at, 1), round(e.mean_generating, 2), e.max_slots, e.decision.why)
+        for e in events
+    ]
+    light = [e for e in events if e.at < switched[0]]
+    heavy = [e for e in events if e.at >= switched[0] + HEAVY_FROM_S]
     assert light and heavy, answers
     # the answer that stood (the profile's) was written at start; the first interval made one
     assert summary.writes >= 1 and EnvFile(env_path).current_max_slots() is not None
@@ -115,7 +126,7 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     # what it decided on is stored under its name: the heavy traffic of the last window
     stored = load(store, "bench-watch")
     assert stored.mean_generating() > 3.0 and stored.finished > 0
-    print("watch answers (mean generating, N, why):", *answers, sep="\n  ")
+    print("watch answers (seconds in, mean generating, N, why):", *answers, sep="\n  ")
     store.dispose()
 
 
