@@ -24,8 +24,8 @@ the script's own check, with the world's own terms printed beside.
     .venv/bin/python benchmarks/twin_pinned.py [--spec profiles/bench-smollm2-cpu.toml]
         [--db URL] [--seeds 3] [--stand-in WORLD]
 
-On the bench it needs the machine to itself: run it under `flock /tmp/tuner-heavy.lock`
-(the profile with its probes takes about 5 minutes on 2 cores).
+On the bench it needs the machine to itself, nothing else running (the profile with its
+probes takes about 5 minutes on 2 cores).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ bursty arrivals (--traffic), --seeds seeds each, against that traffic's open-loo
 (thresholds only: plain is out of the experiment's reach): besides the share within 1 %, the
 coverage of "settled" (the settled answers within 1 % of the best threshold) and, where the
 start was 5 % or more behind at 0.1 requests/s or more, the share within 1 % at the end.
-A bench smoke run (a few minutes, under `flock /tmp/tuner-heavy.lock`):
+A bench smoke run (a few minutes, the machine to itself):
 `--bench --minutes 3 --every 1`.
 """
 
