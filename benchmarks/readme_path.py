@@ -15,6 +15,7 @@ benchmarks/results/readme_path/<date>.json (--no-record: print only).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from common import tuner_env  # first: it puts tests/ on the path
-from readme import surfaces, walk
+from readme import Step, surfaces, walk
 from record import Table, record_arguments, save_run
 
 from tuner.bench import load_bench
@@ -39,6 +40,25 @@ def clone(into: Path) -> tuple[Path, float]:
     subprocess.run(["git", "clone", "-q", str(REPO), str(into)], check=True)
     subprocess.run([str(into / "scripts" / "setup-venv.sh")], check=True, cwd=into)
     return into / ".venv" / "bin" / "python", time.monotonic() - started
+
+
+def applied_at(steps: list[Step]) -> float:
+    """Seconds from the walk's start to watch's line setting N on the running server: the
+    watch step's start plus the span of its log's time stamps (whole seconds, UTC) from its first
+    line to that one; the watch's whole run where it never set N."""
+    watch = next(s for s in steps if s.line.startswith("tuner watch"))
+    assert watch.result is not None
+    stamps = []
+    for line in watch.result.stderr.splitlines():
+        stamp, _, text = line.partition(" ")
+        try:
+            at = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:
+            continue
+        stamps.append(at)
+        if "on the running server" in text:
+            return watch.started_s + (at - stamps[0]).total_seconds()
+    return watch.started_s + watch.seconds
 
 
 def main() -> None:
@@ -61,6 +81,7 @@ def main() -> None:
         steps = walk(bench, tmp, env, ports, name, {"watch": ["--duration", args.watch]})
         said = surfaces(steps, tmp)
     total = setup_s + sum(s.seconds for s in steps)
+    applied = setup_s + applied_at(steps)
     timeline = Table("timeline", ["from s", "seconds", "step"])
     if args.clone:
         timeline.rows.append([0.0, round(setup_s, 1), "git clone + scripts/setup-venv.sh"])
@@ -72,8 +93,12 @@ def main() -> None:
         print(f"\n{table.title}")
         for row in table.rows:
             print("  " + "  ".join(str(c) for c in row))
-    print(f"\nclone to an applied N: {total:.0f} s ({total / 60:.1f} min)")
+    print(
+        f"\nclone to N applied on the running server by watch: {applied:.0f} s "
+        f"({applied / 60:.1f} min); the whole path, watch's {args.watch} included: {total:.0f} s"
+    )
     summary = {
+        "applied_s": round(applied, 1),
         "total_s": round(total, 1),
         "setup_s": round(setup_s, 1),
         "clone": args.clone,
