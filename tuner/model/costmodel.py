@@ -305,8 +305,9 @@ class CostModel:
             float(rep.get("threshold_overhead", self.threshold_overhead)),
             self.threshold_rows,
             curves.get("off", self.off),
-            self.arrivals,
-            self.trend.with_slope(rep["trend_slope"])
+            plain_measured=self.plain_measured,
+            arrivals=self.arrivals,
+            trend=self.trend.with_slope(rep["trend_slope"])
             if self.trend is not None and "trend_slope" in rep
             else self.trend,
         )
