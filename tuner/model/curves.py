@@ -214,9 +214,7 @@ def gap(x: Any, support: Sequence[float]) -> np.ndarray:
     lx = np.log(x)
     distance = np.min(np.abs(lx[..., None] - logs), axis=-1)
     inside = (lx >= logs.min()) & (lx <= logs.max())
-    out: np.ndarray = np.where(
-        inside, np.minimum(1.0, distance / GAP_SCALE), distance / GAP_SCALE
-    )
+    out: np.ndarray = np.where(inside, np.minimum(1.0, distance / GAP_SCALE), distance / GAP_SCALE)
     return out
 
 
