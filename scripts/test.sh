@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command, in two tiers:
-#   scripts/test.sh         set up (virtualenv and bench, cached), lint, a throwaway PostgreSQL,
-#                           then the whole suite against the real bench; what CI runs (.ci/run)
-#   scripts/test.sh --fast  the virtualenv only, lint, then every test that needs neither the
-#                           bench nor PostgreSQL and is not marked `slow` (under a minute on 2 cores)
+#   scripts/test.sh         set up (virtualenv and bench, cached), lint, type check, a throwaway
+#                           PostgreSQL, then the whole suite against the real bench; what CI runs
+#                           (.ci/run)
+#   scripts/test.sh --fast  the virtualenv only, lint, type check, then every test that needs
+#                           neither the bench nor PostgreSQL and is not marked `slow` (under a
+#                           minute on 2 cores)
 # Tests that need no bench run in three processes on two cores (pytest-xdist, work stealing; a
 # costly module fixture has one test that reads it, or each process would make its own): much
 # of that tier waits rather than computes (subprocesses starting, twin servers in wall time,
@@ -27,6 +29,8 @@ else
 fi
 .venv/bin/ruff check tuner tests benchmarks db scripts
 .venv/bin/ruff format --check tuner tests benchmarks db scripts
+# mypy reads its configuration (what it checks, strictly) from pyproject.toml
+.venv/bin/mypy
 # docs/results.md is rendered from the benchmarks' results files: it must be current
 .venv/bin/python benchmarks/record.py render --check
 

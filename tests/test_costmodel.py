@@ -16,11 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tuner.model.acceptance import Acceptance, geometric_rates
+from tuner.model.arrivals import ArrivalCosts, Figure
 from tuner.model.costmodel import VERSION, CostModel
 from tuner.model.curves import FORMS, Curve, fit_curve, select_form
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.fitting import fit
 from tuner.model.quality import FitQuality
+from tuner.model.trend import AcceptanceTrend
 from tuner.policy import Policy
 
 LEVELS = [1, 2, 3, 4, 6, 8]
@@ -432,6 +434,29 @@ def test_crossover_of_known_curves() -> None:
     cross = model.crossover()
     assert cross.streams == pytest.approx(2.0, abs=0.01)
     assert cross.spec_wins_upto == 2  # equal at 2 counts as ahead
+
+
+def test_a_replicate_keeps_the_models_arrivals_plain_flag_and_its_own_trend_slope() -> None:
+    """Each replicate is the whole model with its own draws: the arrival costs and whether plain
+    was measured carried over, the acceptance trend at the replicate's drawn slope (so the
+    trend's uncertainty reaches the intervals)."""
+    trend = AcceptanceTrend({1: 2.0, 8: 1.0}, 4.0, 1.5, -0.1, -0.15, -0.05, 10, True, 3)
+    arrivals = ArrivalCosts(*(Figure.assumed("test", v) for v in (0.1, 0.05, 0.2, 1.0)))
+    model = replace(
+        _model(10.0, 2.0, 22.0, 7.0, [0.8, 0.6, 0.4]),
+        plain_measured=False,
+        arrivals=arrivals,
+        trend=trend,
+        replicates=[{"plain": [10.0, 2.0], "spec": [22.0, 7.0], "trend_slope": -0.14}],
+    )
+    (rep,) = model.replicate_models
+    drawn = trend.with_slope(-0.14)
+    assert rep.plain_measured is False
+    assert rep.arrivals == arrivals
+    assert rep.trend == drawn
+    c = np.arange(1.0, 9.0)
+    flat = replace(rep, trend=None)
+    np.testing.assert_allclose(rep.spec_tps(c), flat.spec_tps(c) * drawn.factor(c))
 
 
 # --- serialisation --------------------------------------------------------------------------

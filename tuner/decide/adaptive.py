@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tuner.decide.advice import model_study
 from tuner.decide.choice import Choice, choose
-from tuner.errors import TunerError
+from tuner.errors import NotFoundError, TunerError
 from tuner.measure.backend import LIVE, Backend
 from tuner.measure.plan import Observer, ProgressEvent, profile_policies, quiet
 from tuner.measure.probes import probe_arrivals
@@ -214,10 +214,13 @@ def probe(
     if not spec.probes.enabled:
         observer(ProgressEvent("message", text="arrival probes: off (probes.enabled = false)"))
         return
+    with store.session() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFoundError(f"run {run_id} does not exist; `tuner runs` lists them")
+        way = run.way
     profiler = Profiler(store, spec, log_dir, observer, switch=switch, backend=backend)
     assert profiler.backend is not None
-    with store.session() as session:
-        way = session.get(Run, run_id).way
     try:
         said = probe_arrivals(
             store,

@@ -18,20 +18,20 @@ import numpy as np
 
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
-from tuner.decide.objective import Objective, ObjectiveKind
+from tuner.decide.objective import Objective
 from tuner.decide.observed import observed_in_place
 from tuner.decide.openadvice import (
-    REPLICATES,
     OpenQuestion,
     answers_open,
     closed_loop_reason,
     open_recommendation,
 )
+from tuner.decide.openanswer import REPLICATES
 from tuner.errors import ConfigError
 from tuner.model import depth as depth_model
 from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
 from tuner.policy import Policy
-from tuner.recommendation import Reason, ReasonCode, Recommendation, TableRow
+from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import recommendations, validations
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage.fits import StoredFit, current_fit, select_data

@@ -79,6 +79,8 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
     """
     npar = model.n_parallel
     best = result.best
+    optimum = best.policy.max_slots
+    assert optimum is not None  # the study searches drafting policies only
     unit = result.objective.unit if result.objective else "tok/s"
     n = best.policy.n_max or model.n_max
     values: dict[int, Evaluation] = {N: e for N, e in result.row(n).items() if e.feasible}
@@ -89,11 +91,11 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
     pick = min(
         allowed, key=lambda N: (-values[N].value, preference(values[N].policy, npar, model.n_max))
     )
-    if best.policy.max_slots not in allowed:
+    if optimum not in allowed:
         reasons.append(
             Reason(
                 ReasonCode.MEASUREMENTS_OVERRULE,
-                f"the model's optimum N={best.policy.max_slots} contradicts the measurements "
+                f"the model's optimum N={optimum} contradicts the measurements "
                 f"(spec measured ahead up to {_streams(bracket[0]) if bracket else '?'}); "
                 f"keeping N={pick}, the best the measurements allow",
             )
@@ -129,7 +131,7 @@ def choose(model: CostModel, result: SearchResult, gains_measured: dict[int, flo
         values[chosen].policy,
         values[chosen].value,
         interval,
-        best.policy.max_slots,
+        optimum,
         reasons,
         measure_next,
         alternatives,
@@ -424,16 +426,15 @@ def plain_verdict(
     advantage: tuple[float, float, float] | None = None
     if isinstance(goal, Objective) or len(goal):
         try:
-            if isinstance(chosen, Policy):
-                chosen = evaluate(model, chosen, goal)
+            scored = evaluate(model, chosen, goal) if isinstance(chosen, Policy) else chosen
             plain = evaluate(model, Policy.plain(), goal)
         except (ValueError, ZeroDivisionError):
             plain = None  # an objective that cannot score a server without drafts
         if plain is not None:
             # both scored on the same replicates (the point estimate alone where none)
-            diff = np.asarray(plain.samples) - np.asarray(chosen.samples)
+            diff = np.asarray(plain.samples) - np.asarray(scored.samples)
             low, high = (float(np.ravel(b)[0]) for b in model.bounds(diff[:, None]))
-            advantage = (plain.value - chosen.value, low, high)
+            advantage = (plain.value - scored.value, low, high)
     drafts_at = range(1, policy.effective(model.n_parallel) + 1)
     gain = model.gain(policy.n_max, against="plain")
     per_level = [(c, *gain.at(c)[:3]) for c in drafts_at]

@@ -294,10 +294,11 @@ def _pooled_gain(cells: list[tuple[float, float, float, float]]) -> float:
 def _span(counts: list[int]) -> str:
     """Counts as ranges: 3-5, 8."""
     parts, start = [], counts[0]
-    for a, b in itertools.pairwise([*counts, None]):
+    for a, b in zip(counts, [*counts[1:], None], strict=True):
         if b is None or b != a + 1:
             parts.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
+            if b is not None:
+                start = b
     return ", ".join(parts)
 
 

@@ -45,7 +45,7 @@ TPE_TRIALS = 400
 
 
 def objective_weights(
-    n_parallel: int, weights: Mapping[int | str, float] | None = None
+    n_parallel: int, weights: Mapping[int, float] | Mapping[str, float] | None = None
 ) -> np.ndarray:
     """Weights w_c for c = 1..n_parallel, summing to 1 (uniform when none are given).
 
@@ -61,7 +61,8 @@ def objective_weights(
                 w[c - 1] = float(value)
         if w.sum() <= 0:
             raise ValueError(f"no workload weight falls on concurrency 1..{n_parallel}")
-    return w / w.sum()
+    normed: np.ndarray = w / w.sum()
+    return normed
 
 
 def policy_objective(model: CostModel, policy: Policy, weights: np.ndarray) -> float:
@@ -73,7 +74,7 @@ def space_size(n_parallel: int, n_values: list[int]) -> int:
     return (n_parallel + 1) * len(n_values)
 
 
-def preference(policy: Policy, n_parallel: int, profiled_n: int) -> tuple:
+def preference(policy: Policy, n_parallel: int, profiled_n: int) -> tuple[int, int, bool, int]:
     """Order among equal objectives: N = 0 (the server default) over its twin N = n_parallel,
     then smaller N; the profiled n_max (measured, not extrapolated) first, then larger n."""
     n_max = policy.n_max or profiled_n
@@ -158,7 +159,11 @@ class SearchResult:
 
     def row(self, n_max: int) -> dict[int, Evaluation]:
         """Every evaluated N at one draft length, by N."""
-        return {c.policy.max_slots: c for c in self.candidates if c.policy.n_max == n_max}
+        return {
+            c.policy.max_slots: c
+            for c in self.candidates
+            if c.policy.max_slots is not None and c.policy.n_max == n_max
+        }
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
@@ -235,14 +240,14 @@ def run_study(
     if not study.user_attrs:
         for key, value in {**(user_attrs or {}), "sampler": sampler_name, "seed": seed}.items():
             study.set_user_attr(key, value)
-    objective = _trial_objective(model, goal, floor, n_values, tune_n_max)
+    trial_objective = _trial_objective(model, goal, floor, n_values, tune_n_max)
 
     def complete() -> list[optuna.trial.FrozenTrial]:
         return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
 
     remaining = max(0, budget - len(complete()))
     if remaining:
-        study.optimize(objective, n_trials=remaining)
+        study.optimize(trial_objective, n_trials=remaining)
     candidates = _evaluations(complete(), n_values[0])
     best = best_candidate(candidates, model.n_parallel, model.n_max)
     # A sampled search may have skipped some N at the best n_max; the choice weighs the whole
@@ -251,10 +256,11 @@ def run_study(
     for N in missing:
         params = {MAX_SLOTS_PARAM: N}
         if tune_n_max:
+            assert best.policy.n_max is not None  # every trial names its n_max (_evaluations)
             params[N_MAX_PARAM] = best.policy.n_max
         study.enqueue_trial(params)
     if missing:
-        study.optimize(objective, n_trials=len(missing))
+        study.optimize(trial_objective, n_trials=len(missing))
         remaining += len(missing)
         candidates = _evaluations(complete(), n_values[0])
         best = best_candidate(candidates, model.n_parallel, model.n_max)
@@ -317,7 +323,7 @@ def _trial_objective(
     return objective
 
 
-def _row(candidates: list[Evaluation], best: Evaluation) -> set[int]:
+def _row(candidates: list[Evaluation], best: Evaluation) -> set[int | None]:
     return {c.policy.max_slots for c in candidates if c.policy.n_max == best.policy.n_max}
 
 
@@ -326,8 +332,9 @@ def _evaluations(trials: list[Any], default_n: int) -> list[Evaluation]:
     seen: dict[tuple[int, int], Evaluation] = {}
     for t in trials:
         n = int(t.params.get(N_MAX_PARAM, default_n))
-        policy = Policy.of_max_slots(int(t.params[MAX_SLOTS_PARAM]), n)
-        seen[(policy.max_slots, n)] = Evaluation(
+        max_slots = int(t.params[MAX_SLOTS_PARAM])
+        policy = Policy.of_max_slots(max_slots, n)
+        seen[(max_slots, n)] = Evaluation(
             policy,
             float(t.value),
             tuple(float(v) for v in t.user_attrs.get("objective_samples", [])),

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from tuner.decide import advice, search
 from tuner.decide.regret import ValidationReport, grade
 from tuner.errors import ConfigError, NothingToDoError, TunerError
+from tuner.inputs import validation_message
 from tuner.measure.backend import Backend
 from tuner.measure.fingerprint import probe_build, probe_host, probe_model
 from tuner.measure.plan import Observer, ProgressEvent, quiet
@@ -29,7 +30,6 @@ from tuner.measure.spec import (
     check_spec_files,
     prompt_file,
     set_dotted,
-    validation_message,
 )
 from tuner.policy import Policy
 from tuner.recommendation import Origin, Recommendation

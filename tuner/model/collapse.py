@@ -87,7 +87,8 @@ def _floor_values(model: CostModel, slots: np.ndarray, n: int | None) -> np.ndar
         return None
     ref = model.reference_tps(slots, "off")
     step = model.spec_step(slots, n)
-    return ref * step / (1000.0 * slots * rho) - 1.0
+    floor: np.ndarray = ref * step / (1000.0 * slots * rho) - 1.0
+    return floor
 
 
 def floors(model: CostModel, n: int | None = None) -> dict[int, Floor]:

@@ -195,25 +195,30 @@ class CostModel:
             raise ValueError("this fit has no acceptance data: only the profiled n_max is known")
         plain = self.plain(c)
         full = verify_extra(self.verify, c, self.n_max + 1)
+        step: np.ndarray
         if full is None:
-            return plain + (n / self.n_max) * (measured - plain)
+            step = plain + (n / self.n_max) * (measured - plain)
+            return step
         part = verify_extra(self.verify, c, n + 1)
         assert part is not None
         draft = np.maximum(measured - plain - full, 0.0)
-        return plain + part + (n / self.n_max) * draft
+        step = plain + part + (n / self.n_max) * draft
+        return step
 
     def plain_tps(self, c: Any) -> np.ndarray:
         c = np.asarray(c, dtype=float)
-        return 1000.0 * c / self.plain_step(c)
+        tps: np.ndarray = 1000.0 * c / self.plain_step(c)
+        return tps
 
     def spec_tps(self, c: Any, n: int | None = None) -> np.ndarray:
         """tok/s of c drafting streams: c tokens a step at the acceptance at c (the trend's,
         where acceptance moves with the drafting slots) over the step time."""
         c = np.asarray(c, dtype=float)
-        length = self.acceptance.length(n)
+        length: float | np.ndarray = self.acceptance.length(n)
         if self.trend is not None and self.trend.moving:
             length = length * self.trend.factor(c)
-        return 1000.0 * c * length / self.spec_step(c, n)
+        tps: np.ndarray = 1000.0 * c * length / self.spec_step(c, n)
+        return tps
 
     def policy_tps(self, c: Any, policy: Policy) -> np.ndarray:
         """tok/s under a policy: plain, always draft, or draft while c <= N (at its n_max, the
@@ -251,7 +256,8 @@ class CostModel:
         measured, else plain with the overhead (0 where nothing measured it)."""
         c = np.asarray(c, dtype=float)
         if self.off is not None:
-            return 1000.0 * c / self.off(c)
+            tps: np.ndarray = 1000.0 * c / self.off(c)
+            return tps
         return self.plain_tps(c) * (1.0 + self.threshold_overhead)
 
     def reference_tps(self, c: Any, against: Against = "plain") -> np.ndarray:
@@ -305,8 +311,9 @@ class CostModel:
             float(rep.get("threshold_overhead", self.threshold_overhead)),
             self.threshold_rows,
             curves.get("off", self.off),
-            self.arrivals,
-            self.trend.with_slope(rep["trend_slope"])
+            plain_measured=self.plain_measured,
+            arrivals=self.arrivals,
+            trend=self.trend.with_slope(rep["trend_slope"])
             if self.trend is not None and "trend_slope" in rep
             else self.trend,
         )
@@ -375,7 +382,8 @@ class CostModel:
         c = self.levels.astype(float)
 
         def rel(m: CostModel) -> np.ndarray:
-            return m.spec_tps(c, n) / m.reference_tps(c, against) - 1.0
+            share: np.ndarray = m.spec_tps(c, n) / m.reference_tps(c, against) - 1.0
+            return share
 
         point = rel(self)
         samples = self.samples(rel)

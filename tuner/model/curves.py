@@ -18,12 +18,16 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
+#: Points along one axis: a list of floats, or an array of them.
+Floats = Sequence[float] | np.ndarray
+
 #: A simpler form is kept when its leave-one-out error is within this factor of the best one.
 PARSIMONY = 1.05
 
 
 def _softplus(z: np.ndarray) -> np.ndarray:
-    return np.logaddexp(0.0, z)
+    out: np.ndarray = np.logaddexp(0.0, z)
+    return out
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,8 @@ class Form:
         x = np.asarray(x, dtype=float)
         linear = np.asarray(params[: self.n_linear], dtype=float)
         theta = float(params[self.n_linear]) if self.theta_range else 0.0
-        return self.basis(x, theta) @ linear
+        y: np.ndarray = self.basis(x, theta) @ linear
+        return y
 
     @property
     def n_linear(self) -> int:
@@ -121,7 +126,8 @@ class Curve:
         x = np.asarray(x, dtype=float)
         if self.form == "kernel":
             assert self.base is not None
-            return self.base(x) + self.params[0] + self.params[1] * x
+            y: np.ndarray = self.base(x) + self.params[0] + self.params[1] * x
+            return y
         return FORMS[self.form].evaluate(self.params, x)
 
     def __call__(self, x: Any) -> np.ndarray:
@@ -156,12 +162,12 @@ class Curve:
             gap_shift=float(gap_shift),
         )
 
-    def calibrated(self, knots: Sequence[float], corr: Sequence[float]) -> Curve:
+    def calibrated(self, knots: Floats, corr: Floats) -> Curve:
         return replace(
             self, knots=tuple(float(k) for k in knots), corr=tuple(float(v) for v in corr)
         )
 
-    def supported_on(self, levels: Sequence[float]) -> Curve:
+    def supported_on(self, levels: Floats) -> Curve:
         return replace(self, support=tuple(float(v) for v in levels))
 
     @property
@@ -208,7 +214,8 @@ def gap(x: Any, support: Sequence[float]) -> np.ndarray:
     lx = np.log(x)
     distance = np.min(np.abs(lx[..., None] - logs), axis=-1)
     inside = (lx >= logs.min()) & (lx <= logs.max())
-    return np.where(inside, np.minimum(1.0, distance / GAP_SCALE), distance / GAP_SCALE)
+    out: np.ndarray = np.where(inside, np.minimum(1.0, distance / GAP_SCALE), distance / GAP_SCALE)
+    return out
 
 
 def _solve_linear(design: np.ndarray, y: np.ndarray, nonneg_last: bool) -> tuple[np.ndarray, float]:
@@ -247,9 +254,7 @@ def _fit_generic(form: Form, x: np.ndarray, y: np.ndarray) -> tuple[tuple[float,
     return (*(float(v) for v in coef), best_theta), cost
 
 
-def fit_curve(
-    form: str, x: Sequence[float], y: Sequence[float], base: Curve | None = None
-) -> Curve:
+def fit_curve(form: str, x: Floats, y: Floats, base: Curve | None = None) -> Curve:
     """Fit one form to points (x, y) by least squares on relative residuals."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if form == "kernel":
@@ -282,8 +287,8 @@ class FormChoice:
 
 
 def select_form(
-    x: Sequence[float],
-    y: Sequence[float],
+    x: Floats,
+    y: Floats,
     x_max: float,
     forms: Iterable[str] = GENERIC_FORMS,
     base: Curve | None = None,
@@ -343,7 +348,8 @@ def verify_extra(verify: dict[int, Curve], c: Any, k: float) -> np.ndarray | Non
     j = int(np.clip(np.searchsorted(ks_arr, k) - 1, 0, len(ks) - 2))
     k0, k1 = ks_arr[j], ks_arr[j + 1]
     v0, v1 = verify[ks[j]](c), verify[ks[j + 1]](c)
-    return v0 + (v1 - v0) * (k - k0) / (k1 - k0) - verify[1](c)
+    extra: np.ndarray = v0 + (v1 - v0) * (k - k0) / (k1 - k0) - verify[1](c)
+    return extra
 
 
 def verify_curve(verify: dict[int, Curve], k: int, x_max: float) -> Curve | None:

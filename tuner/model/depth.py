@@ -86,7 +86,7 @@ class CombinedCostModel(CostModel):
         return self._combine([p.threshold_tps(c) for p in self.parts])
 
     @property
-    def replicate_models(self) -> list[CostModel]:  # type: ignore[override]
+    def replicate_models(self) -> list[CostModel]:
         reps = [p.replicate_models for p in self.parts]
         if not all(reps) or len({len(r) for r in reps}) != 1:
             return []

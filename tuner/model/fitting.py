@@ -444,7 +444,7 @@ def _threshold_overhead(data: FitData, f: _Curves) -> tuple[list[float], float, 
 def _bootstrap(
     data: FitData,
     f: _Curves,
-    acceptance: Acceptance | None,
+    acceptance: Acceptance,
     averaging: dict[str, dict[str, float]],
     overhead_obs: list[float],
     x_max: float,

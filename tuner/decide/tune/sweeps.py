@@ -18,10 +18,12 @@ from tuner.policy import Policy
 SWEEP_PAIRS = 1
 
 
-def sweep_arms(levels: Sequence[int], depth: int, n_max: int, live: bool) -> dict[Cell, list]:
+def sweep_arms(
+    levels: Sequence[int], depth: int, n_max: int, live: bool
+) -> dict[Cell, list[Policy]]:
     """The rounds of one sweep: at each level, always draft and a threshold that does not
     draft there (c-1 on a live launch; 1 when relaunching: one launch for every level)."""
-    arms: dict[Cell, list] = {}
+    arms: dict[Cell, list[Policy]] = {}
     for c in sorted(levels):
         off = off_arm(c) if live else Policy.threshold(1)
         assert off is not None
