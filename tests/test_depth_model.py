@@ -191,3 +191,19 @@ def test_recommend_answers_for_the_spec_depth_mix_by_default(tmp_path) -> None:
     shallow = recommend(store, "smollm2-bench", "bench-host", context=0)
     assert shallow.reasons[0].code is not ReasonCode.DERIVED_DEPTH
     store.dispose()
+
+
+def test_a_model_combined_in_depth_keeps_what_its_parts_measured() -> None:
+    """A depth between two fits is no more sure of plain than its parts: where a part's plain
+    was not measured (the off rows stood in), the combined model cannot say whether to draft
+    at all either; the arrival costs and the acceptance trend come along from the parts."""
+    from dataclasses import replace
+
+    from tuner.model.depth import model_at
+
+    models = {d: _model(0.004, d, off=1.05) for d in (0, 4096)}
+    assert model_at(models, 2048).plain_measured
+    models[4096] = replace(models[4096], plain_measured=False)
+    middle = model_at(models, 2048)
+    assert not middle.plain_measured
+    assert middle.arrivals is models[0].arrivals and middle.trend is models[0].trend

@@ -64,6 +64,11 @@ class CombinedCostModel(CostModel):
             first.threshold_overhead,
             first.threshold_rows,
             first.off,
+            # plain measured only where every part measured it; the arrival costs and the
+            # acceptance trend (which its parts' throughputs already apply) of the first part
+            plain_measured=all(p.plain_measured for p in parts),
+            arrivals=first.arrivals,
+            trend=first.trend,
         )
         self.parts, self.weights, self.harmonic = list(parts), list(weights), harmonic
 
