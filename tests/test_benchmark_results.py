@@ -574,14 +574,37 @@ def test_watch_soak_memory(tmp_path: Path) -> None:
 
 
 def test_the_readme_quotes_the_newest_run_of_each_benchmark_between_its_markers() -> None:
-    def run(date: str, over: int) -> dict[str, Any]:
-        summary = {"functions": 10, "over_limit": over, "longest": 90}
-        return {"benchmark": "function_lengths", "date": date, "summary": summary, "tables": []}
+    def run(date: str, agree: int) -> dict[str, Any]:
+        summary = {"runs": 10, "agree": agree, "restored": 10, "check_ok": 10}
+        return {"benchmark": "tune_url", "date": date, "summary": summary, "tables": []}
 
     block = record.readme_block([run("2026-01-01T00:00:00Z", 7), run("2026-02-01T00:00:00Z", 2)])
-    assert "| over_limit | 2 |" in block and "| over_limit | 7 |" not in block
+    assert "| agree | 2 |" in block and "| agree | 7 |" not in block
     assert "2026-02-01" in block and block.startswith(record.BEGIN)
     page = f"# title\n{record.BEGIN}\nold rows\n{record.END}\nafter\n"
     quoted = record.with_readme_block(page, block)
     assert quoted is not None and "old rows" not in quoted and quoted.endswith("\nafter\n")
     assert record.with_readme_block("# no markers\n", block) is None
+
+
+def test_the_readme_quotes_the_newest_graded_set_and_names_it_where_there_are_several() -> None:
+    """A benchmark graded on sets of worlds: its newest run on a set, named where runs on
+    several sets exist; a newer run on no set (a bench run) stays in docs/results.md only."""
+
+    def run(date: str, set_: str | None, settled: int) -> dict[str, Any]:
+        summary: dict[str, Any] = {"worlds x traffic": 4, "settled": settled}
+        if set_ is not None:
+            summary["set"] = set_
+        return {"benchmark": "watch_experiment", "date": date, "summary": summary, "tables": []}
+
+    one = record.readme_block([run("2026-01-01T00:00:00Z", "a", 1)])
+    assert "| settled | 1 |" in one and "set a" not in one
+    block = record.readme_block(
+        [
+            run("2026-01-01T00:00:00Z", "a", 1),
+            run("2026-02-01T00:00:00Z", "b", 2),
+            run("2026-03-01T00:00:00Z", None, 3),
+        ]
+    )
+    assert "| settled | 2 |" in block and "set b" in block
+    assert "| settled | 1 |" not in block and "| settled | 3 |" not in block
