@@ -114,7 +114,9 @@ def test_the_collapse_alarm_where_acceptance_cannot_pay(
         stop.set()
         time.sleep(1.0)  # the last round ends: check's live switch check runs on a quiet server
         checked = CliRunner().invoke(app, ["check", "--url", server.url])
-        stop = loaded(server.url, [(1, 48), (2, 48)])
+        # one stream at a time from here: every draft observe and watch read is at one drafting
+        # slot, so each window holds that count's drafts whatever the machine's pace
+        stop = loaded(server.url, [(1, 48)])
         observed = CliRunner().invoke(app, ["observe", "--url", server.url, "--duration", "8"])
         store = Store(fitted_bench_db)
         summary = watch(
@@ -137,9 +139,6 @@ def test_the_collapse_alarm_where_acceptance_cannot_pay(
     assert "protect the server with plain" in check_line
     assert "collapses at 1 drafting slot" in observe_line and build in observe_line, observed.stdout
     assert "protect the server with plain" in observe_line
-    # watch reads one window at a time: where its first held under the 30 drafts a count needs
-    # at one drafting slot, the collapse it names is at two, protected by N=1; N=1 stands
-    one = "collapses at 1 drafting slot" in watch_line and "plain" in watch_line
-    two = "collapses at 2 drafting slots" in watch_line and "with N=1 " in watch_line
-    assert (one or two) and build in watch_line, said
+    assert "collapses at 1 drafting slot" in watch_line and "plain" in watch_line, said
+    assert build in watch_line
     assert on_server == 1 and EnvFile(env).current_max_slots() == 1, said
