@@ -14,33 +14,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from outputcheck import suggestions
-from twinworlds import SEED_WORLD
+from test_tune_url import twin
 from typer.testing import CliRunner, Result
 
 from tuner.cli import app
-from tuner.twin.cmdline import launch_world, parse_args
-from tuner.twin.server import TwinServer
 
 ALIAS = "twin-Qwen3.8-Flash-Next"
 SHORT = ["--set", "workload.max_tokens=32", "--profile-budget", "0", "--budget", "5s"]
-
-
-@contextmanager
-def twin(*flags: str, parallel: int = 4) -> Iterator[TwinServer]:
-    argv = ["--model", str(SEED_WORLD), "--port", "0", "--parallel", str(parallel)]
-    argv += ["--noise", "off", "--speed", "50", "--seed", "1", *flags]
-    args = parse_args(argv, env={})
-    world, policy = launch_world(args)
-    server = TwinServer(args, world, policy, log=lambda _: None).start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop_thread()
 
 
 def tuner(*args: str) -> Result:
