@@ -17,7 +17,7 @@ from tuner.decide import advice
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.choice import least_bad_within
 from tuner.decide.observed import drafting_mix
-from tuner.decide.openanswer import open_answer
+from tuner.decide.openanswer import OpenAnswer, open_answer, weigh_plain
 from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, ReasonCode
@@ -201,6 +201,33 @@ def test_ties_go_to_the_least_bad_worst_case_not_simply_the_smallest() -> None:
     chosen, within, worst = least_bad_within(values, samples, order, lambda p: p.max_slots or 0)
     assert set(within) == {one, two, three}
     assert chosen == two and worst[one] > worst[two]
+
+
+def _plain_question(plain_samples: list[float]) -> OpenAnswer:
+    """An answer whose point world puts plain 5 % ahead of N=1 (objective 100), with the
+    replicates given."""
+    plain, one = Policy.plain(), Policy.threshold(1, 4)
+    values = {plain: 105.0, one: 100.0}
+    samples = {plain: plain_samples, one: [100.0, 100.0, 100.0, 100.0]}
+    diff = np.asarray(plain_samples) - 100.0
+    advantage = (5.0, float(np.percentile(diff, 5)), float(np.percentile(diff, 95)))
+    answer = OpenAnswer(ObjectiveKind.TPOT, values, samples, one, advantage, 0)
+    weigh_plain(answer)
+    return answer
+
+
+def test_plain_predicted_ahead_but_not_shown_is_answered_by_its_worst_case() -> None:
+    # one replicate puts plain 2 % behind N=1 (not shown ahead), the others 10-25 % ahead: N=1's
+    # worst case (20 % short) is far worse than plain's (2 %): serve without the draft model
+    answer = _plain_question([98.0, 110.0, 120.0, 125.0])
+    assert not answer.plain_shown and answer.plain_ahead
+    assert answer.plain_worst[Policy.plain()] == pytest.approx(0.02)
+    # a replicate that puts plain 30 % behind makes plain the worse bet: N=1 stands
+    answer = _plain_question([70.0, 106.0, 104.0, 107.0])
+    assert not answer.plain_shown and not answer.plain_ahead
+    # shown ahead: no weighing needed
+    answer = _plain_question([103.0, 106.0, 104.0, 107.0])
+    assert answer.plain_shown and answer.plain_ahead and not answer.plain_worst
 
 
 def test_observed_acceptance_is_moved_from_the_slots_it_was_seen_at() -> None:

@@ -19,8 +19,11 @@ drafts again after a stretch above the threshold. The fit carries those costs
    by the point world, then the smallest N whose shortfall is within the replicates' spread of
    the paired difference; plain against it: plain shown ahead (its advantage's one-sided 95 %
    lower bound over the replicate worlds above 0) answers "serve without the draft model";
-   plain predicted ahead but not shown leaves the drafting policy standing and says the
-   question is unresolved, as the closed-loop rule does.
+   plain predicted ahead but not shown is settled as a tie of N values is: plain where its
+   worst case over the replicate worlds is less bad than the drafting policy's (the minimax
+   rule of step 3), the question said to be unresolved either way. (Live, `tune --plain-url`
+   keeps drafting until plain is shown ahead: there the rounds, not a fit, decide, and more
+   rounds settle it.)
 
 Objectives, higher is better as tuner.decide.objective scores them: tpot, 1000 / the mean time
 per output token (ms); tps, tokens served per busy second; capacity, the highest arrival rate
@@ -64,9 +67,12 @@ class OpenAnswer:
     reasons: list[Reason] = field(default_factory=list)
     slo_tpot_ms: float | None = None  # capacity's limit
     overloaded: frozenset[Policy] = frozenset()  # the arrivals outrun them in the point world
+    # worst shortfall over the point and replicate worlds, plain and the chosen policy alone
+    # (empty where plain is not predicted ahead or there are no replicates)
+    plain_worst: dict[Policy, float] = field(default_factory=dict)
 
     @property
-    def plain_ahead(self) -> bool:
+    def plain_shown(self) -> bool:
         """Plain shown ahead: its advantage's lower bound over the replicate worlds above 0
         (the point world's alone where there are none); or the chosen policy overloaded where
         plain keeps up."""
@@ -76,6 +82,19 @@ class OpenAnswer:
         if plain in self.overloaded and self.policy not in self.overloaded:
             return False
         return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
+
+    @property
+    def plain_least_bad(self) -> bool:
+        """Plain predicted ahead, not shown, and its worst case over the replicate worlds less
+        bad than the chosen drafting policy's."""
+        worst = self.plain_worst
+        return bool(worst) and worst[Policy.plain()] < worst[self.policy]
+
+    @property
+    def plain_ahead(self) -> bool:
+        """The answer is to serve without the draft model: plain shown ahead, or predicted
+        ahead with the less bad worst case."""
+        return self.plain_shown or self.plain_least_bad
 
     @property
     def objective(self) -> float:
@@ -177,10 +196,22 @@ def open_answer(
     advantage = _plain_advantage(values, samples, chosen)
     answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
     answer.overloaded = overloaded
+    weigh_plain(answer)
     answer.reasons[:0] = [_plain_reason(answer)]
     if overloaded:
         answer.reasons.append(_overload_reason(answer, scores, offered.rate))
     return answer
+
+
+def weigh_plain(answer: OpenAnswer) -> None:
+    """Plain predicted ahead but not shown: each one's worst case over the point and replicate
+    worlds, the tie rule of the N values between the two (`plain_least_bad` reads them)."""
+    plain = Policy.plain()
+    if answer.plain_advantage[0] <= 0 or not answer.samples.get(plain) or answer.plain_shown:
+        return
+    _, _, answer.plain_worst = least_bad_within(
+        answer.values, answer.samples, [plain, answer.policy], lambda p: 0 if p == plain else 1
+    )
 
 
 def _capacity_answer(
@@ -260,16 +291,20 @@ def _overload_reason(answer: OpenAnswer, scores: dict[Policy, Score], rate: floa
 def _plain_reason(answer: OpenAnswer) -> Reason:
     """Draft at all, in the open loop: plain against the chosen policy."""
     point, low, high = answer.plain_advantage
-    share = point / answer.objective if answer.objective else 0.0
+    base = answer.objective
+
+    def pct(x: float) -> float:
+        return 100 * x / base if base else 0.0
+
     plain_value = answer.values[Policy.plain()]
     spread = (
-        f"one-sided 95 % bounds [{low:+.3g}, {high:+.3g}] over the replicate worlds"
+        f"one-sided 95 % bounds [{pct(low):+.1f}, {pct(high):+.1f}] % over the replicate worlds"
         if answer.samples
         else "the point world alone, no spread"
     )
     figures = (
         f"plain {answer.describe(plain_value)} against {answer.policy.label}'s "
-        f"{answer.describe(answer.objective)} ({100 * share:+.1f} % for plain; {spread})"
+        f"{answer.describe(answer.objective)} ({pct(point):+.1f} % for plain; {spread})"
     )
     plain = Policy.plain()
     if plain in answer.overloaded and answer.policy not in answer.overloaded:
@@ -277,6 +312,15 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
             ReasonCode.DRAFTING_PAYS,
             f"drafting pays for this traffic: without the draft model the arrivals outrun the "
             f"server; {figures}",
+        )
+    if answer.plain_least_bad:
+        worst = answer.plain_worst
+        return Reason(
+            ReasonCode.PLAIN_UNRESOLVED,
+            f"whether to draft at all is unresolved for this traffic: plain predicted ahead, "
+            f"not shown: {figures}; its worst case over the replicate worlds is "
+            f"{100 * worst[plain]:.2g} % short against {100 * worst[answer.policy]:.2g} % for "
+            f"{answer.policy.label}, so the least bad is to serve without the draft model",
         )
     if answer.plain_ahead:
         why = (
