@@ -9,8 +9,9 @@ moves N only where the paired figures show a contender ahead, by the rule `tune`
 Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / share) windows
 of one length, one of them a contender's, at a random place that is neither the first nor the
 last, so each contender window is flanked by the standing N and at most `share` of the time is
-away from it; the contenders take turns in a shuffled order, each turn among the comparisons
-still open. Contenders are the model's tie set, the neighbours of it and of the answer, and
+away from it; every other turn goes to the leader (the open comparison whose upper bound is
+highest, if it could still move N), the others to the contenders in a shuffled order, each turn
+among the comparisons still open. Contenders are the model's tie set, the neighbours of it and of the answer, and
 always draft (`allowed`), those the traffic can tell apart from the answer (it spends time at a
 count where one drafts and the other does not). A window lasts as long as it takes to spend
 about `level_s` seconds at the counts its comparison rests on (from the traffic's time shares so
@@ -334,6 +335,7 @@ class Experiment:
         self.rate, self.output_tokens = rate, output_tokens  # the traffic's, before any window
         self.rng = random.Random(f"experiment:{options.seed}")
         self.turns: list[int] = []
+        self.lead_turn = False  # every other turn goes to the leader (next_contender)
         # per count, one (on tokens, on seconds, off tokens, off seconds) a block
         self.cells: dict[int, list[tuple[float, float, float, float]]] = {}
         self.visited = {self.answer}
@@ -601,8 +603,14 @@ class Experiment:
     # --- the schedule ------------------------------------------------------------------------
 
     def next_contender(self, standing: settle.Standing) -> int | None:
-        """The next contender to serve: turns through the values the open comparisons need,
-        shuffled, none twice before each had a turn."""
+        """The next contender to serve: every other turn the leader (the open comparison with
+        the answer whose upper bound is highest, where it clears the tolerance: the one most
+        likely to move N, so its blocks come twice as often); the other turns go through the
+        values the open comparisons need, shuffled, none twice before each had a turn."""
+        self.lead_turn = not self.lead_turn
+        leader = self._leader(standing) if self.lead_turn else None
+        if leader is not None:
+            return leader
         wanted: set[int] = set()
         for c in standing.measuring:
             wanted.add(c.contender)
@@ -620,6 +628,20 @@ class Experiment:
             self.turns = sorted(wanted)
             self.rng.shuffle(self.turns)
         return self.turns.pop(0)
+
+    def _leader(self, standing: settle.Standing) -> int | None:
+        """The open comparison with the answer that could still move N (its upper bound above
+        the tolerance) and whose upper bound is highest; None where none has bounds yet."""
+        best: tuple[float, int] | None = None
+        for c in standing.measuring:
+            if c.against not in (None, self.answer) or c.contender == self.answer:
+                continue
+            if math.isnan(c.advantage.estimate) or math.isinf(c.advantage.se):
+                continue
+            high = c.advantage.bounds(settle.CONFIDENCE)[1]
+            if high > standing.tolerance and (best is None or high > best[0]):
+                best = (high, c.contender)
+        return best[1] if best is not None else None
 
     def window_s(self, contender: int) -> float:
         """Long enough to spend about level_s seconds at the counts the comparison rests on."""
