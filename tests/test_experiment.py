@@ -333,5 +333,20 @@ def test_absence_of_data_is_never_evidence() -> None:
     assert 0 in report.untested and 3 in report.untested  # always draft, N=3
     said = next(line for line in lines if "not yet tested" in line)
     assert "N=2 stands unresolved" in said and "at 3-4 generating slots" in said
-    assert "the traffic has not reached them yet" in said
+    assert "the traffic has not reached 3-4 yet" in said
     assert any("out of the experiment's reach" in line for line in lines)  # plain
+
+
+def test_the_wait_is_counted_in_the_blocks_each_rare_count_lacks() -> None:
+    """At a count the traffic spends 2 % of its time at, 20 tok/s there: a block needs a
+    contender window with 30 tokens there, 75 s of window; two blocks missing, contender
+    windows a quarter of the time: 150 s / 0.25 = 10 minutes (count 2, with one block of its
+    two and plenty of time, is not the one waited for)."""
+    exp = Experiment(1, 3, ExperimentOptions(seed=1), tie=[1, 3])
+    exp.cells = {2: [(30.0, 1.0, 30.0, 1.0)]}
+    exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.18, 3: 0.02}  # type: ignore[method-assign]
+    exp.level_rates = lambda: ([None, 40.0, 40.0, 20.0], [None, 50.0, 50.0, 25.0])  # type: ignore[method-assign]
+    exp.report.untested = [0]
+    said = exp.waiting_for()
+    assert "3 more block(s) at 2-3 generating slots" in said
+    assert "about 10 more minutes" in said

@@ -11,12 +11,12 @@ of one length, one of them a contender's, at a random place that is neither the 
 last, so each contender window is flanked by the standing N and at most `share` of the time is
 away from it; every other turn goes to the leader (the open comparison whose upper bound is
 highest, if it could still move N), the others to the contenders in a shuffled order, each turn
-among the comparisons still open. Contenders are the model's tie set, the neighbours of it and of the answer, and
-always draft (`allowed`), those the traffic can tell apart from the answer (it spends time at a
-count where one drafts and the other does not). A window lasts as long as it takes to spend
-about `level_s` seconds at the counts its comparison rests on (from the traffic's time shares so
-far), within
-[min_window_s, max_window_s]: windows long enough for the concurrency they see.
+among the comparisons still open. Contenders are the model's tie set, the neighbours of it and
+of the answer, and always draft (`allowed`), those the traffic can tell apart from the answer
+(it spends time at a count where one drafts and the other does not). A window lasts as long
+as it takes to spend about `level_s` seconds at the counts its comparison rests on (from the
+traffic's time shares so far), within [min_window_s, max_window_s]: windows long enough for the
+concurrency they see.
 
 Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
 the threshold counts them. Two thresholds differ only at the counts between them, where one
@@ -572,33 +572,48 @@ class Experiment:
 
     def waiting_for(self) -> str:
         """What an unresolved answer waits for: the counts its open and untested comparisons
-        rest on, the seconds the windows saw there, and how long the traffic takes to give
-        each comparison level_s x min_blocks seconds there at the share of the time it spent
-        there so far."""
+        rest on that lack blocks (min_blocks contender windows with min_tokens tokens there),
+        and how long the traffic takes to give them at what it showed so far: a contender
+        window holds a count for its share of the time at that count's rate, and contender
+        windows are `share` of the time."""
         standing = self.report.standing
         counts = set()
         for m in [*(self._eff(n) for n in self.report.untested)]:
             counts |= set(settle.between(self.answer, m))
         if standing is not None:
-            for c in standing.measuring:
-                counts |= set(c.levels)
-        if not counts:
+            for comparison in standing.measuring:
+                counts |= set(comparison.levels)
+        missing = {
+            c: self.options.min_blocks - len(self.cells.get(c, []))
+            for c in counts
+            if len(self.cells.get(c, [])) < self.options.min_blocks
+        }
+        if not missing:
             return ""
         shares = self.time_shares()
-        seen = {c: sum(f.at(c)[0] for f in self.usable()) for c in counts}
-        share = sum(shares.get(c, 0.0) for c in counts)
-        need = self.options.level_s * self.options.min_blocks * 2
-        span = _span(sorted(counts))
-        if share <= 0:
-            when = "the traffic has not reached them yet"
-        else:
-            minutes = max(0.0, need - sum(seen.values())) / share / 60.0
-            when = (
-                f"{100 * share:.2g} % of the time is spent there: about {minutes:.0f} more "
-                "minutes of this traffic"
+        on, off = self.level_rates()
+        span = _span(sorted(missing))
+        blocks = sum(missing.values())
+        unseen = [c for c in missing if shares.get(c, 0.0) <= 0]
+        if unseen:
+            return (
+                f"waits for {blocks} more block(s) at {span} generating slots (the traffic has "
+                f"not reached {_span(sorted(unseen))} yet)"
             )
-        got = sum(seen.values())
-        return f"waits for {need:.0f} s at {span} generating slots ({got:.0f} s seen; {when})"
+        # the slowest count to fill: its missing blocks, each min_tokens tokens in a contender
+        # window at its share of the time and its rate (the slower of drafting and not)
+        seconds = 0.0
+        for c, k in missing.items():
+            rates = [r for r in (on[c], off[c]) if r]
+            rate = min(rates) if rates else 1.0
+            per_block = self.options.min_tokens / (shares[c] * rate)
+            seconds = max(seconds, k * max(per_block, self.options.min_window_s))
+        minutes = seconds / self.options.share / 60.0
+        return (
+            f"waits for {blocks} more block(s) at {span} generating slots (a contender window "
+            f"with {self.options.min_tokens:.0f} tokens at each): about {minutes:.0f} more "
+            "minutes of this traffic"
+        )
 
     # --- the schedule ------------------------------------------------------------------------
 
