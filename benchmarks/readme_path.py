@@ -3,7 +3,11 @@
 time each step takes as written (the README's default budgets; only `watch`, a service, gets a
 --duration), and what every surface says the answer is, side by side.
 
-    .venv/bin/python benchmarks/readme_path.py [--clone] [--watch 60s]
+    .venv/bin/python benchmarks/readme_path.py [--clone] [--watch 60s] [--both-tunes]
+
+By default it walks the path of a user who starts the second server: step 4's
+`tune --plain-url` in place of the tune without it, as the README says; --both-tunes runs every
+line (the README test's walk).
 
 --clone starts from a fresh `git clone` of this checkout and its `scripts/setup-venv.sh`
 (timed), and runs the clone's tuner; without it, this checkout's. The bench (llama-server and
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 
 from common import tuner_env  # first: it puts tests/ on the path
-from readme import Step, surfaces, walk
+from readme import Step, readme_commands, surfaces, walk, with_plain_url
 from record import Table, record_arguments, save_run
 
 from tuner.bench import load_bench
@@ -65,6 +69,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clone", action="store_true", help="start from a fresh clone")
     parser.add_argument("--watch", default="60s", help="how long watch runs (default 60s)")
+    parser.add_argument(
+        "--both-tunes",
+        action="store_true",
+        help="run the tune without --plain-url too (every README line)",
+    )
     record_arguments(parser)
     args = parser.parse_args()
     bench = load_bench(Settings().bench_manifest_path)
@@ -78,7 +87,10 @@ def main() -> None:
         ports = {"8080": str(free_port()), "8081": str(free_port())}
         env = tuner_env(tmp / "tuner.db", tmp / "cache", TUNER_STATE_DIR=str(tmp / "state"))
         name = model_stem(str(bench.target))
-        steps = walk(bench, tmp, env, ports, name, {"watch": ["--duration", args.watch]})
+        lines = readme_commands() if args.both_tunes else with_plain_url(readme_commands())
+        steps = walk(
+            bench, tmp, env, ports, name, {"watch": ["--duration", args.watch]}, None, lines
+        )
         said = surfaces(steps, tmp)
     total = setup_s + sum(s.seconds for s in steps)
     applied = setup_s + applied_at(steps)
@@ -102,6 +114,7 @@ def main() -> None:
         "total_s": round(total, 1),
         "setup_s": round(setup_s, 1),
         "clone": args.clone,
+        "path": "every line" if args.both_tunes else "tune --plain-url in place of tune",
         "tune_s": round(sum(s.seconds for s in steps if s.line.startswith("tuner tune")), 1),
     }
     save_run(__file__, args, summary, [timeline, answers])

@@ -40,6 +40,16 @@ def readme_commands() -> list[str]:
     return lines
 
 
+def with_plain_url(lines: list[str]) -> list[str]:
+    """The path of a user who starts the second server: step 4's `tune --plain-url` in place of
+    the tune without it (the README: "instead of the line above")."""
+    if not any(line.startswith("tuner tune") and "--plain-url" in line for line in lines):
+        return lines
+    return [
+        line for line in lines if not (line.startswith("tuner tune") and "--plain-url" not in line)
+    ]
+
+
 def substituted(
     line: str,
     bench: Bench,
@@ -109,15 +119,17 @@ def walk(
     name: str,
     extra: dict[str, list[str]] | None = None,
     after: Callable[[Step], None] | None = None,
+    lines: list[str] | None = None,
 ) -> list[Step]:
     """Run the README's own-server lines in order (servers in the background, stopped at the
     end; `>> FILE` appended as a shell would); after(step) runs after each command (a test's
-    checks). A command that fails raises AssertionError with its output."""
+    checks). lines: those to run (default every one). A command that fails raises
+    AssertionError with its output."""
     servers: list[subprocess.Popen] = []
     steps: list[Step] = []
     began = time.monotonic()
     try:
-        for i, line in enumerate(readme_commands()):
+        for i, line in enumerate(readme_commands() if lines is None else lines):
             argv = substituted(line, bench, ports, tmp, name, extra)
             started = time.monotonic()
             if line.startswith("llama-server"):
