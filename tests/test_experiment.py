@@ -244,6 +244,36 @@ class Broken:
         return f
 
 
+class Burst(Broken):
+    """A backlog that grows for twelve windows (a burst above capacity), then drains."""
+
+    def __init__(self) -> None:
+        super().__init__("overload")
+        self.windows = 0
+
+    def window(self, seconds: float) -> WindowFigures:
+        self.windows += 1
+        f = super().window(seconds)
+        if self.windows > 12:
+            self.backlog = 0
+            f.backlog = 0
+        return f
+
+
+def test_a_burst_pauses_the_contender_windows_and_the_experiment_goes_on() -> None:
+    lines: list[str] = []
+    backend = Burst()
+    exp = Experiment(2, 4, ExperimentOptions(budget_s=900.0), say=lines.append)
+    report = exp.run(backend)
+    assert report.status != STOPPED, lines
+    paused = next(i for i, line in enumerate(lines) if "contender windows pause" in line)
+    assert any("the burst passed" in line for line in lines[paused:]), lines
+    # contender windows came after the pause again
+    after = [p for p, f in report.windows if f.backlog == 0]
+    assert any(p.contender for p in after)
+    assert backend.switched[-1] == report.answer
+
+
 @pytest.mark.parametrize(
     ("kind", "said"),
     [("restarts", "3 windows in a row could not be used"), ("overload", "above its capacity")],

@@ -37,10 +37,12 @@ between any two values within one experiment.
 What it costs the users is reported as it ran (`Cost`): the share of time and of requests
 served at a contender, and the time per output token in contender windows against the standing
 N's windows. Windows it could not read (a restart, the server gone, the threshold changed under
-it) count for nothing and are said; three in a row stop the experiment, and so does a backlog of
-requests waiting for a free slot that grew over six windows in a row to twice -np or more (the
-server above its capacity: the arrivals outrun it whatever N, and the queue, not N, decides who
-is served when; a burst passes sooner).
+it) count for nothing and are said; three in a row stop the experiment. A backlog of requests
+waiting for a free slot that grew over six windows in a row to twice -np or more pauses the
+contender windows: the standing N serves until fewer requests wait than there are slots (a
+burst passed) and the experiment goes on; where that does not happen before the budget ends
+(the server above its capacity: the arrivals outrun it whatever N, and the queue, not N,
+decides who is served when) the experiment stops.
 """
 
 from __future__ import annotations
@@ -727,7 +729,7 @@ class Experiment:
         growing = len(backlogs) > OVERLOADED_AFTER and all(
             b > a for a, b in itertools.pairwise(backlogs)
         )
-        if growing and backlogs[-1] >= 2 * self.n_parallel:
+        if growing and backlogs[-1] >= 2 * self.n_parallel and not self.overloaded:
             self.overloaded = True
             self._note(
                 f"requests waiting for a free slot grew window after window ({backlogs[0]} to "
@@ -778,6 +780,11 @@ class Experiment:
                 break
             standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
             cycles += 1
+            # a burst passes: wait it out at the standing N; arrivals above capacity do not
+            waited = self.overloaded and self.unusable_run < STOP_AFTER
+            if waited and self._wait_out(backend, started, cycles):
+                standing = self.assess()
+                continue
             if self.unusable_run >= STOP_AFTER or self.overloaded:
                 report.status = STOPPED
                 why = (
@@ -798,13 +805,7 @@ class Experiment:
         """Serve a cycle's windows; then the block's differences and a new standing."""
         done: list[tuple[Planned, WindowFigures]] = []
         for planned in plan:
-            if planned.n != self.current:
-                backend.switch(self._out(planned.n))
-                self.current = planned.n
-                if self.options.washout_s > 0:
-                    # served at the new N, counted in no window: the switch's transient
-                    self.report.cost.add(planned, backend.window(self.options.washout_s))
-                    self.report.washouts += 1
+            self._switch(backend, planned)
             figures = backend.window(planned.seconds)
             self.record(planned, figures)
             done.append((planned, figures))
@@ -812,6 +813,45 @@ class Experiment:
                 return standing
         self.add_block(done)
         return self.assess()
+
+    def _switch(self, backend: WindowBackend, planned: Planned) -> None:
+        """The server to the planned window's N, followed by a washout where it changes."""
+        if planned.n == self.current:
+            return
+        backend.switch(self._out(planned.n))
+        self.current = planned.n
+        if self.options.washout_s > 0:
+            # served at the new N, counted in no window: the switch's transient
+            self.report.cost.add(planned, backend.window(self.options.washout_s))
+            self.report.washouts += 1
+
+    def _wait_out(self, backend: WindowBackend, started: float, cycle: int) -> bool:
+        """A backlog that grew window after window: contender windows pause and the standing N
+        serves windows of its own until the requests waiting fall below -np (a burst passed:
+        True) or the budget ends, or windows cannot be read (False: arrivals above capacity, or
+        a server gone)."""
+        self._note(
+            f"contender windows pause: N={self._out(self.answer)} serves until the requests "
+            "waiting for a slot fall below the slots"
+        )
+        seconds = self.options.min_window_s * self.options.cycle
+        while True:
+            left = self.options.budget_s - (backend.elapsed - started)
+            if left < self.options.min_window_s:
+                return False
+            planned = Planned(self.answer, False, min(seconds, left), cycle, self.answer)
+            self._switch(backend, planned)
+            figures = backend.window(planned.seconds)
+            self.record(planned, figures)
+            if self.unusable_run >= STOP_AFTER:
+                return False
+            if figures.problem is None and figures.backlog < self.n_parallel:
+                self.overloaded = False
+                self._note(
+                    f"{figures.backlog} request(s) waiting for a slot: the burst passed, "
+                    "the experiment goes on"
+                )
+                return True
 
     def _moved(self, standing: settle.Standing) -> bool:
         """Follow a move (True), or stop (False) where it would go back to a value it left,
