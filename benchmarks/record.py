@@ -18,7 +18,8 @@ has no NaN or Infinity).
     .venv/bin/python benchmarks/record.py render --check   # exit 1 when it is not current
 
 The same command writes the README's table of headline figures (between its `figures` markers):
-the newest run of each benchmark in QUOTED, the figures `headline` picks from it.
+the newest run of each benchmark in QUOTED (of each set of worlds it was graded on), the
+figures `headline` picks from it.
 """
 
 from __future__ import annotations
@@ -374,12 +375,17 @@ def readme_block(runs: Sequence[Mapping[str, Any]]) -> str:
         mine = [r for r in runs if r["benchmark"] == name]
         if not mine:
             continue
-        # a benchmark graded on sets of worlds: its newest graded run, the set named (every set
-        # is in docs/results.md; runs on no set, a bench run say, are there only)
+        # a benchmark graded on sets of worlds: the newest run on each set, the set named where
+        # there are several (every run is in docs/results.md; runs on no set, a bench run say,
+        # are there only)
         graded = [r for r in mine if _set_of(r)]
-        run = newest(graded or mine)
-        several = len({_set_of(r) for r in graded}) > 1
-        lines += _quoted_rows(run, f"{what}, set {_set_of(run)}" if several else what)
+        sets = sorted({_set_of(r) for r in graded})
+        if not sets:
+            lines += _quoted_rows(newest(mine), what)
+            continue
+        for name_of_set in sets:
+            run = newest([r for r in graded if _set_of(r) == name_of_set])
+            lines += _quoted_rows(run, f"{what}, set {name_of_set}" if len(sets) > 1 else what)
     lines += ["", END]
     return "\n".join(lines)
 

@@ -587,8 +587,10 @@ def test_the_readme_quotes_the_newest_run_of_each_benchmark_between_its_markers(
     assert record.with_readme_block("# no markers\n", block) is None
 
 
-def test_the_readme_quotes_the_newest_graded_set_and_names_it_where_there_are_several() -> None:
-    """A benchmark graded on sets of worlds: its newest run on a set, named where runs on
+def test_the_readme_quotes_the_newest_run_of_each_set_and_names_them_where_there_are_several() -> (
+    None
+):
+    """A benchmark graded on sets of worlds: its newest run on each set, named where runs on
     several sets exist; a newer run on no set (a bench run) stays in docs/results.md only."""
 
     def run(date: str, set_: str | None, settled: int) -> dict[str, Any]:
@@ -602,9 +604,12 @@ def test_the_readme_quotes_the_newest_graded_set_and_names_it_where_there_are_se
     block = record.readme_block(
         [
             run("2026-01-01T00:00:00Z", "a", 1),
+            run("2026-01-15T00:00:00Z", "a", 4),
             run("2026-02-01T00:00:00Z", "b", 2),
             run("2026-03-01T00:00:00Z", None, 3),
         ]
     )
+    assert "| settled | 4 |" in block and "set a" in block
     assert "| settled | 2 |" in block and "set b" in block
+    assert block.index("set a") < block.index("set b")
     assert "| settled | 1 |" not in block and "| settled | 3 |" not in block
