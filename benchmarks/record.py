@@ -51,12 +51,13 @@ RENDER = ".venv/bin/python benchmarks/record.py render"
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:
-    """A figure as text: `n/a` for a missing one (None or NaN), `inf` or `-inf` for an unbounded
-    one (an interval's bound before its second value), else `format(value, spec)`."""
+    """A figure as text: `n/a` for a missing one (None or NaN), `unbounded` or `-unbounded` for
+    an infinite one (an interval's bound before its second value, a regret against a policy
+    whose queue grows without bound), else `format(value, spec)`."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
+        return "unbounded" if value > 0 else "-unbounded"
     return format(value, spec)
 
 
@@ -232,11 +233,16 @@ def load_runs(results: Path) -> list[dict[str, Any]]:
 
 def cell(value: Any) -> str:
     """A table cell as Markdown: numbers to two decimals (three significant digits below 1),
-    missing ones n/a, lists joined, pipes escaped."""
+    missing ones n/a, an infinite one in words (a regret or margin against a policy whose queue
+    grows without bound: unbounded), lists joined, pipes escaped."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if value in ("inf", "-inf"):  # how the results files store an infinite figure
+        value = float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return fmt(value)
     if isinstance(value, float):
         if value == int(value) and abs(value) >= 1000:
             return f"{value:.0f}"

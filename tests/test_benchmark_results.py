@@ -116,11 +116,11 @@ def test_a_benchmark_writes_its_run_and_no_record_writes_nothing(tmp_path: Path)
 # --- the recorder ------------------------------------------------------------------------------
 
 
-def test_fmt_says_n_a_for_a_missing_figure_and_inf_for_an_unbounded_one() -> None:
+def test_fmt_says_n_a_for_a_missing_figure_and_unbounded_for_an_infinite_one() -> None:
     assert fmt(None, "+.2f") == "n/a"
     assert fmt(math.nan) == "n/a"
-    assert fmt(math.inf, "+.2f") == "inf"
-    assert fmt(-math.inf, "+.2f") == "-inf"
+    assert fmt(math.inf, "+.2f") == "unbounded"
+    assert fmt(-math.inf, "+.2f") == "-unbounded"
     assert fmt(1.234, "+.2f") == "+1.23"
     assert fmt(3, "d") == "3"
 
@@ -241,8 +241,8 @@ def test_regret_reads_a_one_pass_side_by_side_verdict_with_unbounded_bounds() ->
     }
     text = regret.plain_text(report)
     assert text == (
-        "+1.50 [n/a, +2.00] tok/s; side by side +1.25 [-inf, inf] against N=4, unresolved "
-        "(1 passes)"
+        "+1.50 [n/a, +2.00] tok/s; side by side +1.25 [-unbounded, unbounded] against N=4, "
+        "unresolved (1 passes)"
     )
     assert regret.plain_text({"plain_advantage": None, "plain_live": None}) == "not judged"
 
@@ -613,3 +613,15 @@ def test_the_readme_quotes_the_newest_run_of_each_set_and_names_them_where_there
     assert "| settled | 2 |" in block and "set b" in block
     assert block.index("set a") < block.index("set b")
     assert "| settled | 1 |" not in block and "| settled | 3 |" not in block
+
+
+def test_a_cell_says_an_infinite_figure_in_words() -> None:
+    """A regret against a policy whose queue grows without bound is infinite: the page says
+    so in words, never inf or nan (a reader would take them for a bug)."""
+    assert record.cell(math.inf) == "unbounded"
+    assert record.cell(-math.inf) == "-unbounded"
+    assert record.cell(math.nan) == "n/a"
+    assert record.cell(12.345) == "12.35" and record.cell(0.01234) == "0.0123"
+    # as the results files store it
+    assert record.cell("inf") == "unbounded" and record.cell("-inf") == "-unbounded"
+    assert record.fmt(math.inf) == "unbounded"
