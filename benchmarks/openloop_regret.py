@@ -58,6 +58,7 @@ from common import (
 from lab.frozen import select
 from lab.openmethod import METHODS, MethodMissing, run_open_method
 from lab.openworlds import Entry, load_manifest
+from record import fmt
 
 from tuner.policy import Policy
 from tuner.twin.truth import OpenLoopTruth, open_loop_truth
@@ -259,7 +260,9 @@ def run(
     """Grade the worlds not yet in out (common.run_grading)."""
 
     def said(row: dict[str, Any]) -> str:
-        answers = (f"{m} {r['label']} {r['regret_pct']:.2f} %" for m, r in row["methods"].items())
+        answers = (
+            f"{m} {r['label']} {pc(r['regret_pct'], width=0)}" for m, r in row["methods"].items()
+        )
         return f"truth {row['truth']['best']}; " + ", ".join(answers)
 
     return run_grading(folder, entries, out, jobs, methods, redo, grade_world, save_rows, said)
@@ -270,6 +273,13 @@ def run(
 
 def _pct(values: Sequence[float], q: float) -> float:
     return percentile(values, q)
+
+
+def pc(value: float, spec: str = ".2f", width: int = 8) -> str:
+    """A percentage for the printed tables, right-aligned in width: unbounded where a policy's
+    queue grows without bound (an infinite regret), never inf."""
+    text = fmt(value, spec)
+    return (text if text.endswith("unbounded") else f"{text}%").rjust(width)
 
 
 def world_columns(methods: Sequence[str]) -> list[str]:
@@ -381,7 +391,7 @@ def summary_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> lis
             lines.append("")
         previous = name
         lines.append(
-            f"{name:<28} {n:>3} {m:<6} {med:>7.2f}% {p95:>7.2f}% {top:>7.2f}% "
+            f"{name:<28} {n:>3} {m:<6} {pc(med)} {pc(p95)} {pc(top)} "
             f"{ties:>3}/{n:<4} {plain:>10} {cost:>7.0f}"
         )
     lines.append("")
@@ -398,10 +408,11 @@ def world_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[
     lines = [head, "-" * len(head)]
     for row in rows:
         t = row["truth"]
-        margin = f"{t['margin_pct']:.2f}+-{t['margin_se_pct']:.2f}%"
+        margin = f"{fmt(t['margin_pct'])}+-{fmt(t['margin_se_pct'])}%"
         line = (
             f"{row['name']:<17} {row['n_parallel']:>2} {row['load']:>4.2f} {row['arrivals']:<8} "
-            f"{t['best']:>6} {margin:>13} {t['plain_pct']:>+7.1f}% {t['always_pct']:>+7.1f}%"
+            f"{t['best']:>6} {margin:>13} {pc(t['plain_pct'], '+.1f')} "
+            f"{pc(t['always_pct'], '+.1f')}"
         )
         for m in methods:
             r = row["methods"].get(m)
@@ -409,12 +420,12 @@ def world_table(rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[
                 line += f" | {'skip':>6} {'-':>7}"
                 continue
             mark = "=" if r["in_ties"] else "!" if r.get("overloaded") else " "
-            line += f" | {r['label']:>5}{mark} {r['regret_pct']:>6.2f}%"
+            line += f" | {r['label']:>5}{mark} {pc(r['regret_pct'], width=7)}"
         lines.append(line)
     lines.append(
         "margin: the best over the runner-up +- its paired standard error; plain, always: how "
-        "far behind the best (%; inf: overloaded where another policy keeps up); '=' the answer "
-        "is in the truth's tie, '!' it is overloaded (its backlog grows: regret inf)"
+        "far behind the best (%; unbounded: overloaded where another policy keeps up); '=' the "
+        "answer is in the truth's tie, '!' it is overloaded (its backlog grows: regret unbounded)"
     )
     return lines
 
