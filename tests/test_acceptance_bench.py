@@ -54,7 +54,11 @@ def test_observe_reads_the_servers_acceptance_as_the_load_generator_counted_it(
     samples: list[RequestSample] = []
 
     def offer() -> None:
-        generator = LoadGenerator(server.url, Workload(prompt_tokens=32, max_tokens=64))
+        # a request queued for a slot gets no byte until one frees: on a machine others keep
+        # busy the queue can hold one past the default silence limit, which is no part of what
+        # is checked here (the counters against the requests' own, to the token)
+        workload = Workload(prompt_tokens=32, max_tokens=64, request_timeout_s=900.0)
+        generator = LoadGenerator(server.url, workload)
         samples.extend(generator.run_arrivals(offsets, round_key=1)[1])
 
     profile = TrafficProfile(4)
