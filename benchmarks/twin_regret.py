@@ -551,7 +551,7 @@ def main() -> int:
         rows = run(args.set, entries, args.out, max(1, args.jobs), methods, args.redo)
     print(render(rows, entries, methods))
     graded = [rows[e.name] for e in entries if e.name in rows]
-    if graded:
+    if graded and not args.render:  # --render measured nothing: no run to record
         summary = {
             "worlds": len(graded),
             "set": args.set.name,
