@@ -17,7 +17,7 @@ from tuner.decide import advice
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.choice import least_bad_within
 from tuner.decide.observed import drafting_mix
-from tuner.decide.openanswer import OpenAnswer, open_answer, weigh_plain
+from tuner.decide.openanswer import OpenAnswer, open_answer
 from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, ReasonCode
@@ -211,9 +211,7 @@ def _plain_question(plain_samples: list[float]) -> OpenAnswer:
     samples = {plain: plain_samples, one: [100.0, 100.0, 100.0, 100.0]}
     diff = np.asarray(plain_samples) - 100.0
     advantage = (5.0, float(np.percentile(diff, 5)), float(np.percentile(diff, 95)))
-    answer = OpenAnswer(ObjectiveKind.TPOT, values, samples, one, advantage, 0)
-    weigh_plain(answer)
-    return answer
+    return OpenAnswer(ObjectiveKind.TPOT, values, samples, one, advantage, 0)
 
 
 def test_plain_predicted_ahead_but_not_shown_is_answered_by_its_worst_case() -> None:

@@ -580,15 +580,14 @@ class Experiment:
         windows are `share` of the time."""
         standing = self.report.standing
         counts = set()
-        for m in [*(self._eff(n) for n in self.report.untested)]:
-            counts |= set(settle.between(self.answer, m))
+        for n in self.report.untested:
+            counts |= set(settle.between(self.answer, self._eff(n)))
         if standing is not None:
             for comparison in standing.measuring:
                 counts |= set(comparison.levels)
+        have = {c: len(self.cells.get(c, [])) for c in counts}
         missing = {
-            c: self.options.min_blocks - len(self.cells.get(c, []))
-            for c in counts
-            if len(self.cells.get(c, [])) < self.options.min_blocks
+            c: self.options.min_blocks - k for c, k in have.items() if k < self.options.min_blocks
         }
         if not missing:
             return ""

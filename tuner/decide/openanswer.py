@@ -67,9 +67,6 @@ class OpenAnswer:
     reasons: list[Reason] = field(default_factory=list)
     slo_tpot_ms: float | None = None  # capacity's limit
     overloaded: frozenset[Policy] = frozenset()  # the arrivals outrun them in the point world
-    # worst shortfall over the point and replicate worlds, plain and the chosen policy alone
-    # (empty where plain is not predicted ahead or there are no replicates)
-    plain_worst: dict[Policy, float] = field(default_factory=dict)
 
     @property
     def plain_shown(self) -> bool:
@@ -82,6 +79,19 @@ class OpenAnswer:
         if plain in self.overloaded and self.policy not in self.overloaded:
             return False
         return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
+
+    @property
+    def plain_worst(self) -> dict[Policy, float]:
+        """Plain predicted ahead but not shown: plain's and the chosen policy's worst shortfall
+        over the point and replicate worlds, the tie rule of the N values between the two;
+        empty otherwise (or without replicates)."""
+        plain = Policy.plain()
+        if self.plain_advantage[0] <= 0 or not self.samples.get(plain) or self.plain_shown:
+            return {}
+        _, _, worst = least_bad_within(
+            self.values, self.samples, [plain, self.policy], lambda p: 0 if p == plain else 1
+        )
+        return worst
 
     @property
     def plain_least_bad(self) -> bool:
@@ -196,22 +206,10 @@ def open_answer(
     advantage = _plain_advantage(values, samples, chosen)
     answer = OpenAnswer(kind, values, samples, chosen, advantage, runs, reasons)
     answer.overloaded = overloaded
-    weigh_plain(answer)
     answer.reasons[:0] = [_plain_reason(answer)]
     if overloaded:
         answer.reasons.append(_overload_reason(answer, scores, offered.rate))
     return answer
-
-
-def weigh_plain(answer: OpenAnswer) -> None:
-    """Plain predicted ahead but not shown: each one's worst case over the point and replicate
-    worlds, the tie rule of the N values between the two (`plain_least_bad` reads them)."""
-    plain = Policy.plain()
-    if answer.plain_advantage[0] <= 0 or not answer.samples.get(plain) or answer.plain_shown:
-        return
-    _, _, answer.plain_worst = least_bad_within(
-        answer.values, answer.samples, [plain, answer.policy], lambda p: 0 if p == plain else 1
-    )
 
 
 def _capacity_answer(
