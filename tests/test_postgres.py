@@ -7,6 +7,7 @@ too (concurrent writers, the soak, per-host results).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from pathlib import Path
@@ -163,7 +164,15 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     model = TWIN_MODEL
     recommended = run_tuner(["recommend", "--model", model, "-q"], env)
     assert recommended.returncode == 0, recommended.stderr[-3000:]
-    assert recommended.stdout.strip().splitlines()[-1].startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    # the answer read back from PostgreSQL, the same in both forms; which answer it is (a
+    # threshold, or plain with the threshold as a comment) is what the wall-clock twin's rounds
+    # say, not what this test checks
+    as_json = run_tuner(["recommend", "--model", model, "--format", "json"], env)
+    assert as_json.returncode == 0, as_json.stderr[-3000:]
+    stored = json.loads(as_json.stdout)
+    last = recommended.stdout.strip().splitlines()[-1]
+    assert last.endswith(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={stored['max_slots']}"), last
+    assert last.startswith("#") == (stored["answer"] == "plain"), (last, stored["answer"])
     quick = ["--set", "workload.max_tokens=16", "--set", "workload.warmup=0", "--skip-preflight"]
     quick += ["--set", "workload.min_repeats=1", "--set", "workload.max_repeats=1"]
     quick += twin_spec_args(tmp_path, speed=20.0)  # nothing to interrupt from here on
