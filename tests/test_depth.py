@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import PROFILES
 from sqlalchemy import select
-from tunerproc import run_tuner, tuner_env, tuner_json
+from tunerproc import assert_env_line_is, run_tuner, tuner_env, tuner_json
 
 from tuner.storage.orm import Level, Sample
 from tuner.storage.store import Store
@@ -95,8 +95,10 @@ def test_levels_are_measured_and_fitted_per_context_depth(tmp_path: Path) -> Non
     # A depth not measured is interpolated between the measured ones: printed, said, not stored.
     between = run_tuner(["recommend", "--model", MODEL, "--context", "1000"], env)
     assert between.returncode == 0, between.stderr[-3000:]
-    # the env line last (a "# unresolved: ..." comment above it where the model cannot settle it)
-    assert between.stdout.splitlines()[-1].startswith("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
+    # the env line last, the same answer as --format json gives for that depth (a threshold, or
+    # plain with the threshold as a comment: which one, one round per cell decides)
+    at_1000 = tuner_json(env, "recommend", "--model", MODEL, "--context", "1000")
+    assert_env_line_is(between.stdout.splitlines()[-1], at_1000)
     assert f"predicted from the fits at depths 0, {DEEP}" in between.stderr
     assert "not stored" in between.stderr
     # fit answers for measured depths only, and names them.

@@ -6,8 +6,8 @@ of arrivals would stop every draft while prompts are read).
 
 Three checks: the patch's own text counts that one state; the twin's engine keeps a stream
 drafting at N=1 while another slot reads a long prompt over many steps; and the real bench
-server does the same (a bench test: a small batch makes a 1500-token prompt take many steps,
-started together with a drafting stream, at --spec-draft-max-slots 1)."""
+server does the same (a bench test: a small batch makes a 2000-token prompt take many steps,
+sent once a drafting stream is generating, at --spec-draft-max-slots 1)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from httpx_sse import aconnect_sse
 
 from tuner.bench import Bench
 from tuner.measure.launcher import LaunchConfig, ManagedServer
@@ -70,43 +71,50 @@ def server_config(bench: Bench, batch: int) -> LaunchConfig:
     )  # fmt: skip
 
 
-async def _together(url: str, long_prompt: str | None) -> tuple[dict, float, float]:
-    """A drafting stream of 64 tokens, and (with long_prompt) a request that only reads a long
-    prompt (one token out), started together: the stream's timings, when it ended and when
-    the prompt reader ended (0.0 without one)."""
-    async with httpx.AsyncClient(timeout=300) as client:
+async def _beside(url: str, long_prompt: str | None) -> tuple[dict, float, float]:
+    """A drafting stream of 64 tokens and, once its first token is out, a request that only
+    reads a long prompt (one token out): the stream's timings, when it ended and when the
+    prompt reader ended (0.0 without one).
 
-        async def stream() -> tuple[dict, float]:
-            body = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0.0,
-                    "ignore_eos": True, "seed": 7}  # fmt: skip
-            response = await client.post(f"{url}/completion", json=body)
-            return response.json()["timings"], time.monotonic()
+    The reader starts after the stream is generating, so every draft the stream makes is made
+    beside a prompt being read for as long as the reading lasts; with 25 prompt rows a step
+    (a batch of 32 less the stream's 7) a 2000-token prompt takes about 80 steps, the stream
+    at most 64: the overlap is counted in steps, which no spell of the machine can reorder."""
+    async with httpx.AsyncClient(timeout=300) as client:
 
         async def reader() -> float:
             body = {"prompt": long_prompt, "n_predict": 1, "temperature": 0.0}
             response = await client.post(f"{url}/completion", json=body)
             response.raise_for_status()
-            assert response.json()["timings"]["prompt_n"] >= 1000  # read over many steps
+            assert response.json()["timings"]["prompt_n"] >= 1500  # read over many steps
             return time.monotonic()
 
-        if long_prompt is None:
-            timings, ended = await stream()
-            return timings, ended, 0.0
-        (timings, ended), read = await asyncio.gather(stream(), reader())
-        return timings, ended, read
+        body = {"prompt": "Once upon a time", "n_predict": 64, "temperature": 0.0,
+                "ignore_eos": True, "seed": 7, "stream": True}  # fmt: skip
+        reading: asyncio.Task[float] | None = None
+        timings: dict = {}
+        async with aconnect_sse(client, "POST", f"{url}/completion", json=body) as source:
+            async for event in source.aiter_sse():
+                chunk = event.json()
+                if long_prompt is not None and reading is None:
+                    reading = asyncio.create_task(reader())
+                if chunk.get("stop"):
+                    timings = chunk["timings"]
+        ended = time.monotonic()
+        return timings, ended, (await reading if reading is not None else 0.0)
 
 
 @pytest.mark.bench
 def test_a_slot_reading_its_prompt_does_not_stop_drafts_on_the_bench(
     bench: Bench, tmp_path: Path
 ) -> None:
-    """--spec-draft-max-slots 1, -b 64: a 1500-token prompt is read 64 rows a step while the
-    drafting stream generates. Counting it as generating would stop the stream's drafts for
+    """--spec-draft-max-slots 1, -b 32: a 2000-token prompt is read some 25 rows a step while
+    the drafting stream generates. Counting it as generating would stop the stream's drafts for
     all of it; counting generating slots only, the stream drafts as much as alone."""
-    long_prompt = " hello" * 1500  # about 1500 tokens
-    with ManagedServer(server_config(bench, 64), tmp_path / "server.log") as server:
-        alone, _, _ = asyncio.run(_together(server.url, None))
-        beside, ended, read = asyncio.run(_together(server.url, long_prompt))
+    long_prompt = " hello" * 2000  # about 2000 tokens
+    with ManagedServer(server_config(bench, 32), tmp_path / "server.log") as server:
+        alone, _, _ = asyncio.run(_beside(server.url, None))
+        beside, ended, read = asyncio.run(_beside(server.url, long_prompt))
     print(f"drafts alone {alone.get('draft_n')}, beside a prompt being read "
           f"{beside.get('draft_n')}; the prompt read until {read - ended:+.1f} s after the "
           "stream ended")  # fmt: skip

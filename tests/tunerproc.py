@@ -118,6 +118,14 @@ def tuner_json(env: dict[str, str], *args: str, timeout_s: float = 1200.0) -> An
     return json.loads(tuner_ok(env, *args, "--format", "json", timeout_s=timeout_s).stdout)
 
 
+def assert_env_line_is(line: str, answer: dict[str, Any]) -> None:
+    """recommend's last env line states answer (its --format json): the threshold, or, where the
+    answer is to serve without the draft model, that threshold as a comment. Which answer a
+    measured run gives is the measurement's to say, not a test's to bet on."""
+    assert line.endswith(f"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS={answer['max_slots']}"), line
+    assert line.startswith("#") == (answer["answer"] == "plain"), (line, answer["answer"])
+
+
 # --- the twin server as a spec's llama-server ---------------------------------------------------
 
 REPO = Path(__file__).resolve().parent.parent
