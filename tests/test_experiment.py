@@ -24,6 +24,7 @@ from tuner.decide.experiment import (
     Planned,
     model_tie,
 )
+from tuner.decide.paired import Contrast
 from tuner.errors import ConfigError
 from tuner.measure.windows import SlotTokens, WindowFigures
 from tuner.policy import Policy
@@ -77,24 +78,46 @@ def figures(n: int, rates: dict[int, float], seconds: float = 10.0) -> WindowFig
     return f
 
 
-def test_a_block_pairs_the_contender_with_its_cycles_standing_windows() -> None:
+def serve(exp: Experiment, cycle: list[tuple[Planned, WindowFigures]]) -> None:
+    for planned, f in cycle:
+        exp.record(planned, f)
+
+
+def test_gains_pool_each_side_over_the_cycles() -> None:
+    """A count's gain: the contender windows' time there drafting against the standing N's not
+    drafting, pooled over every cycle, its spread by cycle; the two sides need not meet in one
+    cycle."""
     exp = Experiment(3, 6, ExperimentOptions(min_tokens=1.0))
     home = {1: 50.0, 2: 90.0, 3: 100.0, 4: 110.0, 5: 120.0}
     # the contender N=5 drafts at 4 and 5, where N=3 does not: on and off there, nowhere else
-    cycle = [
+    serve(exp, [
         (Planned(3, False, 10, 0, 3), figures(3, home)),
         (Planned(5, True, 10, 0, 3), figures(5, {**home, 4: 130.0, 5: 100.0})),
         (Planned(3, False, 10, 0, 3), figures(3, {**home, 4: 114.0})),
-    ]
-    assert exp.add_block(cycle) == 2 and sorted(exp.cells) == [4, 5]
-    assert exp.cells[4] == [(1300.0, 10.0, 2240.0, 20.0)]  # on tokens, s; off tokens, s
-    # a second block: the gain is the pooled on rate less the pooled off rate
-    cycle[1] = (Planned(5, True, 10, 1, 3), figures(5, {3: 100.0, 4: 126.0}, seconds=30.0))
-    exp.add_block(cycle)
+    ])  # fmt: skip
+    assert exp.blocks()[0][4] == (1300.0, 10.0, 2240.0, 20.0)  # on tokens, s; off tokens, s
+    assert exp.gains()[4].n == 0  # one cycle: no spread to tell yet
+    # a second cycle: the gain is the pooled on rate less the pooled off rate
+    serve(exp, [
+        (Planned(3, False, 10, 1, 3), figures(3, home)),
+        (Planned(5, True, 10, 1, 3), figures(5, {3: 100.0, 4: 126.0}, seconds=30.0)),
+        (Planned(3, False, 10, 1, 3), figures(3, {**home, 4: 114.0})),
+    ])  # fmt: skip
     gains = exp.gains()
     on = (1300.0 + 126.0 * 30) / 40.0
     assert gains[4].mean == pytest.approx(on - 112.0) and gains[4].n == 2
-    assert gains[5].n == 0  # the second contender window never reached 5: one block, no gain
+    assert gains[4].blocks == (0, 1) and gains[4].df == 1
+    assert gains[5].n == 0  # drafting at 5 in one cycle only
+    # a third cycle whose contender window reached 5 while its flanks did not: the drafting
+    # side of 5 has its second cycle, the other side has the flanks of the first two
+    serve(exp, [
+        (Planned(3, False, 10, 2, 3), figures(3, {1: 50.0})),
+        (Planned(5, True, 10, 2, 3), figures(5, {5: 90.0})),
+        (Planned(3, False, 10, 2, 3), figures(3, {1: 50.0})),
+    ])  # fmt: skip
+    gains = exp.gains()
+    assert gains[5].mean == pytest.approx(95.0 - 120.0) and gains[5].n == 3
+    assert gains[5].blocks == (0, 1, 2)
     # a contender below: N=2 does not draft at 3, where N=3 does: on (the standing) - off
     below = Experiment(3, 6, ExperimentOptions(min_tokens=1.0, min_blocks=1))
     cycle = [
@@ -102,27 +125,49 @@ def test_a_block_pairs_the_contender_with_its_cycles_standing_windows() -> None:
         (Planned(2, True, 10, 1, 3), figures(2, {**home, 3: 80.0})),
         (Planned(3, False, 10, 1, 3), figures(3, home)),
     ]
-    assert below.add_block(cycle) == 1 and below.gains()[3].mean == pytest.approx(20.0)
+    serve(below, cycle)
+    assert below.gains()[3].mean == pytest.approx(20.0)
     # a window it could not read gives nothing
+    broken = Experiment(3, 6, ExperimentOptions(min_tokens=1.0, min_blocks=1))
     cycle[1][1].problem = "the server restarted"
-    assert below.add_block(cycle) == 0
+    serve(broken, cycle)
+    assert 3 not in broken.gains() or broken.gains()[3].n == 0
+
+
+def test_a_comparison_sums_its_counts_cycle_by_cycle() -> None:
+    """Counts seen in the same cycles move together (a contender window that drew easy
+    requests lifts every count it saw): the comparison's spread is its own sum's over the
+    cycles, not the counts' spreads added as if independent. Here the two counts' gains
+    swing in opposite directions cycle by cycle and their sum holds still."""
+    exp = Experiment(2, 4, ExperimentOptions(min_tokens=1.0))
+    for k in range(6):
+        swing = 10.0 if k % 2 else -10.0
+        serve(exp, [
+            (Planned(2, False, 10, k, 2), figures(2, {3: 50.0, 4: 50.0})),
+            (Planned(4, True, 10, k, 2), figures(4, {3: 60.0 + swing, 4: 60.0 - swing})),
+            (Planned(2, False, 10, k, 2), figures(2, {3: 50.0, 4: 50.0})),
+        ])  # fmt: skip
+    gains = exp.gains()
+    assert gains[3].se > 1.0 and gains[4].se > 1.0
+    both = settle.advantage(gains, [0.0, 0.0, 1.0, 1.0], 2, 4)
+    assert both.estimate == pytest.approx(20.0) and both.se == pytest.approx(0.0, abs=1e-9)
 
 
 def test_pooled_gains_are_not_fooled_by_short_lucky_windows() -> None:
-    """Blocks whose contender window saw a drafting count briefly and at a high rate, and
-    others that saw it long at a low one: the mean of the blocks' own differences says the
+    """Cycles whose contender window saw a drafting count briefly and at a high rate, and
+    others that saw it long at a low one: the mean of the cycles' own differences says the
     contender gains, their pooled rates (what it did over all the time seen) that it loses."""
     exp = Experiment(2, 4, ExperimentOptions(min_tokens=1.0))
+    per_cycle = []
     for k in range(6):
         rate, seconds = (70.0, 1.0) if k % 2 else (45.0, 20.0)
-        cycle = [
+        serve(exp, [
             (Planned(2, False, 30, k, 2), figures(2, {3: 50.0}, 20.0)),
             (Planned(3, True, 30, k, 2), figures(3, {3: rate}, seconds)),
             (Planned(2, False, 30, k, 2), figures(2, {3: 50.0}, 20.0)),
-        ]
-        exp.add_block(cycle)
-    per_block = sum(on_t / on_s - off_t / off_s for on_t, on_s, off_t, off_s in exp.cells[3]) / 6
-    assert per_block > 0 > exp.gains()[3].mean
+        ])  # fmt: skip
+        per_cycle.append(rate - 50.0)
+    assert sum(per_cycle) / 6 > 0 > exp.gains()[3].mean
 
 
 def test_the_weights_follow_the_occupancy_the_traffic_causes() -> None:
@@ -367,16 +412,31 @@ def test_absence_of_data_is_never_evidence() -> None:
     assert any("out of the experiment's reach" in line for line in lines)  # plain
 
 
-def test_the_wait_is_counted_in_the_blocks_each_rare_count_lacks() -> None:
-    """At a count the traffic spends 2 % of its time at, 20 tok/s there: a block needs a
-    contender window with 30 tokens there, 75 s of window; two blocks missing, contender
-    windows a quarter of the time: 150 s / 0.25 = 10 minutes (count 2, with one block of its
-    two and plenty of time, is not the one waited for)."""
+def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
+    """At a count the traffic spends 2 % of its time at, 20 tok/s there: each side needs 60
+    tokens (two cycles of 30), which at 2 % of the time at 20 tok/s is 150 s of contender
+    window; contender windows a quarter of the time: 600 s, 10 minutes (count 2, with half
+    its data and plenty of time, is not the one waited for)."""
     exp = Experiment(1, 3, ExperimentOptions(seed=1), tie=[1, 3])
-    exp.cells = {2: [(30.0, 1.0, 30.0, 1.0)]}
+    seen = {2: (1, 1, 30.0, 30.0), 3: (0, 0, 0.0, 0.0)}
+    exp.arm_data = lambda c: seen[c]  # type: ignore[method-assign]
     exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.18, 3: 0.02}  # type: ignore[method-assign]
     exp.level_rates = lambda: ([None, 40.0, 40.0, 20.0], [None, 50.0, 50.0, 25.0])  # type: ignore[method-assign]
     exp.report.untested = [0]
     said = exp.waiting_for()
-    assert "3 more block(s) at 2-3 generating slots" in said
+    assert "waits for data at 2-3 generating slots (each side in 2 cycles, 60 tokens)" in said
     assert "about 10 more minutes" in said
+
+
+def test_an_unresolved_answer_says_how_long_its_comparisons_take_to_tell_apart() -> None:
+    """The judge's own resolution beside the unresolved answer: at the spread seen after ten
+    minutes, N=5's advantage of 0.5 with a standard error of 0.5 needs its lower bound up to
+    zero, (1.645 * 0.5 / 0.5)^2 = 2.7 times the time: 17 more minutes; N=3's -0.2 with 0.05
+    is as good as told (its upper bound below the tolerance of 0.1 within the time seen)."""
+    exp = Experiment(4, 8, ExperimentOptions())
+    far = settle.Comparison(5, Contrast(0.5, 0.5, 9.0), settle.UNRESOLVED, [5])
+    near = settle.Comparison(3, Contrast(-0.2, 0.05, 9.0), settle.UNRESOLVED, [4])
+    standing = settle.Standing(4, settle.OPEN, [far, near], tolerance=0.1, measuring=[far, near])
+    said = exp._time_to_tell(standing, 600.0)
+    assert "N=5 against N=4 about 17, N=3 against N=4 under one" in said
+    assert exp._time_to_tell(settle.Standing(4, settle.OPEN, []), 600.0) == ""

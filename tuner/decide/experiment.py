@@ -22,11 +22,15 @@ Figures (tuner.measure.windows): every window is kept by the number of slots gen
 the threshold counts them. Two thresholds differ only at the counts between them, where one
 drafts and the other does not; there the window's rate (tok/s with c generating: c over the
 time per output token there) is the contender's or the standing N's, and the concurrency a
-window happened to see weighs the counts without changing the rate at any. So a cycle's
-contender window against its windows at the standing N (pooled: at light traffic a count is
-rare in each) gives one paired difference per count between them, drafting less not drafting:
-the gain g(c) that tune measures on closed levels, here on the server's real requests. A count
-needs `min_blocks` differences before a comparison rests on it. The objective is the traffic's
+window happened to see weighs the counts without changing the rate at any. So the windows
+give, per count, a drafting side and a not-drafting side: the gain g(c) that tune measures on
+closed levels, here on the server's real requests, as the rates pooled over every cycle, with
+the cycles as the blocks of a jackknife (`gains`). The two sides need not meet in one cycle: at
+a rare count a contender window and its flanks seldom both see it, while the windows are
+interleaved at random, so drift falls on both sides alike. A comparison sums its counts cycle
+by cycle (one cycle's windows move all its counts together), with the degrees of freedom of the
+cycles its sparsest side was seen in. A count needs each side seen in `min_blocks` cycles with
+`min_tokens` tokens a block before a comparison rests on it. The objective is the traffic's
 own: 1 / mean time per output token under its arrivals, each count weighted by the objective's
 derivative by its rate there in the birth-death queue of tuner.model.queue (the time spent at it
 and how much sooner a faster count empties the slots: the occupancy N causes), counts the
@@ -58,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from tuner.decide import settle
-from tuner.decide.paired import LevelDiffs
+from tuner.decide.paired import LevelDiffs, t_quantile
 from tuner.errors import ConfigError
 from tuner.measure.windows import WindowBackend, WindowFigures
 from tuner.model import queue
@@ -338,8 +342,6 @@ class Experiment:
         self.rng = random.Random(f"experiment:{options.seed}")
         self.turns: list[int] = []
         self.lead_turn = False  # every other turn goes to the leader (next_contender)
-        # per count, one (on tokens, on seconds, off tokens, off seconds) a block
-        self.cells: dict[int, list[tuple[float, float, float, float]]] = {}
         self.visited = {self.answer}
         self.unusable_run = 0
         self.overloaded = False
@@ -500,32 +502,90 @@ class Experiment:
             if w > 0 and seconds[c] > 0
         )
 
-    def gains(self) -> dict[int, LevelDiffs]:
-        """on - off per count: the pooled estimate, with the jackknife's pseudo-values over the
-        blocks about it (their spread its standard error; fewer than min_blocks: none).
+    def blocks(self) -> dict[int, dict[int, tuple[float, float, float, float]]]:
+        """Per cycle, per count: (on tokens, on seconds, off tokens, off seconds) over the
+        cycle's usable windows, each window's time at a count on the side its N puts it
+        (drafting there or not)."""
+        out: dict[int, dict[int, list[float]]] = {}
+        for planned, f in self.report.windows:
+            if not self._usable(f):
+                continue
+            cycle = out.setdefault(planned.cycle, {})
+            for c, (s, t) in f.levels.items():
+                if 1 <= c <= self.n_parallel and s > 0:
+                    cell = cycle.setdefault(c, [0.0, 0.0, 0.0, 0.0])
+                    i = 0 if drafts_at(planned.n, c) else 2
+                    cell[i] += t
+                    cell[i + 1] += s
+        return {
+            k: {c: (v[0], v[1], v[2], v[3]) for c, v in cycle.items()} for k, cycle in out.items()
+        }
 
-        The estimate is the difference of the rates pooled over the blocks (tokens over
-        seconds, on and off apart), not the mean of each block's difference: a window's rate
-        where slots draft is biased upward when the window saw little of the count, because a
-        stretch at a count ends when a request ends, and a request ends sooner after steps
-        that accepted many tokens, so short stretches are the lucky ones (the mean of ratios
-        over stopping times; a twin world whose gain at three slots is nil showed +7 to +11
-        tok/s on 50 from single windows of 1-4 s there). Pooling shrinks that with the time
-        seen."""
+    def arm_data(self, c: int) -> tuple[int, int, float, float]:
+        """At count c: the cycles with data drafting and not drafting there, and the tokens
+        each side has."""
+        cells = [cycle[c] for cycle in self.blocks().values() if c in cycle]
+        return (
+            sum(1 for cell in cells if cell[0] > 0),
+            sum(1 for cell in cells if cell[2] > 0),
+            sum(cell[0] for cell in cells),
+            sum(cell[2] for cell in cells),
+        )
+
+    def _measured(self, cells: list[tuple[float, float, float, float]]) -> bool:
+        """A count's gain needs each side seen in min_blocks cycles, with min_tokens tokens a
+        block on each side in all."""
+        least = self.options.min_blocks
+        for i in (0, 2):
+            if sum(1 for cell in cells if cell[i] > 0) < least:
+                return False
+            if sum(cell[i] for cell in cells) < least * self.options.min_tokens:
+                return False
+        return True
+
+    def gains(self) -> dict[int, LevelDiffs]:
+        """on - off per count: the rates pooled over every cycle (tokens over seconds, on and
+        off apart), with the jackknife's pseudo-values over the cycles about it (their spread
+        its standard error, keyed by cycle so that a comparison sums them cycle by cycle).
+
+        The sides need not meet in one cycle: at a rare count a contender window and its
+        flanks seldom both see it, while every window at the standing N adds to the side it
+        serves and a contender window that reached the count adds to the other; the windows
+        of a cycle are interleaved at random, so drift in the traffic falls on both sides
+        alike. Degrees of freedom: the cycles the sparser side was seen in, less one.
+
+        The estimate is the difference of pooled rates, not the mean of each window's
+        difference: a window's rate where slots draft is biased upward when the window saw
+        little of the count, because a stretch at a count ends when a request ends, and a
+        request ends sooner after steps that accepted many tokens, so short stretches are the
+        lucky ones (the mean of ratios over stopping times; a twin world whose gain at three
+        slots is nil showed +7 to +11 tok/s on 50 from single windows of 1-4 s there).
+        Pooling shrinks that with the time seen."""
+        blocks = self.blocks()
+        ids = tuple(sorted(blocks))
+        n = len(ids)
+        zero = (0.0, 0.0, 0.0, 0.0)
+        counts = {c for cycle in blocks.values() for c in cycle}
         out = {}
-        for c, cells in self.cells.items():
-            n = len(cells)
-            if n < self.options.min_blocks:
+        for c in sorted(counts):
+            cells = [blocks[k].get(c, zero) for k in ids]
+            if not self._measured(cells):
                 out[c] = LevelDiffs(())
                 continue
             whole = _pooled_gain(cells)
             if n == 1:  # no spread to tell: LevelDiffs gives it no standard error
                 out[c] = LevelDiffs((whole,))
                 continue
-            leave_one_out = [_pooled_gain(cells[:i] + cells[i + 1 :]) for i in range(n)]
+            on_t, on_s, off_t, off_s = (sum(cell[i] for cell in cells) for i in range(4))
+            leave_one_out = [
+                (on_t - a) / (on_s - b) - (off_t - x) / (off_s - y) for a, b, x, y in cells
+            ]
             pseudo = [n * whole - (n - 1) * g for g in leave_one_out]
             centre = sum(pseudo) / n
-            out[c] = LevelDiffs(tuple(whole + v - centre for v in pseudo))
+            seen = min(sum(1 for cell in cells if cell[i] > 0) for i in (0, 2))
+            out[c] = LevelDiffs(
+                tuple(whole + v - centre for v in pseudo), blocks=ids, dof=float(seen - 1)
+            )
         return out
 
     def allowed(self) -> set[int]:
@@ -574,10 +634,10 @@ class Experiment:
 
     def waiting_for(self) -> str:
         """What an unresolved answer waits for: the counts its open and untested comparisons
-        rest on that lack blocks (min_blocks contender windows with min_tokens tokens there),
-        and how long the traffic takes to give them at what it showed so far: a contender
-        window holds a count for its share of the time at that count's rate, and contender
-        windows are `share` of the time."""
+        rest on that lack data (each side seen in min_blocks cycles, min_tokens tokens a block
+        on each side), and how long the traffic takes to give them at what it showed so far:
+        the drafting side of a count above the answer comes from contender windows only, which
+        are `share` of the time and hold the count for its share of the time at its rate."""
         standing = self.report.standing
         counts = set()
         for n in self.report.untested:
@@ -585,35 +645,65 @@ class Experiment:
         if standing is not None:
             for comparison in standing.measuring:
                 counts |= set(comparison.levels)
-        have = {c: len(self.cells.get(c, [])) for c in counts}
-        missing = {
-            c: self.options.min_blocks - k for c, k in have.items() if k < self.options.min_blocks
-        }
+        least = self.options.min_blocks
+        need = least * self.options.min_tokens
+        # per count lacking data: (cycles missing on the sparser side, tokens missing there)
+        missing: dict[int, tuple[int, float]] = {}
+        for c in counts:
+            on_k, off_k, on_t, off_t = self.arm_data(c)
+            cycles = max(least - on_k, least - off_k, 0)
+            tokens = max(need - on_t, need - off_t, 0.0)
+            if cycles or tokens:
+                missing[c] = (cycles, tokens)
         if not missing:
             return ""
         shares = self.time_shares()
         on, off = self.level_rates()
         span = _span(sorted(missing))
-        blocks = sum(missing.values())
         unseen = [c for c in missing if shares.get(c, 0.0) <= 0]
+        what = f"waits for data at {span} generating slots (each side in {least} cycles"
+        what += f", {need:.0f} tokens)"
         if unseen:
-            return (
-                f"waits for {blocks} more block(s) at {span} generating slots (the traffic has "
-                f"not reached {_span(sorted(unseen))} yet)"
-            )
-        # the slowest count to fill: its missing blocks, each min_tokens tokens in a contender
-        # window at its share of the time and its rate (the slower of drafting and not)
+            return f"{what}; the traffic has not reached {_span(sorted(unseen))} yet"
+        # the slowest count to fill: its missing tokens at its share of the time and its rate
+        # (the slower of drafting and not), a cycle at least per missing cycle
+        cycle_s = self.options.min_window_s * self.options.cycle
         seconds = 0.0
-        for c, k in missing.items():
+        for c, (cycles, tokens) in missing.items():
             rates = [r for r in (on[c], off[c]) if r]
             rate = min(rates) if rates else 1.0
-            per_block = self.options.min_tokens / (shares[c] * rate)
-            seconds = max(seconds, k * max(per_block, self.options.min_window_s))
-        minutes = seconds / self.options.share / 60.0
+            seconds = max(
+                seconds, tokens / (shares[c] * rate) / self.options.share, cycles * cycle_s
+            )
+        return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
+
+    def _time_to_tell(self, standing: settle.Standing, elapsed_s: float) -> str:
+        """How much more of this traffic the open comparisons with bounds need at the spread
+        seen so far (the bounds narrow as one over the square root of the time): a verdict
+        needs the upper bound down to the tolerance where the estimate is below it, else the
+        lower bound up to zero. The judge's own resolution, said beside the unresolved answer."""
+        z = t_quantile(settle.CONFIDENCE, math.inf)
+        needs = []
+        for c in standing.measuring:
+            e, se = c.advantage.estimate, c.advantage.se
+            if not (math.isfinite(e) and math.isfinite(se)) or elapsed_s <= 0:
+                continue
+            distance = standing.tolerance - e if e <= standing.tolerance else e
+            if distance <= 0:
+                continue
+            more = elapsed_s * max((z * se / distance) ** 2 - 1.0, 0.0) / 60.0
+            against = c.against if c.against is not None else self.answer
+            needs.append((more, f"N={self._out(c.contender)} against N={self._out(against)}"))
+        if not needs:
+            return ""
+        needs.sort(reverse=True)
+        listed = ", ".join(
+            f"{name} {f'about {more:.0f}' if more >= 1 else 'under one'}"
+            for more, name in needs[:3]
+        )
         return (
-            f"waits for {blocks} more block(s) at {span} generating slots (a contender window "
-            f"with {self.options.min_tokens:.0f} tokens at each): about {minutes:.0f} more "
-            "minutes of this traffic"
+            f"; at the spread seen so far the open comparisons need more minutes of this "
+            f"traffic to tell their sides apart: {listed}"
         )
 
     # --- the schedule ------------------------------------------------------------------------
@@ -684,32 +774,6 @@ class Experiment:
             for i in range(k)
         ]
 
-    # --- the blocks --------------------------------------------------------------------------
-
-    def add_block(self, cycle: list[tuple[Planned, WindowFigures]]) -> int:
-        """A block: a cycle's contender window against the cycle's windows of the standing N
-        (pooled: at light traffic a count the comparison rests on is rare, and each of them
-        saw some of it), its tokens and seconds drafting and not at each count between them;
-        how many counts got them."""
-        planned, mine = next((p, f) for p, f in cycle if p.contender)
-        if not self._usable(mine):
-            return 0
-        flanks = [f for p, f in cycle if not p.contender and self._usable(f)]
-        if not flanks:
-            return 0
-        answer, contender = planned.answer, planned.n
-        least = self.options.min_tokens
-        added = 0
-        for c in settle.between(answer, contender):
-            theirs = (sum(f.at(c)[1] for f in flanks), sum(f.at(c)[0] for f in flanks))
-            own = (mine.at(c)[1], mine.at(c)[0])
-            if theirs[0] < least or own[0] < least or not theirs[1] or not own[1]:
-                continue
-            on, off = (own, theirs) if drafts_at(contender, c) else (theirs, own)
-            self.cells.setdefault(c, []).append((*on, *off))
-            added += 1
-        return added
-
     # --- the run -----------------------------------------------------------------------------
 
     def record(self, planned: Planned, figures: WindowFigures) -> None:
@@ -775,6 +839,7 @@ class Experiment:
                     f"{len(standing.measuring)} comparison(s) open"
                     + (f", {untested} not yet tested" if untested else "")
                     + (f"; it {self.waiting_for()}" if self.waiting_for() else "")
+                    + self._time_to_tell(standing, backend.elapsed - started)
                 )
                 break
             standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
@@ -801,7 +866,7 @@ class Experiment:
     def _cycle(
         self, backend: WindowBackend, plan: list[Planned], standing: settle.Standing
     ) -> settle.Standing:
-        """Serve a cycle's windows; then the block's differences and a new standing."""
+        """Serve a cycle's windows; then a new standing on the figures so far."""
         done: list[tuple[Planned, WindowFigures]] = []
         for planned in plan:
             self._switch(backend, planned)
@@ -810,7 +875,6 @@ class Experiment:
             done.append((planned, figures))
             if self.unusable_run >= STOP_AFTER or self.overloaded:
                 return standing
-        self.add_block(done)
         return self.assess()
 
     def _switch(self, backend: WindowBackend, planned: Planned) -> None:

@@ -58,6 +58,12 @@ class LevelDiffs:
     diffs: tuple[float, ...]
     slope: float = 0.0
     anchor: Acceptance | None = None
+    # where diffs are jackknife pseudo-values over blocks that every level shares (the live
+    # experiment's cycles: one cycle's windows move all its counts together), the blocks they
+    # belong to, in order, so that a contrast sums them block by block; and the degrees of
+    # freedom where fewer blocks than n carry data at this level
+    blocks: tuple[int, ...] | None = None
+    dof: float | None = None
 
     @property
     def n(self) -> int:
@@ -76,8 +82,8 @@ class LevelDiffs:
         return self.sd / math.sqrt(self.n) if self.n > 1 else math.inf
 
     @property
-    def df(self) -> int:
-        return max(0, self.n - 1)
+    def df(self) -> float:
+        return self.dof if self.dof is not None else max(0, self.n - 1)
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -113,6 +119,9 @@ class Contrast:
         if any(levels[c].n < 2 for c in used):
             return cls(estimate, math.inf, 0.0)
         parts = [((a * levels[c].se) ** 2, levels[c].df) for c, a in used.items()]
+        shared_blocks = {levels[c].blocks for c in used}
+        if len(shared_blocks) == 1 and None not in shared_blocks:
+            return cls._blockwise(levels, used, known, parts)
         # One term per acceptance anchor, its levels' slopes summed: the same anchor moves
         # them all together.
         shared: dict[Acceptance, float] = {}
@@ -125,6 +134,31 @@ class Contrast:
         if var == 0.0:
             return cls(estimate, 0.0, math.inf)
         df = var**2 / sum(v**2 / df for v, df in parts if v > 0.0)
+        return cls(estimate, math.sqrt(var), df)
+
+    @classmethod
+    def _blockwise(
+        cls,
+        levels: Mapping[int, LevelDiffs],
+        used: Mapping[int, float],
+        known: float,
+        parts: list[tuple[float, float]],
+    ) -> Contrast:
+        """Levels whose values are pseudo-values over the same blocks: the contrast's own
+        pseudo-values, block by block, carry the covariance between levels that independent
+        terms would leave out (a contender window that drew easy requests lifts every count
+        it saw). Degrees of freedom: Welch-Satterthwaite over the levels' own, so a level few
+        blocks carry data at keeps its few."""
+        n = next(iter(levels[c].n for c in used))
+        joint = [sum(a * levels[c].diffs[k] for c, a in used.items()) for k in range(n)]
+        estimate = known + statistics.fmean(joint)
+        var = statistics.variance(joint) / n
+        if var == 0.0:
+            return cls(estimate, 0.0, math.inf)
+        spread = sum(v**2 / df for v, df in parts if v > 0.0 and df > 0)
+        df = min(var**2 / spread if spread > 0 else math.inf, n - 1)
+        if any(df_c <= 0 for v, df_c in parts if v > 0.0):
+            df = 0.0
         return cls(estimate, math.sqrt(var), df)
 
     def bounds(self, confidence: float = 0.95) -> tuple[float, float]:
