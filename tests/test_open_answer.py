@@ -17,7 +17,7 @@ from tuner.decide import advice
 from tuner.decide.adaptive import profile_adaptively
 from tuner.decide.choice import least_bad_within
 from tuner.decide.observed import drafting_mix
-from tuner.decide.openanswer import OpenAnswer, open_answer
+from tuner.decide.openanswer import OpenAnswer, _plain_reason, open_answer
 from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.recommendation import ObjectiveKind, ReasonCode
@@ -226,6 +226,15 @@ def test_plain_predicted_ahead_but_not_shown_is_answered_by_its_worst_case() -> 
     # shown ahead: no weighing needed
     answer = _plain_question([103.0, 106.0, 104.0, 107.0])
     assert answer.plain_shown and answer.plain_ahead and not answer.plain_worst
+    # ahead by more than the replicates spread the difference (5 against an SD of 3.2), yet
+    # not shown (one replicate 1 % behind): N=1 is not even within plain's spread, so plain is
+    # the least bad alone, and the reason says why
+    answer = _plain_question([99.0, 104.0, 105.0, 106.0])
+    assert not answer.plain_shown and Policy.threshold(1, 4) not in answer.plain_worst
+    assert answer.plain_least_bad and answer.plain_ahead
+    reason = _plain_reason(answer)
+    assert reason.code == ReasonCode.PLAIN_UNRESOLVED
+    assert "by more than the replicate worlds spread their difference" in reason.text
 
 
 def test_observed_acceptance_is_moved_from_the_slots_it_was_seen_at() -> None:

@@ -96,9 +96,12 @@ class OpenAnswer:
     @property
     def plain_least_bad(self) -> bool:
         """Plain predicted ahead, not shown, and its worst case over the replicate worlds less
-        bad than the chosen drafting policy's."""
+        bad than the chosen drafting policy's, or the chosen policy not even within the spread
+        of their difference (plain ahead by more than it: the least bad alone)."""
         worst = self.plain_worst
-        return bool(worst) and worst[Policy.plain()] < worst[self.policy]
+        return bool(worst) and (
+            self.policy not in worst or worst[Policy.plain()] < worst[self.policy]
+        )
 
     @property
     def plain_ahead(self) -> bool:
@@ -313,12 +316,18 @@ def _plain_reason(answer: OpenAnswer) -> Reason:
         )
     if answer.plain_least_bad:
         worst = answer.plain_worst
+        weighed = (
+            f"its worst case over the replicate worlds is {100 * worst[plain]:.2g} % short "
+            f"against {100 * worst[answer.policy]:.2g} % for {answer.policy.label}"
+            if answer.policy in worst
+            else f"it is ahead of {answer.policy.label} by more than the replicate worlds "
+            "spread their difference"
+        )
         return Reason(
             ReasonCode.PLAIN_UNRESOLVED,
             f"whether to draft at all is unresolved for this traffic: plain predicted ahead, "
-            f"not shown: {figures}; its worst case over the replicate worlds is "
-            f"{100 * worst[plain]:.2g} % short against {100 * worst[answer.policy]:.2g} % for "
-            f"{answer.policy.label}, so the least bad is to serve without the draft model",
+            f"not shown: {figures}; {weighed}, so the least bad is to serve without the draft "
+            "model",
         )
     if answer.plain_ahead:
         why = (
