@@ -204,7 +204,16 @@ def test_slot_tokens_count_decoded_tokens_by_generating_slots() -> None:
     assert counting.update([slot(0, 3, 2), slot(1, 2, 9)]) == (1, 6, 1)
     # both went on: 2 + 4 tokens at two; then slot 1 went idle
     assert counting.update([slot(0, 3, 4), slot(1, 2, 13)]) == (2, 6, 0)
+    assert not counting.reading
     assert counting.update([slot(0, 3, 5), slot(1, None, 0)]) == (1, 1, 1)
+    # slot 1 takes a request and reads its prompt (processing, nothing decoded yet): the
+    # interval up to this poll and the next one had steps that read a prompt
+    assert counting.update([slot(0, 3, 7), slot(1, 4, 0)]) == (1, 2, 0)
+    assert counting.reading
+    counting.update([slot(0, 3, 9), slot(1, 4, 1)])
+    assert counting.reading
+    counting.update([slot(0, 3, 11), slot(1, 4, 3)])
+    assert not counting.reading
 
 
 def test_model_tie_is_the_values_within_the_tolerance() -> None:
@@ -363,6 +372,10 @@ def test_the_twin_serves_windows_as_watch_would_see_them() -> None:
     assert seen.covered_s == pytest.approx(second.seconds, rel=1e-6)
     assert seen.finished > 0 and seen.acceptance.readings > 0
     assert second.tokens <= sum(r.tokens - 1 for r in served.engine.results() if r.token_times)
+    # the steps that read a prompt beside generating slots are kept apart, within each count's
+    # time, and the figures survive being stored
+    assert second.reading and all(0 < s <= second.at(c)[0] for c, s in second.reading.items())
+    assert WindowFigures.from_dict(second.to_dict()) == second
 
 
 def test_contenders_stay_within_one_and_np() -> None:
@@ -440,3 +453,26 @@ def test_an_unresolved_answer_says_how_long_its_comparisons_take_to_tell_apart()
     said = exp._time_to_tell(standing, 600.0)
     assert "N=5 against N=4 about 17, N=3 against N=4 under one" in said
     assert exp._time_to_tell(settle.Standing(4, settle.OPEN, []), 600.0) == ""
+
+
+def test_counts_mostly_reading_a_prompt_do_not_settle_a_comparison() -> None:
+    """At 4 generating slots the windows spent most of their time in steps that also read a
+    prompt: there a rate per count does not price drafting (it lengthens the read), so N=4
+    against N=3 is not told by the counts: it moves nothing and the answer does not settle,
+    however clear the figures look; N=2, told at 3 where nothing is read, is."""
+    exp = Experiment(3, 5, ExperimentOptions(min_tokens=1.0, always=False), tie=[3])
+    for k in range(8):
+        cycle = []
+        for n, contender in ((3, False), (4 if k % 2 else 2, True), (3, False)):
+            f = figures(n, {1: 30.0, 2: 50.0, 3: 60.0 if n >= 3 else 40.0, 4: 30.0})
+            f.add(4, 0.0, 0.0, reading=True)
+            f.reading[4] = 8.0  # of its 10 s at 4
+            cycle.append((Planned(n, contender, 10, k, 3), f))
+        serve(exp, cycle)
+    # drafting at 4 looks no different here; what matters is that it is not used
+    standing = exp.assess()
+    assert exp.reading_shares()[4] == pytest.approx(0.8)
+    assert exp.report.confounded == [4] and 4 not in [c.contender for c in standing.comparisons]
+    assert standing.status != settle.SETTLED
+    behind = next(c for c in standing.comparisons if c.contender == 2)
+    assert behind.verdict == settle.BEHIND

@@ -8,9 +8,11 @@ time per output token there), which is what a threshold changes and nothing else
 thresholds differ only at the counts where one drafts and the other does not, and the
 concurrency a window happened to see (how many requests arrived) weighs the counts, not the
 rate at each. So windows are compared count by count, the concurrency each saw accounted for.
-Beside them: requests finished and arrived, seconds during which requests waited for a free slot
-and how many waited at the end (a backlog that grows window after window: arrivals outrun the
-server whatever N).
+Within each count, the seconds in steps that also read a prompt are kept apart (a slot
+processing a request it has decoded nothing of yet, beside the generating ones): such steps run
+at another rate, and drafting in them lengthens the read. Beside them: requests finished and
+arrived, seconds during which requests waited for a free slot and how many waited at the end (a
+backlog that grows window after window: arrivals outrun the server whatever N).
 
 Two backends serve windows (`WindowBackend`): the live server here (`LiveWindows`: watch's
 poller over HTTP, the threshold switched through POST /props under a ServerHold, which gives the
@@ -47,16 +49,22 @@ class WindowFigures:
     n: int
     seconds: float = 0.0
     levels: dict[int, list[float]] = field(default_factory=dict)  # c -> [seconds, tokens]
+    # c -> seconds of levels[c] during which a slot read its prompt beside the generating ones:
+    # steps that read a prompt run at another rate than steps that only decode, and drafting
+    # there makes the read longer (benchmarks/count_strata.py)
+    reading: dict[int, float] = field(default_factory=dict)
     finished: int = 0
     arrivals: int = 0
     waited_s: float = 0.0  # seconds with requests waiting for a free slot
     backlog: int = 0  # requests waiting for a free slot at the window's end
     problem: str | None = None
 
-    def add(self, count: int, seconds: float, tokens: float) -> None:
+    def add(self, count: int, seconds: float, tokens: float, reading: bool = False) -> None:
         cell = self.levels.setdefault(count, [0.0, 0.0])
         cell[0] += seconds
         cell[1] += tokens
+        if reading:
+            self.reading[count] = self.reading.get(count, 0.0) + seconds
 
     def at(self, count: int) -> tuple[float, float]:
         seconds, tokens = self.levels.get(count, (0.0, 0.0))
@@ -90,6 +98,7 @@ class WindowFigures:
             "n": self.n,
             "seconds": self.seconds,
             "levels": {str(c): list(v) for c, v in sorted(self.levels.items())},
+            "reading": {str(c): v for c, v in sorted(self.reading.items())},
             "finished": self.finished,
             "arrivals": self.arrivals,
             "waited_s": self.waited_s,
@@ -103,11 +112,12 @@ class WindowFigures:
             int(data["n"]),
             float(data.get("seconds") or 0.0),
             {int(c): [float(v[0]), float(v[1])] for c, v in (data.get("levels") or {}).items()},
-            int(data.get("finished") or 0),
-            int(data.get("arrivals") or 0),
-            float(data.get("waited_s") or 0.0),
-            int(data.get("backlog") or 0),
-            data.get("problem"),
+            reading={int(c): float(v) for c, v in (data.get("reading") or {}).items()},
+            finished=int(data.get("finished") or 0),
+            arrivals=int(data.get("arrivals") or 0),
+            waited_s=float(data.get("waited_s") or 0.0),
+            backlog=int(data.get("backlog") or 0),
+            problem=data.get("problem"),
         )
 
 
@@ -135,6 +145,10 @@ class SlotTokens:
         self.seen: dict[int, tuple[Any, int]] = {}  # slot id -> (task, n_decoded) generating
         self.busy: dict[int, Any] = {}  # slot id -> task, processing
         self.started = False
+        # whether a slot was processing a request without having decoded a token (reading its
+        # prompt) at this poll or the one before: the interval had steps that read a prompt
+        self.reading = False
+        self._was_reading = False
 
     def update(self, slots: list[Mapping[str, Any]]) -> tuple[int | None, int, int]:
         """(slots generating the same request at both polls, None at the first poll; tokens
@@ -142,12 +156,14 @@ class SlotTokens:
         steady = tokens = ended = 0
         seen: dict[int, tuple[Any, int]] = {}
         busy: dict[int, Any] = {}
+        reading_now = False
         for slot in slots:
             sid, task = int(slot.get("id", -1)), slot.get("id_task")
             if not slot.get("is_processing"):
                 continue
             busy[sid] = task
             if not slot_generating(slot):
+                reading_now = True
                 continue
             decoded = int(((slot.get("next_token") or [{}])[0]).get("n_decoded") or 0)
             before = self.seen.get(sid)
@@ -158,6 +174,7 @@ class SlotTokens:
         ended = sum(1 for sid, task in self.busy.items() if busy.get(sid) != task)
         first = not self.started
         self.started, self.seen, self.busy = True, seen, busy
+        self.reading, self._was_reading = reading_now or self._was_reading, reading_now
         return (None if first else steady), tokens, ended
 
 
@@ -210,7 +227,7 @@ class LiveWindows:
             figures.seconds += dt
             figures.finished += ended
             if count is not None:
-                figures.add(count, dt, tokens)
+                figures.add(count, dt, tokens, reading=counting.reading)
 
         self.poller.on_poll = on_poll
         try:

@@ -120,7 +120,9 @@ class ServedTraffic:
             firsts = sum(
                 1 for e in step.emitted if len(engine.result(e.request).token_times) == e.tokens
             )
-            figures.add(step.generating, step.duration, step.tokens - firsts)
+            figures.add(
+                step.generating, step.duration, step.tokens - firsts, reading=step.prompt_rows > 0
+            )
             if engine.deferred:
                 figures.waited_s += step.duration
             figures.finished += len(step.finished)
