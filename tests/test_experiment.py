@@ -431,8 +431,8 @@ def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
     window; contender windows a quarter of the time: 600 s, 10 minutes (count 2, with half
     its data and plenty of time, is not the one waited for)."""
     exp = Experiment(1, 3, ExperimentOptions(seed=1), tie=[1, 3])
-    seen = {2: (1, 1, 30.0, 30.0), 3: (0, 0, 0.0, 0.0)}
-    exp.arm_data = lambda c: seen[c]  # type: ignore[method-assign]
+    # one cycle with 30 tokens on each side at count 2; nothing at 3
+    exp.blocks = lambda: {0: {2: (30.0, 1.0, 30.0, 1.0)}}  # type: ignore[method-assign]
     exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.18, 3: 0.02}  # type: ignore[method-assign]
     exp.level_rates = lambda: ([None, 40.0, 40.0, 20.0], [None, 50.0, 50.0, 25.0])  # type: ignore[method-assign]
     exp.report.untested = [0]

@@ -308,6 +308,17 @@ def _pooled_gain(cells: list[tuple[float, float, float, float]]) -> float:
     return on_t / on_s - off_t / off_s
 
 
+def _sides(cells: list[tuple[float, float, float, float]]) -> tuple[int, int, float, float]:
+    """Over (on tokens, on s, off tokens, off s) cells: the cells with tokens drafting and not
+    drafting, and the tokens of each side."""
+    return (
+        sum(1 for cell in cells if cell[0] > 0),
+        sum(1 for cell in cells if cell[2] > 0),
+        sum(cell[0] for cell in cells),
+        sum(cell[2] for cell in cells),
+    )
+
+
 def _span(counts: list[int]) -> str:
     """Counts as ranges: 3-5, 8."""
     parts, start = [], counts[0]
@@ -531,27 +542,13 @@ class Experiment:
             k: {c: (v[0], v[1], v[2], v[3]) for c, v in cycle.items()} for k, cycle in out.items()
         }
 
-    def arm_data(self, c: int) -> tuple[int, int, float, float]:
-        """At count c: the cycles with data drafting and not drafting there, and the tokens
-        each side has."""
-        cells = [cycle[c] for cycle in self.blocks().values() if c in cycle]
-        return (
-            sum(1 for cell in cells if cell[0] > 0),
-            sum(1 for cell in cells if cell[2] > 0),
-            sum(cell[0] for cell in cells),
-            sum(cell[2] for cell in cells),
-        )
-
     def _measured(self, cells: list[tuple[float, float, float, float]]) -> bool:
         """A count's gain needs each side seen in min_blocks cycles, with min_tokens tokens a
         block on each side in all."""
+        on_k, off_k, on_t, off_t = _sides(cells)
         least = self.options.min_blocks
-        for i in (0, 2):
-            if sum(1 for cell in cells if cell[i] > 0) < least:
-                return False
-            if sum(cell[i] for cell in cells) < least * self.options.min_tokens:
-                return False
-        return True
+        need = least * self.options.min_tokens
+        return min(on_k, off_k) >= least and min(on_t, off_t) >= need
 
     def gains(self) -> dict[int, LevelDiffs]:
         """on - off per count: the rates pooled over every cycle (tokens over seconds, on and
@@ -592,7 +589,7 @@ class Experiment:
             ]
             pseudo = [n * whole - (n - 1) * g for g in leave_one_out]
             centre = sum(pseudo) / n
-            seen = min(sum(1 for cell in cells if cell[i] > 0) for i in (0, 2))
+            seen = min(_sides(cells)[:2])
             out[c] = LevelDiffs(
                 tuple(whole + v - centre for v in pseudo), blocks=ids, dof=float(seen - 1)
             )
@@ -684,8 +681,9 @@ class Experiment:
         need = least * self.options.min_tokens
         # per count lacking data: (cycles missing on the sparser side, tokens missing there)
         missing: dict[int, tuple[int, float]] = {}
+        blocks = self.blocks().values()
         for c in counts:
-            on_k, off_k, on_t, off_t = self.arm_data(c)
+            on_k, off_k, on_t, off_t = _sides([cycle[c] for cycle in blocks if c in cycle])
             cycles = max(least - on_k, least - off_k, 0)
             tokens = max(need - on_t, need - off_t, 0.0)
             if cycles or tokens:
