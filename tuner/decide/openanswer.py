@@ -80,28 +80,34 @@ class OpenAnswer:
             return False
         return self.plain_advantage[0] > 0 and self.plain_advantage[1] > 0
 
-    @property
-    def plain_worst(self) -> dict[Policy, float]:
-        """Plain predicted ahead but not shown: plain's and the chosen policy's worst shortfall
-        over the point and replicate worlds, the tie rule of the N values between the two;
-        empty otherwise (or without replicates)."""
+    def _plain_weighed(self) -> tuple[Policy, dict[Policy, float]] | None:
+        """Plain predicted ahead but not shown: the tie rule of the N values between plain and
+        the chosen policy (choice.least_bad_within, equal worst cases to the drafting policy),
+        its pick and the worst shortfall of each one within the spread; None otherwise (or
+        without replicates)."""
         plain = Policy.plain()
         if self.plain_advantage[0] <= 0 or not self.samples.get(plain) or self.plain_shown:
-            return {}
-        _, _, worst = least_bad_within(
-            self.values, self.samples, [plain, self.policy], lambda p: 0 if p == plain else 1
+            return None
+        chosen, _, worst = least_bad_within(
+            self.values, self.samples, [plain, self.policy], lambda p: 1 if p == plain else 0
         )
-        return worst
+        return chosen, worst
+
+    @property
+    def plain_worst(self) -> dict[Policy, float]:
+        """Plain's and the chosen policy's worst shortfall over the point and replicate worlds
+        where plain is weighed against it (only plain's where the chosen policy is not even
+        within the spread of their difference); empty otherwise."""
+        weighed = self._plain_weighed()
+        return weighed[1] if weighed is not None else {}
 
     @property
     def plain_least_bad(self) -> bool:
-        """Plain predicted ahead, not shown, and its worst case over the replicate worlds less
-        bad than the chosen drafting policy's, or the chosen policy not even within the spread
-        of their difference (plain ahead by more than it: the least bad alone)."""
-        worst = self.plain_worst
-        return bool(worst) and (
-            self.policy not in worst or worst[Policy.plain()] < worst[self.policy]
-        )
+        """Plain predicted ahead, not shown, and the tie rule picks it: its worst case over the
+        replicate worlds less bad than the chosen drafting policy's, or the chosen policy not
+        even within the spread of their difference (plain the least bad alone)."""
+        weighed = self._plain_weighed()
+        return weighed is not None and weighed[0] == Policy.plain()
 
     @property
     def plain_ahead(self) -> bool:
