@@ -55,14 +55,19 @@ def test_a_settled_threshold_reads_the_same_everywhere() -> None:
     assert rec.explain_lines()[0].startswith("recommendation 7 for qwen-q4: N=2 (settled live)")
 
 
-def test_a_plain_answer_is_its_own_kind_and_never_a_bare_value() -> None:
-    rec = answer(ReasonCode.PLAIN_AHEAD, ReasonCode.SETTLED, drafting_pays=False)
+@pytest.mark.parametrize("tune_n_max", [False, True])
+def test_a_plain_answer_is_its_own_kind_and_never_a_bare_value(tune_n_max: bool) -> None:
+    rec = answer(
+        ReasonCode.PLAIN_AHEAD, ReasonCode.SETTLED, drafting_pays=False, tune_n_max=tune_n_max
+    )
     assert rec.kind == PLAIN
     for fmt in (OutputFormat.ENV, OutputFormat.SHELL, OutputFormat.SYSTEMD):
         lines = rec.render(fmt).splitlines()
-        assert all(line.startswith("#") for line in lines), lines  # a comment only: no N applied
+        # comments only, the draft length's line too: no setting applied
+        assert all(line.startswith("#") for line in lines), lines
         assert "--model-draft" in lines[0] and "cannot" in lines[0]
-        assert f"{ENV_MAX_SLOTS}=2" in lines[-1]  # the best threshold, should the draft stay
+        assert f"{ENV_MAX_SLOTS}=2" in lines[1]  # the best threshold, should the draft stay
+        assert ("LLAMA_ARG_SPEC_DRAFT_N_MAX=3" in "".join(lines[1:])) == tune_n_max
     assert rec.render(OutputFormat.ARGS) == ""  # nothing to add: the draft flags go
     data = json.loads(rec.render(OutputFormat.JSON))
     assert data["answer"] == PLAIN and data["drafting_pays"] is False

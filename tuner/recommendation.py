@@ -307,10 +307,15 @@ class Recommendation:
         # a settled one, and a plain answer, which no variable can give (an env file cannot
         # remove --model-draft), is comment lines only
         if self.kind == PLAIN:
-            return (
-                f"# plain: serve {self.model} without its draft model: remove --model-draft (-md)"
-                " and --spec-type from llama-server's command line (an env file cannot)\n"
-                f"# should the draft model stay ({self.status}): {assigned}"
+            # every line a comment: with --tune-n-max the pairs span two lines in an env file
+            first, *rest = assigned.splitlines()
+            return "\n".join(
+                [
+                    f"# plain: serve {self.model} without its draft model: remove --model-draft"
+                    " (-md) and --spec-type from llama-server's command line (an env file cannot)",
+                    f"# should the draft model stay ({self.status}): {first}",
+                    *(f"# {line}" for line in rest),
+                ]
             )
         said = self.unresolved_text()
         return (f"# {said}\n" if said else "") + assigned
