@@ -109,6 +109,7 @@ class Case:
     truth: dict[int, float]
     served: Callable[[int], ServedTraffic]
     output_tokens: float
+    profile_seed: int | None = None  # the world's profile's, where not seed: one for its seeds
 
 
 def _served_kind(world: World, kind: str, rate: float, seed: int, n: int) -> ServedTraffic:
@@ -186,13 +187,21 @@ def openloop_cases(args: argparse.Namespace) -> Iterator[Case]:
             thresholds = threshold_values(truth, world.n_parallel)
             output = mine.traffic.output
             mean_output = output.median * math.exp(output.sigma**2 / 2)
-            for k in range(args.seeds):
+            for k in range(args.first_seed, args.first_seed + args.seeds):
                 count = int(mine.rate * 60.0 * args.minutes * 1.5) + 100
                 workload = mine.traffic.workload(count, mine.observe_seed + k)
                 seed = mine.seed + k
                 served = partial(_served_workload, world, workload, seed)
                 yield Case(
-                    entry.name, kind, world, mine.rate, seed, thresholds, served, mean_output
+                    entry.name,
+                    kind,
+                    world,
+                    mine.rate,
+                    seed,
+                    thresholds,
+                    served,
+                    mean_output,
+                    profile_seed=mine.seed,
                 )
 
 
@@ -277,13 +286,53 @@ def twin(args: argparse.Namespace) -> None:
     skipped: list[str] = []
     for case in cases:
         if args.start == "model" and case.name not in profiles:
-            profiles[case.name] = profiled(case.world, folder / case.name, seed=case.seed)
+            seed = case.seed if case.profile_seed is None else case.profile_seed
+            profiles[case.name] = profiled(case.world, folder / case.name, seed=seed)
         try:
             rows.append(graded(case, args, profiles.get(case.name, "")))
         except TunerError as exc:  # no answer to start from: said, and counted
             print(f"{case.name} {case.kind}: skipped: {exc}", flush=True)
             skipped.append(f"{case.name} {case.kind}")
     shutil.rmtree(folder, ignore_errors=True)
+    summarize(rows, skipped, args, f"{time.monotonic() - started:.0f} s")
+
+
+COLUMNS = [
+    "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
+    "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
+    "start in tie", "start regret %", "seed",
+]  # fmt: skip
+
+
+def pooled(args: argparse.Namespace) -> None:
+    """--pool: the cases of several runs' files (other seeds of one set and traffic) graded as
+    one run, each file named with the checkout it ran."""
+    import json
+    from collections import Counter
+
+    records = {path: json.loads(Path(path).read_text()) for path in args.pool}
+    rows: list[list] = []
+    skipped: list[str] = []
+    for path, record in records.items():
+        table = record["tables"][0]
+        if table["columns"] != COLUMNS:
+            sys.exit(f"{path}: not a run of this benchmark's table")
+        rows.extend(table["rows"])
+        found = record["summary"].get("skipped (no answer to start from)", "none")
+        skipped.extend([] if found == "none" else found.split(", "))
+    sets = {record["summary"]["set"] for record in records.values()}
+    if len(sets) != 1:
+        sys.exit(f"--pool: the files grade different sets: {', '.join(sorted(sets))}")
+    if len({(r[0], r[1], r[16]) for r in rows}) != len(rows):
+        sys.exit("--pool: a world, traffic and seed is in two files")
+    args.worlds = Path(sets.pop())
+    args.seeds = max(Counter((r[0], r[1]) for r in rows).values())
+    sources = ", ".join(f"{Path(p).name} ({r['version']['checkout']})" for p, r in records.items())
+    summarize(rows, skipped, args, f"pooled from {sources}")
+
+
+def summarize(rows: list[list], skipped: list[str], args: argparse.Namespace, took: str) -> None:
+    """The grading of rows (one per world, traffic and seed): printed, and saved."""
     kinds = sorted({r[1] for r in rows})
     within = [r for r in rows if r[7] <= 100 * WITHIN + 1e-9]
     ties = [r for r in rows if r[13]]
@@ -300,7 +349,7 @@ def twin(args: argparse.Namespace) -> None:
     print(
         f"\nwithin 1 % of the open-loop best: {len(within)} of {len(rows)} ({share:.0%}); "
         f"truth on a tie (another N within 1 %): {len(ties)}, of them started within it and N "
-        f"changed more than once (flaps): {len(flaps)}; {time.monotonic() - started:.0f} s\n"
+        f"changed more than once (flaps): {len(flaps)}; {took}\n"
         f"settled: {len(settled)} of {len(rows)}; coverage of settled (within 1 % of the best "
         f"it can serve): {len(right)} of {len(settled)}"
         + (f" ({coverage:.1%})" if coverage is not None else "")
@@ -342,12 +391,9 @@ def twin(args: argparse.Namespace) -> None:
         "minutes of traffic at most": args.minutes,
         "start": args.start,
     }
-    columns = [
-        "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
-        "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
-        "start in tie", "start regret %", "seed",
-    ]  # fmt: skip
-    save_run(__file__, args, summary, [Table("per world and traffic", columns, rows)])
+    if args.pool:
+        summary["pooled from"] = took.removeprefix("pooled from ")
+    save_run(__file__, args, summary, [Table("per world and traffic", COLUMNS, rows)])
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -536,6 +582,18 @@ def main() -> None:
         "--seeds", type=int, default=1, help="--openloop: seeds a world and traffic (3 for the set)"
     )
     parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="--openloop: the first of the --seeds (0): runs of other seeds to --pool later",
+    )
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="JSON",
+        help="grade the cases of these runs' files (other seeds of one set) as one run",
+    )
+    parser.add_argument(
         "--truth-s",
         type=float,
         default=3600.0,
@@ -575,7 +633,9 @@ def main() -> None:
     record_arguments(parser)
     args = parser.parse_args()
     args.worlds = args.worlds or (OPENLOOP if args.openloop else FROZEN)
-    if args.bench:
+    if args.pool:
+        pooled(args)
+    elif args.bench:
         bench(args)
     else:
         twin(args)
