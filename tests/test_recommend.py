@@ -35,7 +35,7 @@ from tuner.recommendation import (
 )
 from tuner.storage import recommendations
 from tuner.storage.fits import current_fit, fit_model
-from tuner.storage.orm import Fit, RecommendationRow
+from tuner.storage.orm import Fit, Level, RecommendationRow
 from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -331,6 +331,36 @@ def test_tune_n_max_prints_both_settings(fitted_bench_db: str) -> None:
     assert data["host"] == "bench-host" and "this-box" in data["host_note"]
     assert ReasonCode.OTHER_HOST in codes(data["reasons"])
     assert data["host_note"] in shell.stderr
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_fit_that_fails_on_disturbed_rounds_says_to_measure_again_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """No step-cost form fits: where the levels rest on rounds a busy machine disturbed, the
+    error says so and asks for the same measurement on a quiet machine, not for another way
+    of measuring (the user may just have run `tune --url`)."""
+    from tuner.model import fitting
+
+    store = Store(f"sqlite:///{tmp_path / 'tuner.db'}")
+    store_profile(store)
+    if busy:  # every round kept as measured after its tries, the way the profiler marks it
+        with store.session() as session:
+            for level in session.scalars(select(Level)):
+                metrics = dict(level.metrics or {})
+                metrics["repeats"] = [r | {"busy": True} for r in metrics.get("repeats", [])]
+                level.metrics = metrics
+
+    def unfittable(*args: object, **kwargs: object) -> None:
+        raise ValueError("no step-cost form fits these points")
+
+    monkeypatch.setattr(fitting, "fit", unfittable)
+    with pytest.raises(NothingToDoError) as caught:
+        fit_model(store, "smollm2-bench", "bench-host", host_explicit=True)
+    said = str(caught.value)
+    assert said.startswith("cannot fit smollm2-bench: no step-cost form fits these points; ")
+    assert ("rest on rounds that other programs" in said) == busy, said
+    assert ("tuner tune --url URL" in said) != busy, said
 
 
 def test_unreachable_single_stream_floor_is_an_error(fitted_bench_db: str) -> None:

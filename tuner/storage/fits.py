@@ -403,7 +403,22 @@ def _fit_data(data: FitData, selection: Selection, seed: int, replicates: int):
     try:
         return fitting.fit(data, seed=seed, replicates=replicates)
     except ValueError as exc:
-        raise NothingToDoError(f"cannot fit {selection.model}: {exc}; {PROFILE_HINT}") from exc
+        raise NothingToDoError(
+            f"cannot fit {selection.model}: {exc}; {_refit_hint(selection)}"
+        ) from exc
+
+
+def _refit_hint(selection: Selection) -> str:
+    """What to do where no fit was made: where levels rest on disturbed rounds alone (a busy
+    machine, others' requests), measuring the same way again on a quiet one, not another way."""
+    if not selection.disturbed:
+        return PROFILE_HINT
+    shown = ", ".join(selection.disturbed[:4]) + (", ..." if len(selection.disturbed) > 4 else "")
+    return (
+        f"{len(selection.disturbed)} of its levels ({shown}) rest on rounds that other programs "
+        "or others' requests disturbed: stop them, or give the server a machine of its own, and "
+        "measure again"
+    )
 
 
 def _stored(row: Fit, reused: bool, note: str | None) -> StoredFit:
