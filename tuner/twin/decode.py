@@ -401,36 +401,39 @@ class DecodeLoop:
         for s in gen:
             d = s.draft
             res = s.res
-            k = -1  # the draft tokens accepted where a draft is verified and used
             if d == 0:
+                # no draft: the one token sampled (most steps of most worlds: kept short)
                 s.behind += 1
                 n_out = 1
-            elif s.replay:
-                # A checkpointed draft replayed: all of it accepted, one more token sampled.
-                k = s.replay - 1
-                s.replay = 0
-                n_out = k + 2
-                d = s.draft_len
+                res.token_times.append(end)
             else:
-                rng = s.rng
-                k = 0
-                if moves:
-                    # the request's class, scaled by the drafts verified together and its depth
-                    scale = per_drafts * (by_depth(s.kv) if by_depth is not None else 1.0)
-                    own = s.probs
-                    while k < d and rng.random() < own[k] * scale:
-                        k += 1
+                if s.replay:
+                    # A checkpointed draft replayed: all of it accepted, one more sampled.
+                    k = s.replay - 1
+                    s.replay = 0
+                    n_out = k + 2
+                    d = s.draft_len
                 else:
-                    while k < d and rng.random() < probs[k]:
-                        k += 1
-                res.draft_marks.append((end, res.draft_n))
-                if replay_mode and k < d:
-                    s.replay = k + 1
-                    s.draft_len = d
-                    n_out, k = 0, -1
-                else:
+                    rng = s.rng
+                    k = 0
+                    if moves:
+                        # the request's class, scaled by the drafts verified together and its
+                        # depth
+                        scale = per_drafts * (by_depth(s.kv) if by_depth is not None else 1.0)
+                        own = s.probs
+                        while k < d and rng.random() < own[k] * scale:
+                            k += 1
+                    else:
+                        while k < d and rng.random() < probs[k]:
+                            k += 1
+                    res.draft_marks.append((end, res.draft_n))
+                    if replay_mode and k < d:
+                        # a rejection in flight: nothing emitted until its replay
+                        s.replay = k + 1
+                        s.draft_len = d
+                        continue
                     n_out = k + 1
-            if k >= 0:
+                # the draft verified and used: k of its tokens accepted
                 res.draft_log.append((d, k))
                 verified += 1
                 accepted_step += k
@@ -439,15 +442,14 @@ class DecodeLoop:
                 per_pos = s.per_pos
                 for i in range(k):
                     per_pos[i] += 1
-            if n_out:
                 res.token_times.extend([end] * n_out)
-                s.left -= n_out
-                s.kv += n_out
-                if record:
-                    emitted.append(Emission(res.id, n_out, end))
-                if s.left <= 0 or s.kv + 1 >= slot_context:
-                    finished.append(res.id)
-                    self._finish(s, end)
+            s.left -= n_out
+            s.kv += n_out
+            if record:
+                emitted.append(Emission(res.id, n_out, end))
+            if s.left <= 0 or s.kv + 1 >= slot_context:
+                finished.append(res.id)
+                self._finish(s, end)
         return verified, accepted_step
 
     def _first_tokens(
