@@ -41,7 +41,7 @@ coverage of "settled" (the settled answers within 1 % of the best threshold) and
 start was 5 % or more behind at 0.1 requests/s or more, the share within 1 % at the end.
 Seeds can run apart and be graded together: `--first-seed 1 --seeds 2` runs the second and
 third seeds (each world profiled from its first seed's traffic, as in one run of all three),
-and `--pool FILE.json ...` grades the cases of several runs' files of one set as one run.
+and `--pool RUN ...` (files, or their date stems) grades the cases of several runs' files of one set as one run.
 A bench smoke run (a few minutes, the machine to itself):
 `--bench --minutes 3 --every 1`.
 """
@@ -313,7 +313,15 @@ def pooled(args: argparse.Namespace) -> None:
     import json
     from collections import Counter
 
-    records = {path: json.loads(Path(path).read_text()) for path in args.pool}
+    records = {}
+    for name in args.pool:
+        # a file, or a run's date stem under the results folder (2026-12-06T13-01-04Z)
+        path = Path(name)
+        if not path.exists():
+            path = Path(args.results_dir) / Path(__file__).stem / f"{name}.json"
+        if not path.exists():
+            sys.exit(f"--pool {name}: no such file, nor a run of this benchmark by that name")
+        records[path] = json.loads(path.read_text())
     rows: list[list] = []
     skipped: list[str] = []
     for path, record in records.items():
@@ -330,7 +338,7 @@ def pooled(args: argparse.Namespace) -> None:
         sys.exit("--pool: a world, traffic and seed is in two files")
     args.worlds = Path(sets.pop())
     args.seeds = max(Counter((r[0], r[1]) for r in rows).values())
-    sources = ", ".join(f"{Path(p).name} ({r['version']['checkout']})" for p, r in records.items())
+    sources = ", ".join(f"{p.stem} ({r['version']['checkout']})" for p, r in records.items())
     summarize(rows, skipped, args, f"pooled from {sources}")
 
 
@@ -593,8 +601,9 @@ def main() -> None:
     parser.add_argument(
         "--pool",
         nargs="+",
-        metavar="JSON",
-        help="grade the cases of these runs' files (other seeds of one set) as one run",
+        metavar="RUN",
+        help="grade the cases of these runs (JSON files, or their date stems under the results "
+        "folder) as one run: other seeds of one set",
     )
     parser.add_argument(
         "--truth-s",
