@@ -41,7 +41,8 @@ coverage of "settled" (the settled answers within 1 % of the best threshold) and
 start was 5 % or more behind at 0.1 requests/s or more, the share within 1 % at the end.
 Seeds can run apart and be graded together: `--first-seed 1 --seeds 2` runs the second and
 third seeds (each world profiled from its first seed's traffic, as in one run of all three),
-and `--pool RUN ...` (files, or their date stems) grades the cases of several runs' files of one set as one run.
+and `--pool RUN ...` (files, or their date stems) grades the cases of several runs of one set
+as one run.
 A bench smoke run (a few minutes, the machine to itself):
 `--bench --minutes 3 --every 1`.
 """
