@@ -363,6 +363,7 @@ def headline(run: Mapping[str, Any]) -> list[tuple[str, str]]:
             "within 1 % of the open-loop best (share)",
             "settled",
             "coverage of settled (share within 1 %)",
+            "coverage of settled, one-sided 95 % lower bound",
             "started 5 % or more behind at 0.1 req/s or more",
             "of them within 1 % at the end (share)",
             "flaps (on a tie, started within it, N changed more than once)",
