@@ -366,7 +366,6 @@ def headline(run: Mapping[str, Any]) -> list[tuple[str, str]]:
             "coverage of settled, one-sided 95 % lower bound",
             "started 5 % or more behind at 0.1 req/s or more",
             "of them within 1 % at the end (share)",
-            "flaps (on a tie, started within it, N changed more than once)",
         ),
         "tune_url": ("runs", "agree", "restored", "check_ok"),
         "function_lengths": ("functions", "over_limit", "longest"),
