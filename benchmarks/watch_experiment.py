@@ -339,6 +339,7 @@ def pooled(args: argparse.Namespace) -> None:
     if len({(r[0], r[1], r[16]) for r in rows}) != len(rows):
         sys.exit("--pool: a world, traffic and seed is in two files")
     args.worlds = Path(sets.pop())
+    args.openloop = True  # only open-loop runs take seeds apart
     args.seeds = max(Counter((r[0], r[1]) for r in rows).values())
     sources = ", ".join(f"{p.stem} ({r['version']['checkout']})" for p, r in records.items())
     summarize(rows, skipped, args, f"pooled from {sources}")
