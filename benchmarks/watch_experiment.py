@@ -342,11 +342,18 @@ def pooled(args: argparse.Namespace) -> None:
     args.openloop = True  # only open-loop runs take seeds apart
     args.seeds = max(Counter((r[0], r[1]) for r in rows).values())
     sources = ", ".join(f"{p.stem} ({r['version']['checkout']})" for p, r in records.items())
-    summarize(rows, skipped, args, f"pooled from {sources}")
+    summarize(rows, skipped, args, f"pooled from {sources}", {"pooled from": sources})
 
 
-def summarize(rows: list[list], skipped: list[str], args: argparse.Namespace, took: str) -> None:
-    """The grading of rows (one per world, traffic and seed): printed, and saved."""
+def summarize(
+    rows: list[list],
+    skipped: list[str],
+    args: argparse.Namespace,
+    took: str,
+    noted: dict[str, str] | None = None,
+) -> None:
+    """The grading of rows (one per world, traffic and seed): printed (took: how long it took,
+    or where it came from), and saved with noted in its summary."""
     kinds = sorted({r[1] for r in rows})
     within = [r for r in rows if r[7] <= 100 * WITHIN + 1e-9]
     ties = [r for r in rows if r[13]]
@@ -361,7 +368,11 @@ def summarize(rows: list[list], skipped: list[str], args: argparse.Namespace, to
     coverage = len(right) / len(settled) if settled else None
     # what so few settled cases can show: the coverage's one-sided 95 % lower bound (exact,
     # Clopper-Pearson), beside the 95 % the issue asks for
-    floor = float(stats.beta.ppf(0.05, len(right), len(settled) - len(right) + 1)) if right else 0.0
+    floor = (
+        stats.binomtest(len(right), len(settled), alternative="greater").proportion_ci(0.95).low
+        if settled
+        else 0.0
+    )
     moved = len(reached) / len(behind) if behind else None
     print(
         f"\nwithin 1 % of the open-loop best: {len(within)} of {len(rows)} ({share:.0%}); "
@@ -408,9 +419,8 @@ def summarize(rows: list[list], skipped: list[str], args: argparse.Namespace, to
         "load (mean generating share under always draft)": None if args.openloop else args.load,
         "minutes of traffic at most": args.minutes,
         "start": args.start,
+        **(noted or {}),
     }
-    if args.pool:
-        summary["pooled from"] = took.removeprefix("pooled from ")
     save_run(__file__, args, summary, [Table("per world and traffic", COLUMNS, rows)])
 
 
