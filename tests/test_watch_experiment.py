@@ -17,7 +17,7 @@ from test_watch import answer
 from twinthread import twin_in_thread
 
 from tuner.decide.experiment import ExperimentOptions
-from tuner.decide.watch import WatchOptions, WatchSummary, watch
+from tuner.decide.watch import EnvFile, WatchOptions, WatchSummary, watch
 from tuner.measure.arrivals import poisson_offsets
 from tuner.measure.client import LlamaClient
 from tuner.measure.hold import ServerHold, hold_paths
@@ -107,8 +107,8 @@ def test_watch_experiment_switches_restores_and_stores(
     # and left the server at the standing N: the env file's, which the watch writes as it
     # applies each answer (a second experiment may have moved N after the first, or the dwell
     # held a move back)
-    written = (tmp_path / "server.env").read_text().split("LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS=")
-    assert after == int(written[-1].split()[0]), (after, written, said)
+    written = EnvFile(tmp_path / "server.env").current_max_slots()
+    assert after == written, (after, written, said)
     if len(summary.experiments) == 1 and not summary.changes:
         assert after == report.answer, (after, report.answer)
     # its verdicts carry their bounds, and the cost to users is said
