@@ -279,7 +279,21 @@ def graded(case: Case, args: argparse.Namespace, db: str) -> list:
         f"requests, TPOT {fmt(row[11], '+.1f')} %  changes {row[12]}",
         flush=True,
     )
+    if args.explain:
+        explain(report)
     return row
+
+
+def explain(report: Any) -> None:
+    """A case's last verdicts with their bounds, its notes, and its windows by contender."""
+    for line in report.verdicts() + report.notes:
+        print(f"    {line}")
+    by: dict[int, list[float]] = {}
+    for planned, figures in report.windows:
+        if planned.contender:
+            by.setdefault(figures.n, []).append(figures.seconds)
+    said = ", ".join(f"N={n}: {len(s)} ({sum(s):.0f} s)" for n, s in sorted(by.items()))
+    print(f"    contender windows: {said or 'none'}; untested {report.untested}", flush=True)
 
 
 def twin(args: argparse.Namespace) -> None:
@@ -633,6 +647,11 @@ def main() -> None:
     parser.add_argument("--max-window", type=float, default=120.0, help="longest window, s")
     parser.add_argument("--min-tokens", type=float, default=30.0, help="tokens a count needs")
     parser.add_argument("--max-moves", type=int, default=4, help="moves one experiment may make")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each case's last verdicts, notes and windows a contender after its row",
+    )
     parser.add_argument(
         "--no-always",
         dest="always",
