@@ -644,7 +644,12 @@ def main() -> None:
     )
     parser.add_argument("--reach", type=int, default=1, help="neighbours this far are contenders")
     parser.add_argument("--share", type=float, default=0.25, help="most of the time away")
-    parser.add_argument("--max-window", type=float, default=120.0, help="longest window, s")
+    parser.add_argument(
+        "--max-window",
+        type=float,
+        default=ExperimentOptions.max_window_s,
+        help="longest window, s (the experiment's default)",
+    )
     parser.add_argument("--min-tokens", type=float, default=30.0, help="tokens a count needs")
     parser.add_argument("--max-moves", type=int, default=4, help="moves one experiment may make")
     parser.add_argument(

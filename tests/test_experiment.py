@@ -53,16 +53,20 @@ def test_a_cycle_flanks_its_contender_and_keeps_the_share_away() -> None:
         ExperimentOptions(share=0.5).check()
 
 
-def test_contenders_take_turns_among_the_open_comparisons() -> None:
+def test_the_sides_of_the_answer_take_turns_at_their_farthest_contender() -> None:
     exp = Experiment(4, 8, ExperimentOptions(seed=1, always=False), tie=[4, 6])
     # the model's tie set and its neighbours, and the answer's: never N=1 (nor always draft,
     # here left out)
     assert sorted(exp.contenders()) == [3, 5, 6]
     standing = exp.assess()
     assert standing.status == settle.OPEN
-    turns = [exp.next_contender(standing) for _ in range(9)]
-    for i in range(0, 9, 3):
-        assert sorted(turns[i : i + 3]) == [3, 5, 6]  # each once before any twice
+    # the two sides of the answer take turns, each turn at the farthest value wanted there: a
+    # window at N=6 drafts at 5 and 6, where N=4 does not, so it feeds N=5's comparison too,
+    # and a window at N=5 would feed N=6's at 5 only
+    turns = [exp.next_contender(standing) for _ in range(8)]
+    for i in range(0, 8, 2):
+        assert sorted(turns[i : i + 2]) == [3, 6]  # each side once before either twice
+    assert exp.covering(5, standing) == 6 and exp.covering(3, standing) == 3
     assert sorted(Experiment(4, 8, ExperimentOptions(seed=1), tie=[4, 6]).contenders()) == [
         0,
         3,

@@ -10,13 +10,16 @@ Schedule (`Experiment.plan_cycle`, randomised, seeded): cycles of k = ceil(1 / s
 of one length, one of them a contender's, at a random place that is neither the first nor the
 last, so each contender window is flanked by the standing N and at most `share` of the time is
 away from it; every other turn goes to the leader (the open comparison whose upper bound is
-highest, if it could still move N), the others to the contenders in a shuffled order, each turn
-among the comparisons still open. Contenders are the model's tie set, the neighbours of it and
-of the answer, and always draft (`allowed`), those the traffic can tell apart from the answer
-(it spends time at a count where one drafts and the other does not). A window lasts as long
-as it takes to spend about `level_s` seconds at the counts its comparison rests on (from the
-traffic's time shares so far), within [min_window_s, max_window_s]: windows long enough for the
-concurrency they see.
+highest, if it could still move N), the others to the two sides of the answer in a shuffled
+order. A turn serves the farthest value wanted on its side (`covering`): the standing N gives
+one side of every count, and a window at the farthest value gives the other side at every
+count between, for every comparison on that side at once. Contenders are the model's tie set,
+the neighbours of it and of the answer, and always draft (`allowed`), those the traffic can
+tell apart from the answer (it spends time at a count where one drafts and the other does
+not). A window lasts as long as it takes to spend about `level_s` seconds at the counts its
+comparison rests on (from the traffic's time shares so far), within [min_window_s,
+max_window_s]: windows long enough for the concurrency they see, and short enough that cycles
+keep coming where those counts are rare.
 
 Figures (tuner.measure.windows): every window is kept by the number of slots generating, as
 the threshold counts them. Two thresholds differ only at the counts between them, where one
@@ -95,7 +98,11 @@ class ExperimentOptions:
     budget_s: float = 1800.0  # the longest an experiment runs (the backend's clock)
     tolerance: float = settle.TOLERANCE
     min_window_s: float = 10.0
-    max_window_s: float = 120.0
+    # a cycle is `cycle` windows of one length, so a comparison at rare counts sets the pace
+    # of every cycle: 40 s keeps cycles (the blocks the bounds count) coming where those
+    # counts would ask for minutes (on the open-loop sets' slowest worlds, benchmarks/
+    # watch_experiment.py --explain: 120 s gave four or five cycles in 25 minutes)
+    max_window_s: float = 40.0
     level_s: float = 4.0  # seconds a window should spend at the counts its comparison rests on
     min_tokens: float = 30.0  # fewer tokens at a count in a window: no difference from it there
     min_share: float = 0.005  # counts with less of the busy time weigh nothing
@@ -361,7 +368,7 @@ class Experiment:
         self.prior = dict(shares or {})  # time shares by count, idle included, before any window
         self.rate, self.output_tokens = rate, output_tokens  # the traffic's, before any window
         self.rng = random.Random(f"experiment:{options.seed}")
-        self.turns: list[int] = []
+        self.turns: list[bool] = []  # the sides of the answer in turn (above: True)
         self.lead_turn = False  # every other turn goes to the leader (next_contender)
         self.visited = {self.answer}
         self.unusable_run = 0
@@ -744,29 +751,51 @@ class Experiment:
     def next_contender(self, standing: settle.Standing) -> int | None:
         """The next contender to serve: every other turn the leader (the open comparison with
         the answer whose upper bound is highest, where it clears the tolerance: the one most
-        likely to move N, so its blocks come twice as often); the other turns go through the
-        values the open comparisons need, shuffled, none twice before each had a turn."""
+        likely to move N, so its blocks come twice as often); the other turns go to the two
+        sides of the answer in turn, shuffled, each turn to the farthest value wanted on its
+        side (see `covering`: its window feeds every comparison on that side)."""
         self.lead_turn = not self.lead_turn
         leader = self._leader(standing) if self.lead_turn else None
         if leader is not None:
             return leader
-        wanted: set[int] = set()
+        wanted = self._wanted(standing)
+        if not wanted:
+            return None
+        sides = {m > self.answer for m in wanted}
+        self.turns = [above for above in self.turns if above in sides]
+        if not self.turns:
+            self.turns = sorted(sides)
+            self.rng.shuffle(self.turns)
+        above = self.turns.pop(0)
+        return self.covering(next(m for m in wanted if (m > self.answer) == above), standing)
+
+    def _wanted(self, standing: settle.Standing) -> set[int]:
+        """The values the open comparisons need windows of (contenders, and the other side
+        of a tie question), and the contenders not yet tested: a window at one of them feeds
+        nothing until the traffic reaches the counts it differs at, and then, in a burst the
+        standing N's windows see too, gives the side they lack."""
+        wanted = {self._eff(n) for n in self.report.untested}
         for c in standing.measuring:
             wanted.add(c.contender)
             if c.against is not None and c.against != self.answer:
                 wanted.add(c.against)
-        if not wanted:
-            # only contenders not yet tested are left: their windows wait for the traffic to
-            # reach the counts they differ at
-            wanted = {self._eff(n) for n in self.report.untested}
         wanted.discard(self.answer)
-        if not wanted:
-            return None
-        self.turns = [n for n in self.turns if n in wanted]
-        if not self.turns:
-            self.turns = sorted(wanted)
-            self.rng.shuffle(self.turns)
-        return self.turns.pop(0)
+        return wanted
+
+    def covering(self, contender: int, standing: settle.Standing) -> int:
+        """The value served for a contender's turn: the farthest value wanted on its side of
+        the answer. Gains are per count, pooled over every window whatever its N, and the
+        standing N gives one side of every count (drafting up to it, not above), so only
+        contender windows give the other: drafting above the answer, not drafting at or below
+        it. The farthest value gives that side at every count between it and the answer, for
+        every open comparison on its side at once, where the contender's own value gives it
+        at its own counts only (a turn for N+1 would feed N+2 and always draft nothing)."""
+        side = [
+            m
+            for m in self._wanted(standing) | {contender}
+            if (m > self.answer) == (contender > self.answer)
+        ]
+        return max(side) if contender > self.answer else min(side)
 
     def _leader(self, standing: settle.Standing) -> int | None:
         """The open comparison with the answer that could still move N (its upper bound above
@@ -791,19 +820,21 @@ class Experiment:
             return opts.max_window_s
         return min(opts.max_window_s, max(opts.min_window_s, opts.level_s / at))
 
-    def plan_cycle(self, contender: int, index: int, left: float = math.inf) -> list[Planned]:
-        """k windows of one length, the contender's at a random place inside (never first or
-        last: flanked by the standing N), within the time left."""
+    def plan_cycle(
+        self, contender: int, index: int, left: float = math.inf, serve: int | None = None
+    ) -> list[Planned]:
+        """k windows of one length (the contender's comparison's: `window_s`), a window at
+        `serve` (the contender where not given; see `covering`) at a random place inside
+        (never first or last: flanked by the standing N), within the time left."""
         k = self.options.cycle
         place = self.rng.randint(1, k - 2)
         # a window ends with the step that crosses its end: a second to spare for them; and
         # the cycle switches twice, each followed by a washout
         spare = 1.0 + 2 * self.options.washout_s
         seconds = min(self.window_s(contender), max(left - spare, 0.0) / k)
+        at = contender if serve is None else serve
         return [
-            Planned(
-                contender if i == place else self.answer, i == place, seconds, index, self.answer
-            )
+            Planned(at if i == place else self.answer, i == place, seconds, index, self.answer)
             for i in range(k)
         ]
 
@@ -883,7 +914,9 @@ class Experiment:
                     + self._time_to_tell(standing, backend.elapsed - started)
                 )
                 break
-            standing = self._cycle(backend, self.plan_cycle(contender, cycles, left), standing)
+            serve = self.covering(contender, standing)
+            plan = self.plan_cycle(contender, cycles, left, serve)
+            standing = self._cycle(backend, plan, standing)
             cycles += 1
             # a burst passes: wait it out at the standing N; arrivals above capacity do not
             waited = self.overloaded and self.unusable_run < STOP_AFTER
