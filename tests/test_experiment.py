@@ -459,6 +459,22 @@ def test_an_unresolved_answer_says_how_long_its_comparisons_take_to_tell_apart()
     assert exp._time_to_tell(settle.Standing(4, settle.OPEN, []), 600.0) == ""
 
 
+def test_a_tie_question_against_the_answer_is_said_once() -> None:
+    """A smaller contender within the tolerance is asked again as a tie question; held against
+    the answer itself it is the same contrast, and its line is not said twice; held against a
+    larger best estimate it is a question of its own."""
+    exp = Experiment(4, 8, ExperimentOptions())
+    within = settle.Comparison(2, Contrast(-0.5, 0.3, 9.0), settle.WITHIN, [3, 4])
+    again = settle.Comparison(2, Contrast(-0.5, 0.3, 9.0), settle.WITHIN, [3, 4], against=4)
+    other = settle.Comparison(2, Contrast(-0.9, 0.3, 9.0), settle.BEHIND, [3, 4, 5], against=5)
+    for questions, lines in (([again], 1), ([other], 2)):
+        exp.report.standing = settle.Standing(
+            4, settle.OPEN, [within], tolerance=0.2, questions=questions
+        )
+        said = exp.report.verdicts()
+        assert len(said) == lines and said[0].startswith("N=2 against N=4: -0.500"), said
+
+
 def test_counts_mostly_reading_a_prompt_do_not_settle_a_comparison() -> None:
     """At 4 generating slots the windows spent most of their time in steps that also read a
     prompt: there a rate per count does not price drafting (it lengthens the read), so N=4

@@ -236,24 +236,27 @@ class ExperimentReport:
         return self.answer != self.start
 
     def verdicts(self) -> list[str]:
-        """One line per comparison of the last standing: verdict and one-sided bounds."""
+        """One line per comparison of the last standing: verdict and one-sided bounds. A tie
+        question asked against the answer itself is its comparison again: said once."""
         if self.standing is None:
             return []
-        out = []
+        out: list[str] = []
         for c in self.standing.comparisons + self.standing.questions:
             against = c.against if c.against is not None else self.standing.answer
             n, m = _as_set(c.contender, self.n_parallel), _as_set(against, self.n_parallel)
             head = f"N={n} against N={m}"
             if math.isnan(c.advantage.estimate) or math.isinf(c.advantage.se):
                 levels = ", ".join(map(str, c.levels))
-                out.append(f"{head}: not measured enough yet at {levels} generating, {c.verdict}")
-                continue
-            low, high = c.advantage.bounds(settle.CONFIDENCE)
-            out.append(
-                f"{head}: {c.advantage.estimate:+.3f} [{low:+.3f}, {high:+.3f}] (the "
-                f"objective's units, tolerance {self.standing.tolerance:.3f}; 95 % one-sided "
-                f"each), {c.verdict}"
-            )
+                line = f"{head}: not measured enough yet at {levels} generating, {c.verdict}"
+            else:
+                low, high = c.advantage.bounds(settle.CONFIDENCE)
+                line = (
+                    f"{head}: {c.advantage.estimate:+.3f} [{low:+.3f}, {high:+.3f}] (the "
+                    f"objective's units, tolerance {self.standing.tolerance:.3f}; 95 % one-sided "
+                    f"each), {c.verdict}"
+                )
+            if line not in out:
+                out.append(line)
         return out
 
     def as_dict(self) -> dict[str, Any]:
