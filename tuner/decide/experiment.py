@@ -769,8 +769,7 @@ class Experiment:
         if not self.turns:
             self.turns = sorted(sides)
             self.rng.shuffle(self.turns)
-        above = self.turns.pop(0)
-        return self.covering(next(m for m in wanted if (m > self.answer) == above), standing)
+        return self._farthest(wanted, self.turns.pop(0))
 
     def _wanted(self, standing: settle.Standing) -> set[int]:
         """The values the open comparisons need windows of (contenders, and the other side
@@ -793,12 +792,12 @@ class Experiment:
         it. The farthest value gives that side at every count between it and the answer, for
         every open comparison on its side at once, where the contender's own value gives it
         at its own counts only (a turn for N+1 would feed N+2 and always draft nothing)."""
-        side = [
-            m
-            for m in self._wanted(standing) | {contender}
-            if (m > self.answer) == (contender > self.answer)
-        ]
-        return max(side) if contender > self.answer else min(side)
+        return self._farthest(self._wanted(standing) | {contender}, contender > self.answer)
+
+    def _farthest(self, values: Collection[int], above: bool) -> int:
+        """The value farthest from the answer on one side of it (above: True)."""
+        side = [m for m in values if (m > self.answer) == above]
+        return max(side) if above else min(side)
 
     def _leader(self, standing: settle.Standing) -> int | None:
         """The open comparison with the answer that could still move N (its upper bound above
