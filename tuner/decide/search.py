@@ -230,25 +230,34 @@ def run_study(
     size = space_size(model.n_parallel, n_values)
     floor = min_single_stream
     sampler, sampler_name, budget = _sampler(size, brute_force_limit, tpe_trials, seed, floor)
-    study = optuna.create_study(
-        study_name=name,
-        storage=optuna_storage(storage_url) if storage_url else None,
-        sampler=sampler,
-        direction="maximize",
-        load_if_exists=True,
-    )
-    if not study.user_attrs:
-        for key, value in {**(user_attrs or {}), "sampler": sampler_name, "seed": seed}.items():
-            study.set_user_attr(key, value)
+    stored = None
+    if storage_url:
+        stored = optuna.create_study(
+            study_name=name,
+            storage=optuna_storage(storage_url),
+            sampler=sampler,
+            direction="maximize",
+            load_if_exists=True,
+        )
+        if not stored.user_attrs:
+            attrs = {**(user_attrs or {}), "sampler": sampler_name, "seed": seed}
+            for key, value in attrs.items():
+                stored.set_user_attr(key, value)
+    # The trials run in memory on what the stored study holds, and only the new ones are
+    # written, in one insert each: through RDBStorage every suggest re-reads the whole study and
+    # every user attribute is a commit of its own, which made the search most of a first
+    # `recommend`'s time. Two processes that search one study at once each write their points;
+    # _evaluations keeps one trial a point.
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    if stored is not None:
+        study.add_trials(_complete(stored.trials))
+    held = len(study.trials)
     trial_objective = _trial_objective(model, goal, floor, n_values, tune_n_max)
 
-    def complete() -> list[optuna.trial.FrozenTrial]:
-        return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-
-    remaining = max(0, budget - len(complete()))
+    remaining = max(0, budget - len(_complete(study.trials)))
     if remaining:
         study.optimize(trial_objective, n_trials=remaining)
-    candidates = _evaluations(complete(), n_values[0])
+    candidates = _evaluations(_complete(study.trials), n_values[0])
     best = best_candidate(candidates, model.n_parallel, model.n_max)
     # A sampled search may have skipped some N at the best n_max; the choice weighs the whole
     # row, so those are trials of the same study too.
@@ -262,13 +271,15 @@ def run_study(
     if missing:
         study.optimize(trial_objective, n_trials=len(missing))
         remaining += len(missing)
-        candidates = _evaluations(complete(), n_values[0])
+        candidates = _evaluations(_complete(study.trials), n_values[0])
         best = best_candidate(candidates, model.n_parallel, model.n_max)
+    if stored is not None:
+        stored.add_trials(_complete(study.trials[held:]))
     return SearchResult(
         name,
         sampler_name,
         size,
-        len(complete()),
+        len(_complete(study.trials)),
         remaining,
         best,
         candidates,
@@ -321,6 +332,12 @@ def _trial_objective(
         return found.value
 
     return objective
+
+
+def _complete(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    import optuna
+
+    return [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
 
 
 def _row(candidates: list[Evaluation], best: Evaluation) -> set[int | None]:
