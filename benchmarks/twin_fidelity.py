@@ -111,8 +111,9 @@ from tuner.twin.calibrate import Calibration
 from tuner.twin.engine import Workload, simulate
 from tuner.twin.from_run import RunData, calibrate_run, run_levels
 from tuner.twin.inprocess import TwinBackend
+from tuner.twin.tables import Curve
 from tuner.twin.truth import ClosedTruth, closed_truth
-from tuner.twin.world import Curve, World, load_world, world_to_toml
+from tuner.twin.world import World, load_world, world_to_toml
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "profiles" / "bench-smollm2-cpu.toml"

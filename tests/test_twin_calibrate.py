@@ -13,8 +13,8 @@ from tuner.policy import Policy
 from tuner.storage.importer import ImportDoc, load_import
 from tuner.twin import load_world, world_from_dict
 from tuner.twin.calibrate import calibrate_table, estimate_synth_len, fit_world
+from tuner.twin.tables import Curve
 from tuner.twin.truth import closed_truth
-from tuner.twin.world import Curve
 
 REPO = Path(__file__).resolve().parent.parent
 SEED_TABLE = REPO / "profiles" / "reference" / "seed-qwen3.8-flash-next-gfx1151.toml"

@@ -50,7 +50,8 @@ from typing import Any
 
 from tuner.errors import ConfigError
 from tuner.policy import Policy
-from tuner.twin.world import Curve, World, load_world, synth_rates, world_to_toml
+from tuner.twin.tables import Curve
+from tuner.twin.world import World, load_world, synth_rates, world_to_toml
 
 GENERATOR_SEED = 25
 GENERATOR_VERSION = 1

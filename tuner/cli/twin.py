@@ -103,7 +103,7 @@ def serve(
     switched live through POST /props with --props. The tuner launches it itself through a
     spec whose server.binary is `tuner-twin-server` (profiles/twin/bench-twin.toml)."""
     from tuner.twin.cmdline import ServerArgs
-    from tuner.twin.server import serve as serve_world
+    from tuner.twin.command import serve as serve_world
 
     args = ServerArgs(
         model=world,

@@ -48,8 +48,9 @@ from scipy.optimize import brentq
 from tuner.policy import Policy
 from tuner.storage.importer import ImportDoc, load_import
 from tuner.twin.engine import Workload, simulate
+from tuner.twin.tables import Curve
 from tuner.twin.truth import ClosedTruth, closed_truth
-from tuner.twin.world import Curve, World, synth_rates
+from tuner.twin.world import World, synth_rates
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,15 @@ launch; answered here, before numpy and the engine are imported, each costs a Py
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tuner.twin.version import VERSION_TEXT
+
+if TYPE_CHECKING:
+    from tuner.twin.cmdline import ServerArgs
+
+BIND_FAILURE = "couldn't bind HTTP server socket"  # what llama-server logs (ManagedServer reads it)
 
 HELP_TEXT = """usage: tuner-twin-server [options]
 
@@ -83,9 +89,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--list-devices" in argv:
         print("Available devices:")
         return 0
-    from tuner.twin.server import run
-
     return run(argv)
+
+
+def serve(args: ServerArgs, log: Callable[[str], None] | None = None) -> None:
+    """Run a twin server until SIGTERM or SIGINT (blocking); ConfigError for a bad world."""
+    import asyncio
+    import signal
+
+    from tuner.twin.cmdline import launch_world
+    from tuner.twin.server import TwinServer
+
+    world, policy = launch_world(args)
+    server = TwinServer(args, world, policy, log)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.serve(stop)
+
+    asyncio.run(main())
+
+
+def run(argv: Sequence[str]) -> int:
+    """Serve llama-server's command line argv (tuner.twin.command answers the probes); the exit
+    status llama-server would give."""
+    from tuner.errors import ConfigError
+    from tuner.twin.cmdline import ArgError, parse_args
+
+    try:
+        args = parse_args(argv)
+        serve(args)
+    except ArgError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the port is taken (or the host is not ours)
+        print(f"{BIND_FAILURE}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

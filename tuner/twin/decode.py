@@ -65,7 +65,8 @@ from collections import deque
 from tuner.policy import Policy
 from tuner.twin.noise import NoiseProcess
 from tuner.twin.results import Emission, Metrics, RequestResult, SlotState, StepResult
-from tuner.twin.world import Curve, World
+from tuner.twin.tables import Curve
+from tuner.twin.world import World
 
 # -- the engine --
 

@@ -61,8 +61,9 @@ from tuner.twin.calibrate import (
     level_fits,
     with_reeval_share,
 )
+from tuner.twin.tables import Curve
 from tuner.twin.truth import closed_truth
-from tuner.twin.world import Curve, World
+from tuner.twin.world import World
 
 DEFAULT_REEVAL_SHARE = 0.02  # assumed where a run has no threshold level above its N
 

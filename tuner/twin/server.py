@@ -43,22 +43,16 @@ import itertools
 import json
 import random
 import secrets
-import signal
 import sys
 import threading
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from tuner.errors import ConfigError
 from tuner.policy import Policy
 from tuner.twin import tokenizer
 from tuner.twin.answers import MAX_SLOTS_KEY, Answer, parse_max_slots_body
 from tuner.twin.cmdline import (
-    ArgError,
     ServerArgs,
-    launch_world,
-    parse_args,
 )
 from tuner.twin.engine import Engine, Request
 from tuner.twin.http import (
@@ -73,43 +67,14 @@ from tuner.twin.http import (
     sse,
 )
 from tuner.twin.live import Done, Event, Failed, LiveEngine, Snapshot, Tokens
+from tuner.twin.promptcache import PromptCache
 from tuner.twin.version import BUILD_INFO
 from tuner.twin.world import World
 
 SEED_RANDOM = 0xFFFFFFFF  # llama-server: pick a seed at random
-BIND_FAILURE = "couldn't bind HTTP server socket"  # what llama-server logs (ManagedServer reads it)
 PROMPTS_CACHED = 8  # besides one per slot: prompts whose prefix a new request may reuse
 MAX_HEADER_BYTES = 65536
 TIME_HEADER = "X-Twin-Time"
-
-
-# --- the prompt cache -------------------------------------------------------------------------
-
-
-class PromptCache:
-    """The last prompts, for the prefix a new request need not evaluate again."""
-
-    def __init__(self, size: int) -> None:
-        self._prompts: deque[tuple[int, ...]] = deque(maxlen=size)
-
-    def take(self, tokens: Sequence[int]) -> int:
-        """Tokens of this prompt already held (the longest common prefix), and remember it."""
-        prompt = tuple(tokens)
-        best = max((_common_prefix(p, prompt) for p in self._prompts), default=0)
-        self._prompts.append(prompt)
-        return best
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Length of the longest common prefix (binary search over slice comparisons)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -600,39 +565,3 @@ class TwinServer:
     def random_id(self) -> str:
         alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
         return "".join(self._rng.choice(alphabet) for _ in range(32))
-
-
-# --- the executable ---------------------------------------------------------------------------
-
-
-def serve(args: ServerArgs, log: Callable[[str], None] | None = None) -> None:
-    """Run a twin server until SIGTERM or SIGINT (blocking); ConfigError for a bad world."""
-    world, policy = launch_world(args)
-    server = TwinServer(args, world, policy, log)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await server.serve(stop)
-
-    asyncio.run(main())
-
-
-def run(argv: Sequence[str]) -> int:
-    """Serve llama-server's command line argv (tuner.twin.command answers the probes); the exit
-    status llama-server would give."""
-    try:
-        args = parse_args(argv)
-        serve(args)
-    except ArgError as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # the port is taken (or the host is not ours)
-        print(f"{BIND_FAILURE}: {exc}", file=sys.stderr)
-        return 1
-    return 0
