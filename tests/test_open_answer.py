@@ -147,10 +147,11 @@ def _recommendations(store: Store) -> int:
         return int(s.scalar(select(func.count()).select_from(RecommendationRow)) or 0)
 
 
-@pytest.mark.parametrize("finished", [0, 1])
+@pytest.mark.parametrize("finished", [0, 1, -2])
 def test_bad_arrivals_are_one_line_and_store_nothing(profiled, finished: int) -> None:
     """--rate 0 on a fit with measured arrival costs, and traffic that saw too few requests
-    finish: a ConfigError (the CLI's one line), no recommendation stored."""
+    finish (-2: two that arrived at the same instant, as streams a closed-loop client starts
+    together do: no rate): a ConfigError (the CLI's one line), no recommendation stored."""
     store, _ = profiled
     before = _recommendations(store)
     asked = {"objective": ObjectiveKind.TPOT, "host_explicit": True, "replicates": 2}
@@ -158,11 +159,11 @@ def test_bad_arrivals_are_one_line_and_store_nothing(profiled, finished: int) ->
         advice.recommend(store, "twin-cpu-draft", HOST, rate=0.0, **asked)
     profile = TrafficProfile(8, source=SOURCE_SLOTS)
     profile.add(1, 30.0)
-    for i in range(finished):
-        profile.add_finished(Finished(1.0 + i, PROMPT, OUTPUT))
+    for i in range(abs(finished)):
+        profile.add_finished(Finished(1.0 + (i if finished > 0 else 0), PROMPT, OUTPUT))
     view = ServerView("http://twin/cpu-draft", "twin-cpu-draft", 8, "slots")
     traffic_profiles.save(store, f"few-{finished}", view, profile.to_dict(), "complete")
-    with pytest.raises(ConfigError, match=r"too few|no request"):
+    with pytest.raises(ConfigError, match=r"too few|no request|all arrived at once"):
         advice.recommend(store, "twin-cpu-draft", HOST, traffic=f"few-{finished}", **asked)
     assert _recommendations(store) == before
 

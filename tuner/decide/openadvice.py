@@ -122,6 +122,14 @@ def offered(
                 f"traffic {question.traffic!r} saw {len(profile.requests)} request(s) finish: "
                 "too few to draw its arrivals from; observe it longer, or give --rate"
             )
+        arrivals = {r.arrival for r in profile.requests}
+        if len(arrivals) < 2 and question.rate is None:
+            # e.g. one burst of streams started together: gaps of 0 s are no rate
+            raise ConfigError(
+                f"traffic {question.traffic!r}: its {len(profile.requests)} finished requests "
+                "all arrived at once, which gives no rate to draw arrivals at; observe it "
+                "longer, or give --rate"
+            )
         if not profile.requests:
             raise ConfigError(
                 f"traffic {question.traffic!r} saw no request finish: no lengths to draw from"
