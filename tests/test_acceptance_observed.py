@@ -143,6 +143,12 @@ def test_too_little_or_no_drafting_keeps_the_profiles_acceptance() -> None:
     assert observed_acceptance(nothing) is None
     line = acceptance_line(TrafficProfile(4, acceptance=nothing))
     assert "no draft was made in 12 readings" in line and "more slots generating than N" in line
+    # one reading: a mean, and no interval (printed as such, never as [-inf, inf])
+    once = AcceptanceCounts()
+    once.add(46, 138, 0, [0, 0, 0])
+    line = acceptance_line(TrafficProfile(4, acceptance=once))
+    assert "no interval from 46 drafts in one reading" in line, line
+    assert "inf" not in line and "nan" not in line, line
 
 
 class Full(Scripted):

@@ -131,6 +131,11 @@ def _scaled(rates: tuple[float, ...] | list[float], factor: float) -> tuple[floa
 
 
 def _seen(observed: ObservedAcceptance) -> str:
+    if observed.readings < 2:  # an interval needs two readings at least
+        return (
+            f"{observed.mean_length:.2f} tokens a drafting step (no interval from "
+            f"{observed.drafts:.0f} drafts in one reading)"
+        )
     lo, hi = observed.interval()
     return (
         f"{observed.mean_length:.2f} tokens a drafting step [{lo:.2f}, {hi:.2f}] (90 %, "
