@@ -87,6 +87,13 @@ def test_unresolved_answers_say_so_in_every_form_with_the_tie_rule() -> None:
     env = rec.render(OutputFormat.ENV).splitlines()
     assert env[0].startswith("# unresolved: N=2 is the best estimate so far") and len(env) == 2
     assert "unresolved" in rec.render(OutputFormat.TEXT)
+    # plain, its threshold unresolved: the plain line, then the line that says unresolved and
+    # what to measure, then the threshold should the draft model stay, all comments
+    plain = answer(ReasonCode.PLAIN_AHEAD, ReasonCode.UNRESOLVED, drafting_pays=False)
+    env = plain.render(OutputFormat.ENV).splitlines()
+    assert env[0].startswith("# plain: serve qwen-q4 without its draft model")
+    assert env[1].startswith("# unresolved: N=2 is the best estimate so far")
+    assert env[2] == f"# should the draft model stay (unresolved): {ENV_MAX_SLOTS}=2"
     tied = answer(ReasonCode.SETTLED, tie=[2, 3])
     assert tied.headline() == "N=2 (settled live; tie [2, 3], the smallest chosen)"
 

@@ -306,18 +306,22 @@ class Recommendation:
         # env files, shells and units take comment lines: an unresolved answer never reads as
         # a settled one, and a plain answer, which no variable can give (an env file cannot
         # remove --model-draft), is comment lines only
+        said = self.unresolved_text()
         if self.kind == PLAIN:
-            # every line a comment: with --tune-n-max the pairs span two lines in an env file
+            # every line a comment: with --tune-n-max the pairs span two lines in an env file;
+            # the status is the threshold's, should the draft model stay, and where it is
+            # unresolved the line that says what to measure comes before it, as it does for a
+            # threshold answer
             first, *rest = assigned.splitlines()
             return "\n".join(
                 [
                     f"# plain: serve {self.model} without its draft model: remove --model-draft"
                     " (-md) and --spec-type from llama-server's command line (an env file cannot)",
+                    *([f"# {said}"] if said else []),
                     f"# should the draft model stay ({self.status}): {first}",
                     *(f"# {line}" for line in rest),
                 ]
             )
-        said = self.unresolved_text()
         return (f"# {said}\n" if said else "") + assigned
 
     def explain_lines(self) -> list[str]:
