@@ -1,12 +1,13 @@
 """A busy machine on the real bench: a CPU-bound program started part-way through a profile marks
 the rounds it touched (stored with the figure, measured again, left out of verdicts), the run
-warns in words that name it, and a tune while it runs settles nothing from those rounds; a profile
-on the quiet machine (the suite's shared one) blames no other program. What is asserted is what
+warns in words that name it, and a tune while it runs settles nothing from those rounds; the
+suite's shared profile blames no program that was not there. What is asserted is what
 the tuner saw and said, never a throughput ratio."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from conftest import ProfiledBench
 from sqlalchemy import func, select
 from tunerproc import finish, run_tuner, start_tuner, tuner_env
 
+from tuner.measure.interference import BUSY_CORES, round_load, snapshot
 from tuner.measure.recorder import rounds_stored
 from tuner.storage.orm import Level, Sample
 from tuner.storage.store import Store
@@ -85,6 +87,13 @@ def _stop(hog: subprocess.Popen) -> None:
     hog.wait()
 
 
+def _others_now(seconds: float = 2.0) -> float:
+    """The cores other programs use now (all but this process), as a round would count them."""
+    start = snapshot(gpu=False)
+    time.sleep(seconds)
+    return round_load(start, snapshot(gpu=False), server=[], tuner=os.getpid()).others
+
+
 def test_a_busy_program_started_part_way_is_named_and_its_rounds_left_out(
     tmp_path: Path,
 ) -> None:
@@ -92,6 +101,11 @@ def test_a_busy_program_started_part_way_is_named_and_its_rounds_left_out(
     busy: the rounds it touched are marked, measured again once it is gone, and the warning
     names it. Then a tune with it running throughout settles nothing. (A whole core taken
     slows this 2-core machine's rounds thirty times over; half a core is plenty to be seen.)"""
+    busy = _others_now()
+    if busy >= BUSY_CORES:
+        # every round is busy from its start already: what this program marks cannot be told
+        # from what was there (the shared profile's test holds the rule on a busy machine too)
+        pytest.skip(f"the machine is busy before the program starts ({busy:.2f} cores used)")
     db = tmp_path / "busy.db"
     env = tuner_env(db, tmp_path / "cache")
     profile = start_tuner(["profile", str(SPEC), *SHORT], env)
@@ -134,14 +148,22 @@ def test_a_busy_program_started_part_way_is_named_and_its_rounds_left_out(
     assert json.loads(tuned.stdout)["answer_status"] != "settled"
 
 
-def test_the_shared_profile_on_the_quiet_machine_blames_no_program(
+def test_the_shared_profile_blames_only_what_was_there(
     bench_profile: ProfiledBench,
 ) -> None:
-    """The suite's shared bench profile (conftest.bench_profile), run with nothing else on the
-    machine (the bench tests run one at a time): no warning, no round marked busy, and every
-    round carries what the rest of the machine did while it ran."""
-    assert BLAME not in bench_profile.output, bench_profile.output[-3000:]
+    """The suite's shared bench profile (conftest.bench_profile): every round carries what the
+    rest of the machine did while it ran, and a round is marked busy, and the run warns, only
+    where other programs used the cores the threshold counts. On a quiet machine (the bench
+    tests run one at a time) that is no round and no warning; beside someone else's work the
+    same rule holds, so the test does not depend on how busy the machine is."""
     db = Path(bench_profile.db_url.removeprefix("sqlite:///"))
     measured = [r for r in rounds(db) if r.get("tokens_per_second")]
-    assert measured and not [r for r in measured if r.get("busy")]
-    assert all("machine" in r for r in measured)
+    assert measured and all("machine" in r for r in measured)
+    for r in measured:
+        load = r["machine"]
+        there = load["others"] >= BUSY_CORES or load["steal"] >= BUSY_CORES
+        assert bool(r.get("busy")) == there, r
+    busy = [r for r in measured if r.get("busy")]
+    assert (BLAME in bench_profile.output) == any(
+        r["machine"]["others"] >= BUSY_CORES for r in busy
+    ), bench_profile.output[-3000:]

@@ -56,10 +56,14 @@ def test_bench_profile_stores_everything(bench_profile: ProfiledBench) -> None:
         for level in levels.values():
             assert level.status == "completed"
             assert level.repeats == 2  # min_repeats = max_repeats = 2
-            samples = session.scalars(select(Sample).filter_by(level_id=level.id)).all()
-            # every request of every repeat is stored, with its server-side timings
+            stored = session.scalars(select(Sample).filter_by(level_id=level.id)).all()
+            # every request of every repeat is stored, with its server-side timings; a round a
+            # busy machine disturbed was measured again, its samples stored too and set apart,
+            # so the counted repeats' are what adds up (how busy the machine was is no part of it)
+            counted = {r["repeat"] for r in level.metrics["repeats"]}
+            samples = [s for s in stored if s.repeat in counted]
             assert len(samples) == level.repeats * level.concurrency
-            assert all(s.ok and s.tokens == SHARED_PROFILE_TOKENS and s.steps for s in samples)
+            assert all(s.ok and s.tokens == SHARED_PROFILE_TOKENS and s.steps for s in stored)
             assert level.step_ms and level.step_ms_spread is not None
         # Interleaved: every repeat is tagged with its pass, and every configuration of a
         # level was measured in the same passes (paired neighbours), one pass after another.

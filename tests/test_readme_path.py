@@ -87,8 +87,8 @@ def one_answer(said: dict[str, Finished], tmp: Path) -> None:
     if data["status"] == "unresolved":
         # the line that says so comes before the answer's own (after the plain line, where the
         # answer is plain: its status is the threshold's, should the draft model stay)
-        said = env_file.lstrip().splitlines()
-        assert said[1 if data["answer"] == "plain" else 0].startswith("# unresolved"), env_file
+        comments = env_file.lstrip().splitlines()
+        assert comments[1 if data["answer"] == "plain" else 0].startswith("# unresolved"), env_file
     summary = (tmp / "report" / "summary.md").read_text()
     assert f"## Recommendation: {text}" in summary
     assert data["drafting_pays"] is not None, "the second tune measured plain beside it"
