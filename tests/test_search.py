@@ -85,6 +85,32 @@ def test_study_lives_in_the_same_database_and_resumes(store: Store) -> None:
     assert len(loaded.trials) == first.trials
 
 
+def test_a_study_searched_by_two_processes_at_once_stores_each_point_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second process read the study before the first wrote its points: it writes none of
+    them again."""
+    model = crossing_model()
+    weights = search.objective_weights(model.n_parallel)
+    complete = search._complete
+    first: list[search.SearchResult] = []
+
+    def other_process_writes_first(trials: list[optuna.trial.FrozenTrial]) -> list:
+        # Called first on what this process read (an empty study); the other search runs then.
+        if not first:
+            monkeypatch.setattr(search, "_complete", complete)
+            first.append(search.run_study(store.url, "twice", model, weights))
+        return complete(trials)
+
+    monkeypatch.setattr(search, "_complete", other_process_writes_first)
+    second = search.run_study(store.url, "twice", model, weights)
+    assert first and first[0].new_trials == second.new_trials == model.n_parallel + 1
+    assert second.best == first[0].best
+    loaded = optuna.load_study(study_name="twice", storage=store.url)
+    points = [t.params[search.MAX_SLOTS_PARAM] for t in loaded.trials]
+    assert sorted(points) == list(range(model.n_parallel + 1))
+
+
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_interrupted_study_finishes_the_rest(store: Store) -> None:
     model = crossing_model()

@@ -246,8 +246,8 @@ def run_study(
     # The trials run in memory on what the stored study holds, and only the new ones are
     # written, in one insert each: through RDBStorage every suggest re-reads the whole study and
     # every user attribute is a commit of its own, which made the search most of a first
-    # `recommend`'s time. Two processes that search one study at once each write their points;
-    # _evaluations keeps one trial a point.
+    # `recommend`'s time. Of two processes that search one study at once, the later writer
+    # adds only the points the earlier did not store (_new_points).
     study = optuna.create_study(sampler=sampler, direction="maximize")
     if stored is not None:
         study.add_trials(_complete(stored.trials))
@@ -274,7 +274,7 @@ def run_study(
         candidates = _evaluations(_complete(study.trials), n_values[0])
         best = best_candidate(candidates, model.n_parallel, model.n_max)
     if stored is not None:
-        stored.add_trials(_complete(study.trials[held:]))
+        stored.add_trials(_new_points(_complete(study.trials[held:]), stored.get_trials()))
     return SearchResult(
         name,
         sampler_name,
@@ -338,6 +338,14 @@ def _complete(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.Froze
     import optuna
 
     return [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def _new_points(
+    trials: list[optuna.trial.FrozenTrial], stored: list[optuna.trial.FrozenTrial]
+) -> list[optuna.trial.FrozenTrial]:
+    """The trials whose point (their parameters) no complete stored trial holds yet."""
+    have = {tuple(sorted(t.params.items())) for t in _complete(stored)}
+    return [t for t in trials if tuple(sorted(t.params.items())) not in have]
 
 
 def _row(candidates: list[Evaluation], best: Evaluation) -> set[int | None]:
