@@ -29,14 +29,18 @@ from tuner.storage.traffic_profiles import load
 pytestmark = pytest.mark.bench
 
 LIGHT = [(1, 64), (2, 64)]
-HEAVY = [(6, 48), (8, 48)]
+# Heavy rounds short enough that some end within any window: a CI machine whose host took cores
+# away ran a 6-stream round of 48 tokens for more than the 9 s of its last window, which then held
+# no finished request.
+HEAVY = [(6, 24), (8, 24)]
 # Each decision recommends in this process, and the heavy traffic slows that to seconds (12 s a
 # decision on a slow CI machine): which phase a decision saw is read from when the traffic
 # changed, not from how many decisions came before it.
 INTERVAL_S = 6.0
-# Two intervals: what is stored at the end holds the last whole interval of heavy traffic, not
-# only the seconds since the last decision (a 2 s remnant saw no request finish on a slow CI).
-WINDOW_S = 2 * INTERVAL_S
+# Three intervals: what is stored at the end holds the last two whole intervals of heavy
+# traffic, not only the seconds since the last decision (a 2 s remnant saw no request finish on a
+# slow CI, nor did one interval and a remnant on a slower one).
+WINDOW_S = 3 * INTERVAL_S
 PHASE_S = 20.0
 # A decision saw the heavy traffic once three quarters of its window did; the watch runs two
 # intervals past the first such moment, room for one decision even at 12 s a decision.
