@@ -58,6 +58,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -80,6 +81,7 @@ from lab.frozen import load_entry_world, load_manifest, select
 from record import Table, fmt, record_arguments, save_run
 from scipy import stats
 
+from tuner.decide import settle
 from tuner.decide.experiment import ExperimentOptions
 from tuner.decide.objective import ObjectiveKind
 from tuner.errors import TunerError
@@ -271,6 +273,7 @@ def graded(case: Case, args: argparse.Namespace, db: str) -> list:
         start in near,
         100 * (truth[start] / truth[best] - 1.0),
         case.seed,
+        *why_behind(report, truth, world.n_parallel),
     ]
     print(
         f"{case.name:<12} {case.kind:<8} rate {case.rate:6.3f}  best N={best:<2} start N={start:<2}"
@@ -282,6 +285,37 @@ def graded(case: Case, args: argparse.Namespace, db: str) -> list:
     if args.explain:
         explain(report)
     return row
+
+
+def why_behind(report: Any, truth: dict[int, float], n_parallel: int) -> tuple[str, float | None]:
+    """Why an answer more than 1 % behind the truth's best is still there, and the minutes more
+    of this traffic the contender ahead of it that is nearest a verdict needs at the spread
+    seen (the experiment's own resolution; None where no such contender has bounds). The
+    contenders ahead are those the truth puts more than 1 % ahead of the answer."""
+
+    def value(n: int) -> int:  # as the truth keys N: always draft is n_parallel
+        return n or n_parallel
+
+    answer = value(report.answer)
+    if truth[answer] <= min(truth.values()) * (1 + WITHIN):
+        return "", None
+    ahead = {m for m in truth if truth[m] * (1 + WITHIN) < truth[answer]}
+    standing = report.standing
+    compared = {c.contender for c in standing.comparisons} if standing else set()
+    untested = {value(n) for n in report.untested} & ahead
+    confounded = {value(n) for n in report.confounded} & ahead
+    told = {value(n): more for n, more in report.to_tell.items() if value(n) in ahead}
+    if report.status != settle.OPEN:
+        return f"{report.status}", min(told.values(), default=None)
+    if not (compared | untested | confounded) & ahead:
+        return "no contender ahead within reach", None
+    if told:
+        return "needs more traffic", min(told.values())
+    if confounded:
+        return "contender ahead confounded by reading steps", None
+    if untested:
+        return "contender ahead not yet tested", None
+    return "contender ahead without bounds", None
 
 
 def explain(report: Any) -> None:
@@ -319,15 +353,16 @@ def twin(args: argparse.Namespace) -> None:
 COLUMNS = [
     "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
     "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
-    "start in tie", "start regret %", "seed",
+    "start in tie", "start regret %", "seed", "why behind", "minutes more to tell",
 ]  # fmt: skip
 
 
 def pooled(args: argparse.Namespace) -> None:
     """--pool: the cases of several runs' files (other seeds of one set and traffic) graded as
-    one run, each file named with the checkout it ran."""
+    one run, each file named with the checkout it ran. A case (world, traffic, seed) in two
+    files is the newer file's: a case run again (its seeds make it the same run) with columns
+    added since, say; how many were taken from newer files is said."""
     import json
-    from collections import Counter
 
     records = {}
     for name in args.pool:
@@ -338,25 +373,31 @@ def pooled(args: argparse.Namespace) -> None:
         if not path.exists():
             sys.exit(f"--pool {name}: no such file, nor a run of this benchmark by that name")
         records[path] = json.loads(path.read_text())
-    rows: list[list] = []
+    by_case: dict[tuple[str, str, int], list] = {}
+    replaced = 0
     skipped: list[str] = []
-    for path, record in records.items():
+    for path, record in sorted(records.items(), key=lambda item: item[1]["date"]):
         table = record["tables"][0]
-        if table["columns"] != COLUMNS:
+        known = len(table["columns"])  # runs before the last columns were added lack them
+        if table["columns"] != COLUMNS[:known] or known < COLUMNS.index("why behind"):
             sys.exit(f"{path}: not a run of this benchmark's table")
-        rows.extend(table["rows"])
+        for row in table["rows"]:
+            replaced += (row[0], row[1], row[16]) in by_case
+            by_case[(row[0], row[1], row[16])] = row + [None] * (len(COLUMNS) - known)
         found = record["summary"].get("skipped (no answer to start from)", "none")
         skipped.extend([] if found == "none" else found.split(", "))
+    rows = list(by_case.values())
     sets = {record["summary"]["set"] for record in records.values()}
     if len(sets) != 1:
         sys.exit(f"--pool: the files grade different sets: {', '.join(sorted(sets))}")
-    if len({(r[0], r[1], r[16]) for r in rows}) != len(rows):
-        sys.exit("--pool: a world, traffic and seed is in two files")
+    if replaced:
+        print(f"--pool: {replaced} case(s) in two files: the newer file's row is kept")
     args.worlds = Path(sets.pop())
     args.openloop = True  # only open-loop runs take seeds apart
     args.seeds = max(Counter((r[0], r[1]) for r in rows).values())
     sources = ", ".join(f"{p.stem} ({r['version']['checkout']})" for p, r in records.items())
-    summarize(rows, skipped, args, f"pooled from {sources}", {"pooled from": sources})
+    noted = {"pooled from": sources, "cases taken from a newer file": replaced}
+    summarize(rows, skipped, args, f"pooled from {sources}", noted)
 
 
 def summarize(
@@ -364,7 +405,7 @@ def summarize(
     skipped: list[str],
     args: argparse.Namespace,
     took: str,
-    noted: dict[str, str] | None = None,
+    noted: dict[str, Any] | None = None,
 ) -> None:
     """The grading of rows (one per world, traffic and seed): printed (took: how long it took,
     or where it came from), and saved with noted in its summary."""
@@ -402,6 +443,22 @@ def summarize(
     for r in settled:
         if r not in right:
             print(f"  settled but {r[7]:.1f} % behind: {r[0]} {r[1]} seed {r[16]} N={r[5]}")
+    # why the cases that started behind did not reach the best: the experiment's own account
+    stuck = [r for r in behind if r not in reached and r[17] is not None]
+    reasons = Counter(r[17] for r in stuck)
+    needs = sorted(r[18] for r in stuck if r[18] is not None)
+    if stuck:
+        print(
+            "  started behind, not reached: "
+            + ", ".join(f"{why} {n}" for why, n in reasons.most_common())
+            + (
+                f"; minutes more of the traffic the nearest verdict needed: median "
+                f"{statistics.median(needs):.0f}, least {needs[0]:.0f} "
+                f"(of {args.minutes:g} in all)"
+                if needs
+                else ""
+            )
+        )
     by_kind = {}
     for kind in kinds:
         mine = [r for r in rows if r[1] == kind]
@@ -424,6 +481,10 @@ def summarize(
         "coverage of settled, one-sided 95 % lower bound": floor if settled else None,
         "started 5 % or more behind at 0.1 req/s or more": len(behind),
         "of them within 1 % at the end (share)": moved,
+        **{f"started behind, not reached: {why}": n for why, n in reasons.items()},
+        "started behind, not reached: median minutes more to tell": (
+            statistics.median(needs) if needs else None
+        ),
         **{f"within 1 %, {k} (share)": v for k, v in by_kind.items()},
         "truth on a tie": len(ties),
         "flaps (on a tie, started within it, N changed more than once)": len(flaps),

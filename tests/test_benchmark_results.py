@@ -625,3 +625,78 @@ def test_a_cell_says_an_infinite_figure_in_words() -> None:
     # as the results files store it
     assert record.cell("inf") == "unbounded" and record.cell("-inf") == "-unbounded"
     assert record.fmt(math.inf) == "unbounded"
+
+
+def test_a_pool_keeps_the_newer_run_of_a_case_and_says_why_cases_stayed_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """watch_experiment --pool: a case run again after columns were added replaces its older
+    row (counted once, said), older files' rows get empty new columns, and the cases that
+    started behind and did not reach the best are counted by the experiment's own reason."""
+    we = load("watch_experiment")
+    old_columns = we.COLUMNS[: we.COLUMNS.index("why behind")]
+
+    def row(world: str, seed: int, why: list[Any] | None) -> list[Any]:
+        # started 13 % behind at 0.2 requests/s, still there after 30 minutes
+        base = [world, "poisson", 0.2, 2, 5, 5, "unresolved", 13.0, 30.0, 25.0, 25.0, 10.0]
+        return base + [0, False, False, 13.0, seed] + (why or [])
+
+    def saved(date: str, columns: list[str], rows: list[list[Any]]) -> str:
+        record = {
+            "benchmark": "watch_experiment",
+            "date": date,
+            "version": {"checkout": date[:10]},
+            "summary": {"set": "openloop"},
+            "tables": [{"title": "per world and traffic", "columns": columns, "rows": rows}],
+        }
+        path = tmp_path / f"{date[:10]}.json"
+        path.write_text(json.dumps(record))
+        return str(path)
+
+    older = saved("2026-01-01T00:00:00Z", old_columns, [row("a", 1, None), row("b", 2, None)])
+    newer = saved("2026-01-02T00:00:00Z", we.COLUMNS, [row("a", 1, ["needs more traffic", 91.0])])
+    args = argparse.Namespace(
+        pool=[newer, older], results_dir=tmp_path / "results", no_record=False,
+        minutes=30.0, start="model", load=None,
+    )  # fmt: skip
+    we.pooled(args)
+    said = capsys.readouterr().out
+    assert "1 case(s) in two files: the newer file's row is kept" in said
+    assert "started behind, not reached: needs more traffic 1" in said
+    assert "median 91" in said
+    (path,) = (tmp_path / "results" / "watch_experiment").glob("*.json")
+    run = json.loads(path.read_text())
+    rows = run["tables"][0]["rows"]
+    assert sorted((r[0], r[17]) for r in rows) == [("a", "needs more traffic"), ("b", None)]
+    assert run["summary"]["started 5 % or more behind at 0.1 req/s or more"] == 2
+    assert run["summary"]["started behind, not reached: needs more traffic"] == 1
+    assert run["summary"]["cases taken from a newer file"] == 1
+
+
+def test_why_an_answer_stays_behind_is_the_experiments_own_account() -> None:
+    """The contender ahead nearest a verdict and its minutes; none ahead within reach; the
+    reasons a contender ahead has no bounds; an answer within 1 % of the best has none."""
+    we = load("watch_experiment")
+    from tuner.decide import settle
+
+    truth = {1: 10.0, 2: 10.05, 3: 11.0, 4: 12.0}  # mean TPOT by N (4: always draft)
+
+    def report(answer: int, **kw: Any) -> SimpleNamespace:
+        fields = {"untested": [], "confounded": [], "to_tell": {}, "standing": None}
+        return SimpleNamespace(answer=answer, **({"status": settle.OPEN} | fields | kw))
+
+    compared = SimpleNamespace(comparisons=[SimpleNamespace(contender=2)])
+    assert we.why_behind(report(2), truth, 4) == ("", None)  # within 1 % of the best
+    assert we.why_behind(report(3, standing=compared, to_tell={2: 40.0}), truth, 4) == (
+        "needs more traffic",
+        40.0,
+    )
+    assert we.why_behind(report(0, to_tell={3: 5.0}), truth, 4) == (
+        "no contender ahead within reach",
+        None,
+    )  # always draft (0) is N=4; N=3 ahead of it by 8 %, but not compared
+    assert we.why_behind(report(3, confounded=[2]), truth, 4)[0] == (
+        "contender ahead confounded by reading steps"
+    )
+    assert we.why_behind(report(3, untested=[1]), truth, 4)[0] == "contender ahead not yet tested"
+    assert we.why_behind(report(3, status="stopped"), truth, 4) == ("stopped", None)

@@ -454,9 +454,12 @@ def test_an_unresolved_answer_says_how_long_its_comparisons_take_to_tell_apart()
     far = settle.Comparison(5, Contrast(0.5, 0.5, 9.0), settle.UNRESOLVED, [5])
     near = settle.Comparison(3, Contrast(-0.2, 0.05, 9.0), settle.UNRESOLVED, [4])
     standing = settle.Standing(4, settle.OPEN, [far, near], tolerance=0.1, measuring=[far, near])
-    said = exp._time_to_tell(standing, 600.0)
+    found = exp.minutes_to_tell(standing, 600.0)
+    assert [(n, m) for _, n, m in found] == [(5, 4), (3, 4)]
+    assert found[0][0] == pytest.approx(10.0 * ((1.6449 * 0.5 / 0.5) ** 2 - 1.0), rel=1e-3)
+    said = exp._time_to_tell(found)
     assert "N=5 against N=4 about 17, N=3 against N=4 under one" in said
-    assert exp._time_to_tell(settle.Standing(4, settle.OPEN, []), 600.0) == ""
+    assert exp._time_to_tell(exp.minutes_to_tell(settle.Standing(4, settle.OPEN, []), 600.0)) == ""
 
 
 def test_a_tie_question_against_the_answer_is_said_once() -> None:

@@ -230,6 +230,10 @@ class ExperimentReport:
     # them from the answer (READING_LIMIT), and the answer cannot be settled against them
     confounded: list[int] = field(default_factory=list)
     washouts: int = 0  # switches followed by a washout counted in no window
+    # an unresolved answer's open comparisons with bounds, by contender (as the server takes
+    # it): the minutes more of this traffic each needs at the spread seen (the judge's
+    # resolution), where the budget ran out
+    to_tell: dict[int, float] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -275,6 +279,7 @@ class ExperimentReport:
             "untested": self.untested,
             "confounded": self.confounded,
             "washouts": self.washouts,
+            "minutes_to_tell": {str(n): m for n, m in self.to_tell.items()},
             # a window it could not read is kept as what it was meant to be and why not,
             # none of its figures
             "windows": [
@@ -720,11 +725,13 @@ class Experiment:
             )
         return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
 
-    def _time_to_tell(self, standing: settle.Standing, elapsed_s: float) -> str:
+    def minutes_to_tell(
+        self, standing: settle.Standing, elapsed_s: float
+    ) -> list[tuple[float, int, int]]:
         """How much more of this traffic the open comparisons with bounds need at the spread
         seen so far (the bounds narrow as one over the square root of the time): a verdict
         needs the upper bound down to the tolerance where the estimate is below it, else the
-        lower bound up to zero. The judge's own resolution, said beside the unresolved answer."""
+        lower bound up to zero. (minutes, contender, against), as the server takes them."""
         z = t_quantile(settle.CONFIDENCE, math.inf)
         needs = []
         for c in standing.measuring:
@@ -736,10 +743,16 @@ class Experiment:
                 continue
             more = elapsed_s * max((z * se / distance) ** 2 - 1.0, 0.0) / 60.0
             against = c.against if c.against is not None else self.answer
-            needs.append((more, f"N={self._out(c.contender)} against N={self._out(against)}"))
+            needs.append((more, self._out(c.contender), self._out(against)))
+        return needs
+
+    @staticmethod
+    def _time_to_tell(found: list[tuple[float, int, int]]) -> str:
+        """minutes_to_tell in words: the judge's own resolution, said beside the unresolved
+        answer."""
+        needs = sorted(((more, f"N={n} against N={m}") for more, n, m in found), reverse=True)
         if not needs:
             return ""
-        needs.sort(reverse=True)
         listed = ", ".join(
             f"{name} {f'about {more:.0f}' if more >= 1 else 'under one'}"
             for more, name in needs[:3]
@@ -894,6 +907,9 @@ class Experiment:
             cycle_s = self.options.min_window_s * self.options.cycle + 2 * self.options.washout_s
             if contender is None or left < cycle_s:
                 report.status = settle.OPEN
+                to_tell = self.minutes_to_tell(standing, backend.elapsed - started)
+                answer = self._out(self.answer)
+                report.to_tell = {n: more for more, n, m in to_tell if m == answer}
                 untested = ", ".join(f"N={n}" for n in report.untested)
                 confounded = ", ".join(f"N={n}" for n in report.confounded)
                 why = (
@@ -913,7 +929,7 @@ class Experiment:
                         else ""
                     )
                     + (f"; it {self.waiting_for()}" if self.waiting_for() else "")
-                    + self._time_to_tell(standing, backend.elapsed - started)
+                    + self._time_to_tell(to_tell)
                 )
                 break
             serve = self.covering(contender, standing)
