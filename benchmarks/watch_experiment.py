@@ -288,10 +288,11 @@ def graded(case: Case, args: argparse.Namespace, db: str) -> list:
 
 
 def why_behind(report: Any, truth: dict[int, float], n_parallel: int) -> tuple[str, float | None]:
-    """Why an answer more than 1 % behind the truth's best is still there, and the minutes more
-    of this traffic the contender ahead of it that is nearest a verdict needs at the spread
-    seen (the experiment's own resolution; None where no such contender has bounds). The
-    contenders ahead are those the truth puts more than 1 % ahead of the answer."""
+    """Why an answer more than 1 % behind the truth's best is still there, in the experiment's
+    own figures, and the minutes more of this traffic it says the contender ahead nearest a
+    verdict needs: to tell its sides apart where it has bounds, to give its counts their data
+    where it has none (None where neither applies). The contenders ahead are those the truth
+    puts more than 1 % ahead of the answer."""
 
     def value(n: int) -> int:  # as the truth keys N: always draft is n_parallel
         return n or n_parallel
@@ -300,22 +301,19 @@ def why_behind(report: Any, truth: dict[int, float], n_parallel: int) -> tuple[s
     if truth[answer] <= min(truth.values()) * (1 + WITHIN):
         return "", None
     ahead = {m for m in truth if truth[m] * (1 + WITHIN) < truth[answer]}
-    standing = report.standing
-    compared = {c.contender for c in standing.comparisons} if standing else set()
-    untested = {value(n) for n in report.untested} & ahead
-    confounded = {value(n) for n in report.confounded} & ahead
-    told = {value(n): more for n, more in report.to_tell.items() if value(n) in ahead}
+    told = [more for n, more in report.to_tell.items() if value(n) in ahead]
+    waits = {value(n): more for n, more in report.to_wait.items() if value(n) in ahead}
     if report.status != settle.OPEN:
-        return f"{report.status}", min(told.values(), default=None)
-    if not (compared | untested | confounded) & ahead:
-        return "no contender ahead within reach", None
+        return f"{report.status}", min(told, default=None)
     if told:
-        return "needs more traffic", min(told.values())
-    if confounded:
+        return "needs more traffic to tell", min(told)
+    if any(more is not None for more in waits.values()):
+        return "needs more traffic at its counts", min(m for m in waits.values() if m is not None)
+    if waits:
+        return "its counts not reached by the traffic", None
+    if {value(n) for n in report.confounded} & ahead:
         return "contender ahead confounded by reading steps", None
-    if untested:
-        return "contender ahead not yet tested", None
-    return "contender ahead without bounds", None
+    return "no contender ahead within reach", None
 
 
 def explain(report: Any) -> None:

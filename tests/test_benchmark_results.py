@@ -654,7 +654,8 @@ def test_a_pool_keeps_the_newer_run_of_a_case_and_says_why_cases_stayed_behind(
         return str(path)
 
     older = saved("2026-01-01T00:00:00Z", old_columns, [row("a", 1, None), row("b", 2, None)])
-    newer = saved("2026-01-02T00:00:00Z", we.COLUMNS, [row("a", 1, ["needs more traffic", 91.0])])
+    told = ["needs more traffic to tell", 91.0]
+    newer = saved("2026-01-02T00:00:00Z", we.COLUMNS, [row("a", 1, told)])
     args = argparse.Namespace(
         pool=[newer, older], results_dir=tmp_path / "results", no_record=False,
         minutes=30.0, start="model", load=None,
@@ -662,41 +663,39 @@ def test_a_pool_keeps_the_newer_run_of_a_case_and_says_why_cases_stayed_behind(
     we.pooled(args)
     said = capsys.readouterr().out
     assert "1 case(s) in two files: the newer file's row is kept" in said
-    assert "started behind, not reached: needs more traffic 1" in said
+    assert "started behind, not reached: needs more traffic to tell 1" in said
     assert "median 91" in said
     (path,) = (tmp_path / "results" / "watch_experiment").glob("*.json")
     run = json.loads(path.read_text())
     rows = run["tables"][0]["rows"]
-    assert sorted((r[0], r[17]) for r in rows) == [("a", "needs more traffic"), ("b", None)]
+    assert sorted((r[0], r[17]) for r in rows) == [("a", "needs more traffic to tell"), ("b", None)]
     assert run["summary"]["started 5 % or more behind at 0.1 req/s or more"] == 2
-    assert run["summary"]["started behind, not reached: needs more traffic"] == 1
+    assert run["summary"]["started behind, not reached: needs more traffic to tell"] == 1
     assert run["summary"]["cases taken from a newer file"] == 1
 
 
 def test_why_an_answer_stays_behind_is_the_experiments_own_account() -> None:
-    """The contender ahead nearest a verdict and its minutes; none ahead within reach; the
-    reasons a contender ahead has no bounds; an answer within 1 % of the best has none."""
+    """The contender ahead nearest a verdict and its minutes, to tell its sides apart or to
+    give its counts their data; none ahead within reach; an answer within 1 % of the best has
+    no reason."""
     we = load("watch_experiment")
     from tuner.decide import settle
 
     truth = {1: 10.0, 2: 10.05, 3: 11.0, 4: 12.0}  # mean TPOT by N (4: always draft)
 
     def report(answer: int, **kw: Any) -> SimpleNamespace:
-        fields = {"untested": [], "confounded": [], "to_tell": {}, "standing": None}
-        return SimpleNamespace(answer=answer, **({"status": settle.OPEN} | fields | kw))
+        fields = {"confounded": [], "to_tell": {}, "to_wait": {}, "status": settle.OPEN}
+        return SimpleNamespace(answer=answer, **(fields | kw))
 
-    compared = SimpleNamespace(comparisons=[SimpleNamespace(contender=2)])
-    assert we.why_behind(report(2), truth, 4) == ("", None)  # within 1 % of the best
-    assert we.why_behind(report(3, standing=compared, to_tell={2: 40.0}), truth, 4) == (
-        "needs more traffic",
-        40.0,
-    )
-    assert we.why_behind(report(0, to_tell={3: 5.0}), truth, 4) == (
-        "no contender ahead within reach",
-        None,
-    )  # always draft (0) is N=4; N=3 ahead of it by 8 %, but not compared
-    assert we.why_behind(report(3, confounded=[2]), truth, 4)[0] == (
-        "contender ahead confounded by reading steps"
-    )
-    assert we.why_behind(report(3, untested=[1]), truth, 4)[0] == "contender ahead not yet tested"
-    assert we.why_behind(report(3, status="stopped"), truth, 4) == ("stopped", None)
+    def why(answer: int, **kw: Any) -> tuple[str, float | None]:
+        return we.why_behind(report(answer, **kw), truth, 4)
+
+    assert why(2) == ("", None)  # within 1 % of the best
+    # the nearest verdict among the contenders ahead; one behind (N=4) does not count
+    assert why(3, to_tell={2: 40.0, 1: 60.0, 0: 1.0}) == ("needs more traffic to tell", 40.0)
+    assert why(3, to_wait={2: 12.0, 1: None}) == ("needs more traffic at its counts", 12.0)
+    assert why(3, to_wait={1: None}) == ("its counts not reached by the traffic", None)
+    assert why(3, confounded=[2]) == ("contender ahead confounded by reading steps", None)
+    # always draft (0) is N=4; N=3 is 8 % ahead of it but no contender
+    assert why(0, to_tell={0: 5.0}) == ("no contender ahead within reach", None)
+    assert why(3, status="stopped", to_tell={2: 7.0}) == ("stopped", 7.0)

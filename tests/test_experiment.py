@@ -443,6 +443,13 @@ def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
     said = exp.waiting_for()
     assert "waits for data at 2-3 generating slots (each side in 2 cycles, 60 tokens)" in said
     assert "about 10 more minutes" in said
+    # the same wait kept per contender: N=3 rests on counts 2 and 3; N=2 on count 2, which has
+    # its data in 2 cycles' time (a cycle of four 10 s windows at least per missing cycle)
+    assert exp.wait_s([2, 3]) == pytest.approx(600.0)
+    assert exp.wait_s([2]) == pytest.approx(40.0)
+    assert exp.minutes_to_wait(settle.Standing(1, settle.OPEN, [])) == {0: pytest.approx(10.0)}
+    exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.2}  # type: ignore[method-assign]
+    assert exp.wait_s([2, 3]) is None  # count 3 not reached: no time can be said
 
 
 def test_an_unresolved_answer_says_how_long_its_comparisons_take_to_tell_apart() -> None:

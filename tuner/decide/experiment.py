@@ -234,6 +234,9 @@ class ExperimentReport:
     # it): the minutes more of this traffic each needs at the spread seen (the judge's
     # resolution), where the budget ran out
     to_tell: dict[int, float] = field(default_factory=dict)
+    # its contenders without bounds (the data at their counts lacking): the minutes more of
+    # this traffic until their counts have it (None: the traffic has not reached one yet)
+    to_wait: dict[int, float | None] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -280,6 +283,7 @@ class ExperimentReport:
             "confounded": self.confounded,
             "washouts": self.washouts,
             "minutes_to_tell": {str(n): m for n, m in self.to_tell.items()},
+            "minutes_to_wait": {str(n): m for n, m in self.to_wait.items()},
             # a window it could not read is kept as what it was meant to be and why not,
             # none of its figures
             "windows": [
@@ -682,9 +686,8 @@ class Experiment:
     def waiting_for(self) -> str:
         """What an unresolved answer waits for: the counts its open and untested comparisons
         rest on that lack data (each side seen in min_blocks cycles, min_tokens tokens a block
-        on each side), and how long the traffic takes to give them at what it showed so far:
-        the drafting side of a count above the answer comes from contender windows only, which
-        are `share` of the time and hold the count for its share of the time at its rate."""
+        on each side), and how long the traffic takes to give them at what it showed so far
+        (`wait_s`)."""
         standing = self.report.standing
         counts = set()
         for n in self.report.untested:
@@ -692,9 +695,24 @@ class Experiment:
         if standing is not None:
             for comparison in standing.measuring:
                 counts |= set(comparison.levels)
+        missing = self._missing(counts)
+        if not missing:
+            return ""
         least = self.options.min_blocks
         need = least * self.options.min_tokens
-        # per count lacking data: (cycles missing on the sparser side, tokens missing there)
+        span = _span(sorted(missing))
+        what = f"waits for data at {span} generating slots (each side in {least} cycles"
+        what += f", {need:.0f} tokens)"
+        seconds = self.wait_s(counts)
+        if seconds is None:
+            unseen = [c for c in missing if self.time_shares().get(c, 0.0) <= 0]
+            return f"{what}; the traffic has not reached {_span(sorted(unseen))} yet"
+        return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
+
+    def _missing(self, counts: Collection[int]) -> dict[int, tuple[int, float]]:
+        """Per count lacking data: (cycles missing on the sparser side, tokens missing there)."""
+        least = self.options.min_blocks
+        need = least * self.options.min_tokens
         missing: dict[int, tuple[int, float]] = {}
         blocks = self.blocks().values()
         for c in counts:
@@ -703,18 +721,19 @@ class Experiment:
             tokens = max(need - on_t, need - off_t, 0.0)
             if cycles or tokens:
                 missing[c] = (cycles, tokens)
-        if not missing:
-            return ""
+        return missing
+
+    def wait_s(self, counts: Collection[int]) -> float | None:
+        """Seconds more of this traffic until every one of counts has its data, at what the
+        traffic showed so far (0 where they have it; None where it has not reached one of them
+        yet): the drafting side of a count above the answer comes from contender windows only,
+        which are `share` of the time and hold the count for its share of the time at its
+        rate; the slowest count sets it, a cycle at least per missing cycle."""
+        missing = self._missing(counts)
         shares = self.time_shares()
+        if any(shares.get(c, 0.0) <= 0 for c in missing):
+            return None
         on, off = self.level_rates()
-        span = _span(sorted(missing))
-        unseen = [c for c in missing if shares.get(c, 0.0) <= 0]
-        what = f"waits for data at {span} generating slots (each side in {least} cycles"
-        what += f", {need:.0f} tokens)"
-        if unseen:
-            return f"{what}; the traffic has not reached {_span(sorted(unseen))} yet"
-        # the slowest count to fill: its missing tokens at its share of the time and its rate
-        # (the slower of drafting and not), a cycle at least per missing cycle
         cycle_s = self.options.min_window_s * self.options.cycle
         seconds = 0.0
         for c, (cycles, tokens) in missing.items():
@@ -723,7 +742,7 @@ class Experiment:
             seconds = max(
                 seconds, tokens / (shares[c] * rate) / self.options.share, cycles * cycle_s
             )
-        return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
+        return seconds
 
     def minutes_to_tell(
         self, standing: settle.Standing, elapsed_s: float
@@ -745,6 +764,23 @@ class Experiment:
             against = c.against if c.against is not None else self.answer
             needs.append((more, self._out(c.contender), self._out(against)))
         return needs
+
+    def minutes_to_wait(self, standing: settle.Standing) -> dict[int, float | None]:
+        """Per contender of the answer with no bounds yet (untested, or its comparison not
+        measured enough), as the server takes it: the minutes more of this traffic until its
+        counts have their data (`wait_s`; None where the traffic has not reached them)."""
+        waiting = {self._eff(n) for n in self.report.untested}
+        waiting |= {
+            c.contender
+            for c in standing.measuring
+            if c.against in (None, self.answer)
+            and (math.isnan(c.advantage.estimate) or math.isinf(c.advantage.se))
+        }
+        out: dict[int, float | None] = {}
+        for m in sorted(waiting - {self.answer}):
+            seconds = self.wait_s(settle.between(self.answer, m))
+            out[self._out(m)] = None if seconds is None else seconds / 60.0
+        return out
 
     @staticmethod
     def _time_to_tell(found: list[tuple[float, int, int]]) -> str:
@@ -910,6 +946,7 @@ class Experiment:
                 to_tell = self.minutes_to_tell(standing, backend.elapsed - started)
                 answer = self._out(self.answer)
                 report.to_tell = {n: more for more, n, m in to_tell if m == answer}
+                report.to_wait = self.minutes_to_wait(standing)
                 untested = ", ".join(f"N={n}" for n in report.untested)
                 confounded = ", ".join(f"N={n}" for n in report.confounded)
                 why = (
