@@ -351,7 +351,7 @@ def twin(args: argparse.Namespace) -> None:
 COLUMNS = [
     "world", "traffic", "rate", "best N", "start N", "answer", "status", "regret %",
     "minutes", "time away %", "requests away %", "contender TPOT %", "changes", "tie",
-    "start in tie", "start regret %", "seed", "why behind", "minutes more to tell",
+    "start in tie", "start regret %", "seed", "why behind", "minutes more needed",
 ]  # fmt: skip
 
 
@@ -444,18 +444,20 @@ def summarize(
     # why the cases that started behind did not reach the best: the experiment's own account
     stuck = [r for r in behind if r not in reached and r[17] is not None]
     reasons = Counter(r[17] for r in stuck)
-    needs = sorted(r[18] for r in stuck if r[18] is not None)
+    # the minutes more of the traffic each reason's cases said they needed, median and least
+    needs = {
+        why: sorted(r[18] for r in stuck if r[17] == why and r[18] is not None) for why in reasons
+    }
+    needs = {why: minutes for why, minutes in needs.items() if minutes}
     if stuck:
         print(
             "  started behind, not reached: "
             + ", ".join(f"{why} {n}" for why, n in reasons.most_common())
-            + (
-                f"; minutes more of the traffic the nearest verdict needed: median "
-                f"{statistics.median(needs):.0f}, least {needs[0]:.0f} "
-                f"(of {args.minutes:g} in all)"
-                if needs
-                else ""
+            + "".join(
+                f"; {why}: median {statistics.median(m):.0f} minutes more, least {m[0]:.0f}"
+                for why, m in needs.items()
             )
+            + f" (of {args.minutes:g} in all)"
         )
     by_kind = {}
     for kind in kinds:
@@ -480,9 +482,10 @@ def summarize(
         "started 5 % or more behind at 0.1 req/s or more": len(behind),
         "of them within 1 % at the end (share)": moved,
         **{f"started behind, not reached: {why}": n for why, n in reasons.items()},
-        "started behind, not reached: median minutes more to tell": (
-            statistics.median(needs) if needs else None
-        ),
+        **{
+            f"started behind, not reached: {why}: median minutes more": statistics.median(m)
+            for why, m in needs.items()
+        },
         **{f"within 1 %, {k} (share)": v for k, v in by_kind.items()},
         "truth on a tie": len(ties),
         "flaps (on a tie, started within it, N changed more than once)": len(flaps),

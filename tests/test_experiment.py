@@ -448,6 +448,11 @@ def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
     assert exp.wait_s([2, 3]) == pytest.approx(600.0)
     assert exp.wait_s([2]) == pytest.approx(40.0)
     assert exp.minutes_to_wait(settle.Standing(1, settle.OPEN, [])) == {0: pytest.approx(10.0)}
+    # count 2 seen in one cycle of five: its missing cycle is five cycles away, not one
+    exp.blocks = lambda: {  # type: ignore[method-assign]
+        k: {2 if k == 0 else 1: (30.0, 1.0, 30.0, 1.0)} for k in range(5)
+    }
+    assert exp.wait_s([2]) == pytest.approx(5 * 40.0)
     exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.2}  # type: ignore[method-assign]
     assert exp.wait_s([2, 3]) is None  # count 3 not reached: no time can be said
 

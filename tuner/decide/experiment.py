@@ -709,18 +709,19 @@ class Experiment:
             return f"{what}; the traffic has not reached {_span(sorted(unseen))} yet"
         return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
 
-    def _missing(self, counts: Collection[int]) -> dict[int, tuple[int, float]]:
-        """Per count lacking data: (cycles missing on the sparser side, tokens missing there)."""
+    def _missing(self, counts: Collection[int]) -> dict[int, tuple[int, float, int]]:
+        """Per count lacking data: (cycles missing on the sparser side, tokens missing there,
+        the cycles that side was seen in)."""
         least = self.options.min_blocks
         need = least * self.options.min_tokens
-        missing: dict[int, tuple[int, float]] = {}
+        missing: dict[int, tuple[int, float, int]] = {}
         blocks = self.blocks().values()
         for c in counts:
             on_k, off_k, on_t, off_t = _sides([cycle[c] for cycle in blocks if c in cycle])
             cycles = max(least - on_k, least - off_k, 0)
             tokens = max(need - on_t, need - off_t, 0.0)
             if cycles or tokens:
-                missing[c] = (cycles, tokens)
+                missing[c] = (cycles, tokens, min(on_k, off_k))
         return missing
 
     def wait_s(self, counts: Collection[int]) -> float | None:
@@ -728,19 +729,27 @@ class Experiment:
         traffic showed so far (0 where they have it; None where it has not reached one of them
         yet): the drafting side of a count above the answer comes from contender windows only,
         which are `share` of the time and hold the count for its share of the time at its
-        rate; the slowest count sets it, a cycle at least per missing cycle."""
+        rate; the slowest count sets it. A missing cycle comes as often as cycles that saw the
+        count's sparser side came so far (one in five cycles: five cycles a missing one; a
+        rare count is seen in few of them), at the cycles' mean length; a cycle at least."""
         missing = self._missing(counts)
         shares = self.time_shares()
         if any(shares.get(c, 0.0) <= 0 for c in missing):
             return None
         on, off = self.level_rates()
-        cycle_s = self.options.min_window_s * self.options.cycle
+        cycles_run = len(self.blocks())
+        spent = sum(f.seconds for f in self.usable())
+        cycle_s = max(
+            self.options.min_window_s * self.options.cycle,
+            spent / cycles_run if cycles_run else 0.0,
+        )
         seconds = 0.0
-        for c, (cycles, tokens) in missing.items():
+        for c, (cycles, tokens, seen) in missing.items():
             rates = [r for r in (on[c], off[c]) if r]
             rate = min(rates) if rates else 1.0
+            every = cycles_run / seen if seen else 1.0
             seconds = max(
-                seconds, tokens / (shares[c] * rate) / self.options.share, cycles * cycle_s
+                seconds, tokens / (shares[c] * rate) / self.options.share, cycles * every * cycle_s
             )
         return seconds
 
