@@ -446,9 +446,10 @@ def summarize(
     reasons = Counter(r[17] for r in stuck)
     # the minutes more of the traffic each reason's cases said they needed, median and least
     needs = {
-        why: sorted(r[18] for r in stuck if r[17] == why and r[18] is not None) for why in reasons
+        why: minutes
+        for why in reasons
+        if (minutes := sorted(r[18] for r in stuck if r[17] == why and r[18] is not None))
     }
-    needs = {why: minutes for why, minutes in needs.items() if minutes}
     if stuck:
         print(
             "  started behind, not reached: "

@@ -695,7 +695,8 @@ class Experiment:
         if standing is not None:
             for comparison in standing.measuring:
                 counts |= set(comparison.levels)
-        missing = self._missing(counts)
+        blocks = self.blocks()
+        missing = self._missing(counts, blocks)
         if not missing:
             return ""
         least = self.options.min_blocks
@@ -703,21 +704,22 @@ class Experiment:
         span = _span(sorted(missing))
         what = f"waits for data at {span} generating slots (each side in {least} cycles"
         what += f", {need:.0f} tokens)"
-        seconds = self.wait_s(counts)
+        seconds = self._wait(missing, len(blocks))
         if seconds is None:
             unseen = [c for c in missing if self.time_shares().get(c, 0.0) <= 0]
             return f"{what}; the traffic has not reached {_span(sorted(unseen))} yet"
         return f"{what}: about {seconds / 60.0:.0f} more minutes of this traffic"
 
-    def _missing(self, counts: Collection[int]) -> dict[int, tuple[int, float, int]]:
-        """Per count lacking data: (cycles missing on the sparser side, tokens missing there,
-        the cycles that side was seen in)."""
+    def _missing(
+        self, counts: Collection[int], blocks: Mapping[int, Mapping[int, Any]]
+    ) -> dict[int, tuple[int, float, int]]:
+        """Per count lacking data in blocks (`blocks()`): (cycles missing on the sparser side,
+        tokens missing there, the cycles that side was seen in)."""
         least = self.options.min_blocks
         need = least * self.options.min_tokens
         missing: dict[int, tuple[int, float, int]] = {}
-        blocks = self.blocks().values()
         for c in counts:
-            on_k, off_k, on_t, off_t = _sides([cycle[c] for cycle in blocks if c in cycle])
+            on_k, off_k, on_t, off_t = _sides([cycle[c] for cycle in blocks.values() if c in cycle])
             cycles = max(least - on_k, least - off_k, 0)
             tokens = max(need - on_t, need - off_t, 0.0)
             if cycles or tokens:
@@ -732,12 +734,15 @@ class Experiment:
         rate; the slowest count sets it. A missing cycle comes as often as cycles that saw the
         count's sparser side came so far (one in five cycles: five cycles a missing one; a
         rare count is seen in few of them), at the cycles' mean length; a cycle at least."""
-        missing = self._missing(counts)
+        blocks = self.blocks()
+        return self._wait(self._missing(counts, blocks), len(blocks))
+
+    def _wait(self, missing: Mapping[int, tuple[int, float, int]], cycles_run: int) -> float | None:
+        """wait_s of the counts missing data (`_missing`), over cycles_run cycles so far."""
         shares = self.time_shares()
         if any(shares.get(c, 0.0) <= 0 for c in missing):
             return None
         on, off = self.level_rates()
-        cycles_run = len(self.blocks())
         spent = sum(f.seconds for f in self.usable())
         cycle_s = max(
             self.options.min_window_s * self.options.cycle,
