@@ -523,3 +523,48 @@ def test_a_threshold_drafts_around_the_window_but_not_inside_it() -> None:
     for r in off.requests:
         counts = r.token_drafts()
         assert counts == sorted(counts) and counts[-1] == r.draft_n
+
+
+@pytest.mark.parametrize("policy", [Policy.plain(), Policy.threshold(2), Policy.always()])
+def test_coasting_through_quiet_steps_gives_what_stepping_one_at_a_time_gives(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() passes the steps in which only the clock and each slot's one token move in one go
+    (DecodeLoop._coast); step() never does. On the bench world with its noise (the VM's slow
+    spells drawn per step), depth costs on both terms and loaded open-loop traffic, the two
+    give the same requests, token times, counters and clock, float for float, to the end and
+    up to a time part way."""
+    bench = load_world(BENCH_WORLD)
+    world = bench.with_updates(depth={**bench.depth.model_dump(), "ms_per_slot_per_1k": 3.0})
+    assert world.depth.ms_per_row_per_1k > 0 and world.noise.preset == "vm"
+    work = Workload.poisson(rate=1.2, duration_s=120.0, output_tokens=96, seed=4)
+    coasted: list[int] = []
+    coast = Engine._coast
+
+    def counted(self: Engine, until: float | None = None) -> int:
+        coasted.append(coast(self, until))
+        return coasted[-1]
+
+    monkeypatch.setattr(Engine, "_coast", counted)
+
+    def served(stepwise: bool, until: float | None) -> Engine:
+        engine = Engine(world, policy, seed=9)
+        for request, at in zip(work.requests, work.arrivals, strict=True):
+            engine.submit(request, at=at)
+        if stepwise:
+            while (until is None or engine.now < until) and engine.step() is not None:
+                pass
+        else:
+            engine.run(until)
+        return engine
+
+    for until in (None, 61.0):
+        coasted.clear()
+        ran, stepped = served(False, until), served(True, until)
+        # the quiet steps were coasted through; always draft has none
+        assert (sum(coasted) > ran.steps // 4) == (not policy.is_always), (coasted, ran.steps)
+        assert (ran.now, ran.steps) == (stepped.now, stepped.steps)
+        assert ran.metrics() == stepped.metrics()
+        for a, b in zip(ran.results(), stepped.results(), strict=True):
+            seen = (a.start, a.slot, a.finished_at, a.draft_n, a.draft_log, a.token_times)
+            assert seen == (b.start, b.slot, b.finished_at, b.draft_n, b.draft_log, b.token_times)

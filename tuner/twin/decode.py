@@ -53,7 +53,9 @@ counters when the request finishes and counts n_decode per step.
 Ways in: the incremental `Engine` (a live server: submit, set_max_slots, step, slots,
 metrics, advance_to over idle time), `Engine.closed_level` (a launch measuring level after level,
 its noise going on between them) and `simulate(world, policy, workload, seed)` for one closed
-level or open loop on a fresh engine, all in virtual seconds.
+level or open loop on a fresh engine, all in virtual seconds. `run()` passes the steps in which
+nothing drafts, reads a prompt, arrives or finishes in one go (`_coast`), number for number what
+`step()` gives one at a time.
 """
 
 from __future__ import annotations
@@ -206,8 +208,79 @@ class DecodeLoop:
         while until is None or self.now < until:
             if self._step(False) is None:
                 break
-            n += 1
+            n += 1 + self._coast(until)
         return n
+
+    def _coast(self, until: float | None = None) -> int:
+        """Run, in one pass, the steps ahead in which nothing can change but the clock and
+        each slot's one token a step: every busy slot generating, none drafting (plain, or the
+        threshold holds), no request to admit and none finishing (the step where one would is
+        left to `_step`). Those steps are what `_step` would run, number for number (the same
+        cost expression, the same noise draws in the same order); most steps of a loaded server
+        are such steps, and the open-loop answer and the truth run millions of them. The steps
+        run."""
+        if self._replay_mode:
+            return 0
+        gen = [s for s in self._slots if s is not None]
+        n_gen = len(gen)
+        if not n_gen or any(s.state != _GEN for s in gen):
+            return 0
+        if self._spec and (self._max_slots == 0 or n_gen <= self._max_slots):
+            return 0
+        idle = n_gen < self._n_parallel
+        if idle and self._waiting:
+            return 0
+        slot_context = self._slot_context
+        # the steps before the first one in which a slot finishes
+        steps = min(min(s.left, slot_context - 1 - s.kv) for s in gen) - 1
+        if steps <= 0:
+            return 0
+        # _cost's expression for n_gen rows without drafts or prompt rows, term by term
+        rows_cost = self._rows
+        rows = n_gen
+        base = rows_cost[rows or 1] if rows < len(rows_cost) else self._tables.rows_s(rows)
+        base += self._slots_cost[n_gen]
+        no_prompt = self._prefill * 0
+        spec = self._spec
+        if spec:
+            reeval = self._reeval
+            no_draft = self._overhead + self._prefill_draft * 0 + 0 * self._catch_up
+            reeval_cost = reeval[rows] if rows < len(reeval) else self._tables.reeval_s(rows)
+        depth, depth_slot = self._depth, self._depth_slot
+        noise = self._noise
+        pending = self._pending
+        kv_rows = sum(s.kv for s in gen)
+        ends: list[float] = []
+        now = self.now
+        for _ in range(steps):
+            if until is not None and now >= until:
+                break
+            if idle and pending and pending[0][0] <= now:
+                break  # the next step admits
+            cost = base + (depth * kv_rows + no_prompt)
+            if spec:
+                cost += no_draft
+                cost += reeval_cost
+            if depth_slot:
+                cost += depth_slot * kv_rows
+            now = now + (noise.duration(cost) if noise is not None else cost)
+            ends.append(now)
+            kv_rows += n_gen
+        k = len(ends)
+        if not k:
+            return 0
+        self.now = now
+        self._steps += k
+        m = self._metrics
+        m.n_decode_total += k
+        m.n_busy_slots_total += n_gen * k
+        for s in gen:
+            s.draft = 0
+            s.behind += k
+            s.left -= k
+            s.kv += k
+            s.res.token_times.extend(ends)
+        return k
 
     def _admit(self) -> list[int]:
         pending = self._pending

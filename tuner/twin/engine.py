@@ -196,6 +196,7 @@ class Engine(DecodeLoop):
         while not all(self._results[i].done for i in ids):
             if self._step(False) is None:
                 break
+            self._coast()
         return SimResult(
             world=self.world.name,
             policy=self.policy,
