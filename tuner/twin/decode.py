@@ -86,7 +86,6 @@ class _Slot:
         "index",
         "kv",
         "left",
-        "per_pos",
         "probs",
         "prompt_left",
         "replay",
@@ -96,7 +95,7 @@ class _Slot:
     )
 
     def __init__(
-        self, index: int, res: RequestResult, n_max: int, probs: list[float], lazy: bool = False
+        self, index: int, res: RequestResult, probs: list[float], lazy: bool = False
     ) -> None:
         self.index = index
         self.res = res
@@ -112,7 +111,6 @@ class _Slot:
         # prompt it evaluates; every drafter falls behind by what it generates without drafting
         self.behind = self.prompt_left if lazy else 0
         self.rng = random.Random(req.seed)
-        self.per_pos = [0] * n_max
         self.probs = probs  # its class's conditional acceptance per position
 
 
@@ -297,7 +295,7 @@ class DecodeLoop:
                 res = self._waiting.popleft()
                 res.start = self.now
                 res.slot = i
-                slots[i] = _Slot(i, res, self._n_max, self._class_probs[res.klass], self._lazy)
+                slots[i] = _Slot(i, res, self._class_probs[res.klass], self._lazy)
                 admitted.append(res.id)
         return admitted
 
@@ -314,7 +312,8 @@ class DecodeLoop:
         n_gen = len(gen)
         can_start = self._spec and (self._max_slots == 0 or n_gen <= self._max_slots)
         rows, kv_rows, lens, catch = self._draft(gen, can_start)
-        prompt_rows, prefilled = self._fill_prompts(busy, rows)
+        # prompt rows only where a slot still reads its prompt
+        prompt_rows, prefilled = self._fill_prompts(busy, rows) if n_gen < len(busy) else (0, [])
         cost = self._cost(rows, n_gen, kv_rows, prompt_rows, catch, lens)
         if self._depth_slot:
             cost += self._depth_slot * sum(s.kv for s in gen)
@@ -386,7 +385,12 @@ class DecodeLoop:
             if s.replay:
                 d = s.replay
             elif can_start:
-                d = min(n_max, s.left - 1, slot_context - s.kv - 2)
+                # min(n_max, tokens left - 1, room left - 2), without min()'s call: hot
+                d = n_max
+                if s.left - 1 < d:
+                    d = s.left - 1
+                if slot_context - s.kv - 2 < d:
+                    d = slot_context - s.kv - 2
                 if d > 0:
                     lens.append(d)
                     catch += s.behind
@@ -434,14 +438,21 @@ class DecodeLoop:
             cost += self._overhead + self._prefill_draft * prompt_rows + catch * self._catch_up
             cost += reeval[rows] if rows < len(reeval) else self._tables.reeval_s(rows)
             if lens:
+                # one draft-model call per position, batching the drafts still that long
                 call = self._call
                 d_left = len(lens)
-                ends = [0] * (self._n_max + 1)
-                for d in lens:
-                    ends[d] += 1
-                for i in range(max(lens)):
-                    cost += call[d_left]
-                    d_left -= ends[i + 1]
+                top = max(lens)
+                if min(lens) == top:  # every draft of one length (most steps)
+                    per_call = call[d_left]
+                    for _ in range(top):
+                        cost += per_call
+                else:
+                    ends = [0] * (self._n_max + 1)
+                    for d in lens:
+                        ends[d] += 1
+                    for i in range(top):
+                        cost += call[d_left]
+                        d_left -= ends[i + 1]
         return cost
 
     def _verify(
@@ -513,9 +524,6 @@ class DecodeLoop:
                 accepted_step += k
                 res.drafts += 1
                 res.draft_accepted += k
-                per_pos = s.per_pos
-                for i in range(k):
-                    per_pos[i] += 1
                 res.token_times.extend([end] * n_out)
             s.left -= n_out
             s.kv += n_out
@@ -558,5 +566,9 @@ class DecodeLoop:
             m.spec_decode_num_drafts_total += res.drafts
             m.spec_decode_num_draft_tokens_total += res.draft_n
             m.spec_decode_num_accepted_tokens_total += res.draft_accepted
-            for i, n in enumerate(s.per_pos):
-                m.accepted_per_pos[i] += n
+            # the positions each draft of the request accepted (its draft log), counted at its
+            # end as the server's counters are
+            per_pos = m.accepted_per_pos
+            for _, k in res.draft_log:
+                for i in range(k):
+                    per_pos[i] += 1
