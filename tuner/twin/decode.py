@@ -217,13 +217,15 @@ class DecodeLoop:
         cost expression, the same noise draws in the same order); most steps of a loaded server
         are such steps, and the open-loop answer and the truth run millions of them. The steps
         run."""
-        if self._replay_mode:
+        # the cheap refusals first: this runs after every step
+        if self._replay_mode or (self._spec and self._max_slots == 0):
             return 0
-        gen = [s for s in self._slots if s is not None]
-        n_gen = len(gen)
-        if not n_gen or any(s.state != _GEN for s in gen):
+        slots = self._slots
+        n_gen = len(slots) - slots.count(None)
+        if not n_gen or (self._spec and n_gen <= self._max_slots):
             return 0
-        if self._spec and (self._max_slots == 0 or n_gen <= self._max_slots):
+        gen = [s for s in slots if s is not None]
+        if any(s.state != _GEN for s in gen):
             return 0
         idle = n_gen < self._n_parallel
         if idle and self._waiting:
