@@ -454,3 +454,34 @@ def test_levels_an_open_comparison_rests_on_without_a_pair_are_named_with_why() 
     assert "5 streams, not reached before the budget ended" in said
     done = settle.Standing(2, settle.OPEN, [], measure_next=[4])
     assert Tuning.left_unmeasured(fake, done) is None  # type: ignore[arg-type]
+
+
+def test_long_rounds_keep_the_budget_the_sweep_measures_what_fits_first(tmp_path: Path) -> None:
+    """192-token rounds on the bench's twin, where one sweep of every level the comparisons rest
+    on takes minutes: a 60 s budget plans each sweep to what fits the budget left at the pace
+    the last sweep ran (the cost model's seconds for a pair the first time), names the levels
+    left for later, and ends within the budget and the one level a sweep always measures."""
+    from lab.method import HOST, twin_spec
+    from twinworlds import world
+
+    from tuner.decide.adaptive import profile_adaptively
+    from tuner.decide.tune import tune
+    from tuner.storage.store import Store
+    from tuner.twin.inprocess import TwinBackend
+
+    w = world("bench")
+    store = Store(f"sqlite:///{tmp_path / 't.db'}")
+    backend = TwinBackend(w, switch="live", seed=3)
+    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=192)
+    profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    said: list[str] = []
+    report = tune(
+        store, w.model_name, HOST, tmp_path, backend=backend, budget_s=60.0,
+        observer=lambda e: said.append(e.text or ""), tie_budget_s=60.0,
+    )  # fmt: skip
+    store.dispose()
+    sweeps = [line for line in said if line.startswith("sweep ")]
+    assert sweeps and "left for a later sweep" in sweeps[0], said
+    # a pair at 8 streams of 192 tokens is about 25 s of this world: one level past the budget
+    # at most, where a whole sweep of seven levels ran to about 200 s
+    assert report.seconds < 60.0 + 35.0, (report.seconds, sweeps)

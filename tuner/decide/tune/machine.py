@@ -16,7 +16,7 @@ from tuner.decide.paired import Contrast, verdict
 from tuner.decide.tune.describe import moved_text, sweep_text
 from tuner.decide.tune.gains import live_gains, plain_gains
 from tuner.decide.tune.outcome import PlainLive, TuneReport
-from tuner.decide.tune.sweeps import SWEEP_PAIRS, model_objective, sweep_arms
+from tuner.decide.tune.sweeps import SWEEP_PAIRS, model_objective, pair_seconds, sweep_arms, within
 from tuner.measure.backend import LIVE_WAYS
 from tuner.measure.plan import Observer, ProgressEvent
 from tuner.measure.profiler import Profiler
@@ -77,6 +77,9 @@ class Tuning:
     moves: int = 0
     returned: bool = False
     plain_spent: float = 0.0  # seconds of measuring plain took, every settle_plain together
+    # how long a sweep's pairs took against the cost model's seconds for them (prompts,
+    # requests, the machine): the next sweep is fitted into the budget at this pace
+    pace: float = 1.0
 
     def __post_init__(self) -> None:
         self.objective = model_objective(self.cm, self.answer, self.n_max, self.weights)
@@ -242,17 +245,36 @@ class Tuning:
         return "not measured yet, so the comparisons resting there stay open: " + ", ".join(parts)
 
     def sweep(self, standing: settle.Standing) -> None:
-        """One sweep: on and off side by side at the levels unresolved comparisons rest on."""
+        """One sweep: on and off side by side at the levels unresolved comparisons rest on, as
+        many of them as the budget left holds (in the order the standing wants them, at least
+        one; a pass, once started, finishes the pairs it planned, so the plan is what keeps the
+        budget: long rounds would otherwise run a whole sweep past it)."""
         profiler = self.profiler
         live = profiler.way in LIVE_WAYS
-        arms = sweep_arms(standing.measure_next, profiler.depth, self.n_max, live)
-        levels = ", ".join(str(c) for c in sorted(standing.measure_next))
+        wanted = list(standing.measure_next)
+        arms = sweep_arms(wanted, profiler.depth, self.n_max, live)
+        model_s = pair_seconds(self.cm, arms, profiler.spec.workload.max_tokens)
+        left = self.started + self.limits.budget_s - self.elapsed
+        taken = within(wanted, {c: s * self.pace for c, s in model_s.items()}, left)
+        arms = {cell: policies for cell, policies in arms.items() if cell[1] in taken}
+        later = [c for c in wanted if c not in taken]
         self.say(
             f"sweep {self.report.sweeps + 1}: {sweep_text(self.answer, standing)}; "
-            f"on and off in turn at {levels} streams"
+            f"on and off in turn at {', '.join(str(c) for c in sorted(taken))} streams"
+            + (
+                f" ({', '.join(str(c) for c in later)} left for a later sweep: the "
+                f"{max(left, 0.0):.0f} s left of the budget hold about "
+                f"{sum(model_s[c] for c in taken) * self.pace:.0f} s of pairs)"
+                if later
+                else ""
+            )
         )
         profiler.deadline = self.started + self.limits.budget_s
+        began = self.elapsed
         profiler.run_pass(arms, pairs=SWEEP_PAIRS)
+        planned = sum(model_s[c] for c in taken)
+        if planned > 0 and self.elapsed > began:
+            self.pace = (self.elapsed - began) / planned
         self.report.sweeps += 1
 
     # --- plain against the answer -------------------------------------------------------------

@@ -3,7 +3,7 @@ side by side, and the model objective that scales the tolerance."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,30 @@ def sweep_arms(
         assert off is not None
         arms[(depth, c)] = [Policy.always(n_max), off.with_n_max(n_max)]
     return arms
+
+
+def pair_seconds(
+    model: CostModel, arms: Mapping[Cell, list[Policy]], tokens: int
+) -> dict[int, float]:
+    """The cost model's seconds for one pair at each level of a sweep: each arm's c streams of
+    `tokens` tokens at its tok/s there."""
+    return {
+        c: sum(c * tokens / max(float(np.ravel(model.policy_tps(c, p))[0]), 1e-9) for p in policies)
+        for (_, c), policies in arms.items()
+    }
+
+
+def within(wanted: Sequence[int], seconds: Mapping[int, float], left_s: float) -> list[int]:
+    """The levels of a sweep, in the order the standing wants them measured, whose pairs fit
+    the seconds left: at least the first, then each next one while the sum still fits."""
+    taken: list[int] = []
+    total = 0.0
+    for c in wanted:
+        if taken and total + seconds[c] > left_s:
+            break
+        taken.append(c)
+        total += seconds[c]
+    return taken
 
 
 def model_objective(model: CostModel, n: int, n_max: int, weights: np.ndarray) -> float:
