@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ProfiledBench, copy_db
+from fleetkit import wait_for
 from lab.traffic import offer_cycle, plain_server
 
 from tuner.bench import Bench
@@ -155,8 +156,10 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     first.start()
     result: dict = {}
     away_s = 3.0
-    # 4 s served, 3 s away, a second server, 4 s served: about 12 s, in a 15 s watch.
-    watched_s = 15.0
+    # 4 s served, 3 s away, a second server found at the watcher's next retry (every 2 s), 4 s
+    # served: about 14 s, in a 30 s watch; each phase waits for the watcher to have seen the last
+    # (attached, back), so a slow machine lengthens the phases, not the test's luck
+    watched_s = 30.0
 
     def run() -> None:
         result["summary"] = watch(
@@ -175,11 +178,13 @@ def test_watch_keeps_going_while_the_server_is_away(bench: Bench, tmp_path: Path
     watcher = threading.Thread(target=run)
     watcher.start()
     try:
+        wait_for(lambda: any(m.startswith("watching ") for m in messages), timeout_s=60.0)
         offer(first.url, [(1, 32)], 4.0)
     finally:
         first.stop()
     time.sleep(away_s)
     with ManagedServer(config, tmp_path / "second.log", start_timeout_s=120) as second:
+        wait_for(lambda: any("the server is back after" in m for m in messages), timeout_s=20.0)
         offer(second.url, [(2, 32)], 4.0)
         watcher.join(timeout=120)
     summary = result["summary"]
