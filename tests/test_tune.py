@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,23 +92,33 @@ def test_bad_budget_or_tolerance_is_one_error_before_anything_runs(
         tune(store, "m", "h", tmp_path, **bad)
 
 
-def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list[tuple[int, str]]):
-    """tune on the in-process bench twin, settle.assess replaced by a script of (answer,
-    status) standings: what tune does with the moves, whatever the data."""
+def _profiled_bench(tmp_path: Path, seed: int, max_tokens: int) -> tuple[Any, Any, Any]:
+    """The bench's twin profiled in-process at levels 1, 2, 4 and 8 (no adaptive levels): its
+    world, the store holding the profile and the live-switched backend it ran on."""
     from lab.method import HOST, twin_spec
     from twinworlds import world
 
-    from tuner.decide import settle
     from tuner.decide.adaptive import profile_adaptively
-    from tuner.decide.tune import tune
     from tuner.storage.store import Store
     from tuner.twin.inprocess import TwinBackend
 
     w = world("bench")
     store = Store(f"sqlite:///{tmp_path / 't.db'}")
-    backend = TwinBackend(w, switch="live", seed=2)
-    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=32)
+    backend = TwinBackend(w, switch="live", seed=seed)
+    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=max_tokens)
     profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    return w, store, backend
+
+
+def _scripted_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: list[tuple[int, str]]):
+    """tune on the in-process bench twin, settle.assess replaced by a script of (answer,
+    status) standings: what tune does with the moves, whatever the data."""
+    from lab.method import HOST
+
+    from tuner.decide import settle
+    from tuner.decide.tune import tune
+
+    w, store, backend = _profiled_bench(tmp_path, seed=2, max_tokens=32)
     steps = iter(script)
 
     def scripted(*args: object, **kwargs: object) -> settle.Standing:
@@ -172,21 +183,13 @@ def _ordered_tune(
     default two assessments with a contender unresolved, then a tie question that never closes;
     `script(k, answer, kept)` gives the k-th assessment's standing instead. Returns the report and
     the events in order: "assess", and each round measured ("plain" or "threshold")."""
-    from lab.method import HOST, twin_spec
-    from twinworlds import world
+    from lab.method import HOST
 
     from tuner.decide import settle
-    from tuner.decide.adaptive import profile_adaptively
     from tuner.decide.paired import UNRESOLVED, WITHIN, Contrast
     from tuner.decide.tune import tune
-    from tuner.storage.store import Store
-    from tuner.twin.inprocess import TwinBackend
 
-    w = world("bench")
-    store = Store(f"sqlite:///{tmp_path / 't.db'}")
-    backend = TwinBackend(w, switch="live", seed=2)
-    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=32)
-    profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    w, store, backend = _profiled_bench(tmp_path, seed=2, max_tokens=32)
     events: list[str] = []
 
     def scripted(gains: object, weights: object, answer: int, *args: object, **kw: object):
@@ -461,19 +464,11 @@ def test_long_rounds_keep_the_budget_the_sweep_measures_what_fits_first(tmp_path
     on takes minutes: a 60 s budget plans each sweep to what fits the budget left at the pace
     the last sweep ran (the cost model's seconds for a pair the first time), names the levels
     left for later, and ends within the budget and the one level a sweep always measures."""
-    from lab.method import HOST, twin_spec
-    from twinworlds import world
+    from lab.method import HOST
 
-    from tuner.decide.adaptive import profile_adaptively
     from tuner.decide.tune import tune
-    from tuner.storage.store import Store
-    from tuner.twin.inprocess import TwinBackend
 
-    w = world("bench")
-    store = Store(f"sqlite:///{tmp_path / 't.db'}")
-    backend = TwinBackend(w, switch="live", seed=3)
-    spec = twin_spec(w, levels=(1, 2, 4, 8), max_tokens=192)
-    profile_adaptively(store, spec, tmp_path, host_name=HOST, backend=backend, budget_s=0.0)
+    w, store, backend = _profiled_bench(tmp_path, seed=3, max_tokens=192)
     said: list[str] = []
     report = tune(
         store, w.model_name, HOST, tmp_path, backend=backend, budget_s=60.0,

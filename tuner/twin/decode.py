@@ -213,8 +213,8 @@ class DecodeLoop:
         """Run, in one pass, the steps ahead in which nothing can change but the clock and
         each slot's one token a step: every busy slot generating, none drafting (plain, or the
         threshold holds), no request to admit and none finishing (the step where one would is
-        left to `_step`). Those steps are what `_step` would run, number for number (the same
-        cost expression, the same noise draws in the same order); most steps of a loaded server
+        left to `_step`). Those steps are what `_step` would run, number for number (`_cost` for
+        their rows, the same noise draws in the same order); most steps of a loaded server
         are such steps, and the open-loop answer and the truth run millions of them. The steps
         run."""
         # the cheap refusals first: this runs after every step
@@ -235,18 +235,8 @@ class DecodeLoop:
         steps = min(min(s.left, slot_context - 1 - s.kv) for s in gen) - 1
         if steps <= 0:
             return 0
-        # _cost's expression for n_gen rows without drafts or prompt rows, term by term
-        rows_cost = self._rows
-        rows = n_gen
-        base = rows_cost[rows or 1] if rows < len(rows_cost) else self._tables.rows_s(rows)
-        base += self._slots_cost[n_gen]
-        no_prompt = self._prefill * 0
-        spec = self._spec
-        if spec:
-            reeval = self._reeval
-            no_draft = self._overhead + self._prefill_draft * 0 + 0 * self._catch_up
-            reeval_cost = reeval[rows] if rows < len(reeval) else self._tables.reeval_s(rows)
-        depth, depth_slot = self._depth, self._depth_slot
+        depth_slot = self._depth_slot
+        no_drafts: list[int] = []
         noise = self._noise
         pending = self._pending
         kv_rows = sum(s.kv for s in gen)
@@ -257,10 +247,7 @@ class DecodeLoop:
                 break
             if idle and pending and pending[0][0] <= now:
                 break  # the next step admits
-            cost = base + (depth * kv_rows + no_prompt)
-            if spec:
-                cost += no_draft
-                cost += reeval_cost
+            cost = self._cost(n_gen, n_gen, kv_rows, 0, 0, no_drafts)
             if depth_slot:
                 cost += depth_slot * kv_rows
             now = now + (noise.duration(cost) if noise is not None else cost)
