@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from tuner.errors import ConfigError
 from tuner.measure import metrics
 from tuner.measure.client import LlamaClient, parse_metrics
 from tuner.measure.fingerprint import probe_build, probe_model, require_gguf
+from tuner.measure.launcher import free_port
 from tuner.measure.load import LoadGenerator, Workload, summarize
 from tuner.measure.observe import Poller
 from tuner.measure.spec import load_spec
@@ -339,6 +342,44 @@ def test_the_command_line_is_llama_servers() -> None:
             parse_args(["-m", str(BENCH_WORLD), *bad], env={})
     with pytest.raises(ArgError, match="LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS"):
         parse_args(["-m", str(BENCH_WORLD)], env={"LLAMA_ARG_SPEC_DRAFT_MAX_SLOTS": "abc"})
+
+
+def test_tuner_dev_twin_serve_drafts_unless_plain(tmp_path: Path) -> None:
+    """`tuner dev twin serve WORLD` is the drafting server docs/twin.md starts by hand: its
+    slots draft (the pinned build's rule: a speculative type on, not --model-draft alone) and a
+    completion's draft counters move; with --plain nothing drafts."""
+    for plain in (False, True):
+        port = free_port()
+        command = [sys.executable, "-m", "tuner", "dev", "twin", "serve", str(BENCH_WORLD)]
+        command += ["--port", str(port), "--props", "--metrics", "--noise", "off", "--speed", "50"]
+        server = subprocess.Popen(
+            command + (["--plain"] if plain else []),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=tuner_env(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "cache"),
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with LlamaClient(url) as api:
+                deadline = time.monotonic() + 60
+                while not _answers(api) and time.monotonic() < deadline:
+                    assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                    time.sleep(0.1)
+                done = api.complete(_completion(32))
+                slots = api.slots()
+                drafts = api.metrics().value("spec_decode_num_drafts_total")
+        finally:
+            server.terminate()
+            server.wait(30)
+        assert {s["speculative"] for s in slots} == {not plain}
+        assert (done.draft_n > 0, drafts > 0) == (not plain, not plain), (done.timings, drafts)
+
+
+def _answers(api: LlamaClient) -> bool:
+    try:
+        return api.health()
+    except Exception:  # not listening yet
+        return False
 
 
 def test_the_build_and_the_world_pass_the_tuners_fingerprints(

@@ -111,6 +111,8 @@ def serve(
         port=port,
         parallel=parallel,
         model_draft=None if plain else "twin",
+        # the pinned build drafts only with a speculative type: --model-draft alone never drafts
+        spec_type=None if plain else "draft-simple",
         max_slots=max_slots,
         n_max=n_max,
         seed=seed,
