@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tuner.model.acceptance import Acceptance, geometric_rates
 from tuner.model.arrivals import ArrivalCosts, Figure
 from tuner.model.costmodel import VERSION, CostModel
-from tuner.model.curves import FORMS, Curve, fit_curve, select_form
+from tuner.model.curves import FORMS, Curve, fit_curve, gap, select_form
 from tuner.model.data import FitData, KernelObs, LevelObs, Repeat
 from tuner.model.fitting import fit
 from tuner.model.quality import FitQuality
@@ -108,6 +108,20 @@ def test_forms_that_fall_with_more_streams_are_rejected() -> None:
 
 
 # --- fit recovery on synthetic data with known parameters ----------------------------------
+
+
+def test_a_replicates_form_error_never_makes_a_step_time_negative() -> None:
+    """A form's leave-one-out miss drawn as a replicate's error away from the measured levels
+    (here -140 %, a quadratic fitted on 1, 2 and 4 streams extrapolated to 8) once put the step
+    time between 2 and 4 streams below zero, and a TPOT objective over the replicates failed
+    on its negative tok/s. The offsets scale the form's step time down to a tenth at least."""
+    form = Curve("quadratic", (55.35, 30.66, -0.276), support=(1.0, 2.0, 4.0, 8.0))
+    c = np.arange(1.0, 9.0)
+    wild = replace(form, shift=0.0016, gap_shift=-1.397)
+    assert np.all(wild(c) >= 0.1 * form(c) - 1e-9) and np.all(wild(c) > 0)
+    assert np.allclose(wild([1.0, 2.0, 4.0, 8.0]), 1.0016 * form([1.0, 2.0, 4.0, 8.0]))
+    usual = replace(form, shift=0.01, gap_shift=0.05)  # an ordinary replicate: as it was
+    assert np.allclose(usual(c), form(c) * (1.01 + 0.05 * gap(c, form.support)))
 
 
 def test_fit_recovers_known_linear_step_costs_and_acceptance() -> None:

@@ -421,6 +421,8 @@ def _search(
             user_attrs={"model": model, "fit_id": fit_id, **options},
         )
     except ValueError as exc:
+        if min_single_stream is None:
+            raise  # not the floor's: no setting to name
         best_single = max(
             float(cm.spec_tps([1], n)[0]) for n in (cm.n_values() if tune_n_max else [cm.n_max])
         )

@@ -136,7 +136,8 @@ class Curve:
         if self.knots and any(self.corr):
             y = y * (1.0 + np.interp(np.log(x), np.log(self.knots), self.corr))
         if self.shift or self.gap_shift:
-            y = y * (1.0 + self.shift + self.gap_shift * gap(x, self.support))
+            factor = 1.0 + self.shift + self.gap_shift * gap(x, self.support)
+            y = y * np.maximum(factor, MIN_FACTOR)
         return y
 
     def with_params(
@@ -197,6 +198,12 @@ class Curve:
             tuple(float(v) for v in data.get("support", ())),
         )
 
+
+#: The least a replicate's offsets may scale its form's step time to. A form's leave-one-out
+#: miss, drawn as a replicate's error away from the measured levels, can pass -100 % where the
+#: form extrapolated past a level (a quadratic fitted on 1, 2 and 4 streams, asked for 8): a
+#: negative step time, negative tok/s, a replicate of no server. It stays a tenth of the form's.
+MIN_FACTOR = 0.1
 
 #: How far from the nearest measured level (in ln c) the form's error reaches its full size:
 #: half an octave, the middle of the gap between levels 1, 2, 4, 8.
