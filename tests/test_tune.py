@@ -480,3 +480,28 @@ def test_long_rounds_keep_the_budget_the_sweep_measures_what_fits_first(tmp_path
     # a pair at 8 streams of 192 tokens is about 25 s of this world: one level past the budget
     # at most, where a whole sweep of seven levels ran to about 200 s
     assert report.seconds < 60.0 + 35.0, (report.seconds, sweeps)
+
+
+def test_each_run_sends_requests_no_earlier_run_of_the_model_sent(tmp_path: Path) -> None:
+    """A round key fixes a round's requests and seeds (draw_request), so a tune whose passes
+    started again at 0 sent the profile's requests again: the same acceptance draws counted as
+    new pairs. A run's passes go on after the model's earlier runs', so no key is sent twice
+    but by the two halves of a pair."""
+    from lab.method import HOST
+    from sqlalchemy import select
+
+    from tuner.decide.tune import tune
+    from tuner.storage.orm import Level
+
+    w, store, backend = _profiled_bench(tmp_path, seed=2, max_tokens=32)
+    tune(store, w.model_name, HOST, tmp_path, backend=backend, budget_s=60.0, tie_budget_s=0.0)
+    keys: dict[int, set[tuple[int, int]]] = {}
+    with store.session() as session:
+        for level in session.scalars(select(Level)):
+            for r in (level.metrics or {}).get("repeats", []):
+                keys.setdefault(level.run_id, set()).add((level.concurrency, r["round_key"]))
+    store.dispose()
+    profile_run, *later = sorted(keys)
+    assert later, keys  # the tune measured pairs of its own
+    for run in later:
+        assert not keys[run] & keys[profile_run], sorted(keys[run] & keys[profile_run])

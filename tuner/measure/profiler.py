@@ -481,7 +481,8 @@ class Profiler:
         policies = _policies_of(arms)
         self.check_switch(arms)
         state = self.repeats_by_cell(policies)
-        first = self.last_pass() or 0
+        last = self.last_pass()
+        first = last if last is not None else self.recorder.next_pass()
         open_arms = {cell: list(ps) for cell, ps in arms.items()}
         passes = max_passes or w.max_repeats
 
@@ -569,8 +570,7 @@ class Profiler:
         two)."""
         assert self.backend is not None
         self.check_switch(arms)
-        last = self.last_pass()
-        p = 0 if last is None else last + 1
+        p = self.recorder.next_pass()
         flip = self.start_on_the_launch_up(arms, p)
         steps = plan_pass(arms, self.backend.launch_key, p, pairs, flip=flip)
         self.observer(ProgressEvent("plan", total=len(steps)))
@@ -637,7 +637,7 @@ class Profiler:
         """One policy's rounds at the levels (concurrencies at the profiler's depth, or cells),
         as one pass of the schedule."""
         cells = [(self.depth, c) if isinstance(c, int) else c for c in levels]
-        p = pass_index if pass_index is not None else (self.last_pass() or -1) + 1
+        p = pass_index if pass_index is not None else self.recorder.next_pass()
         self.run_steps([Step(policy, cell, p) for cell in cells])
 
     # -- attached servers --
@@ -667,7 +667,8 @@ class Profiler:
             while len(reps) < w.max_repeats and not (
                 len(reps) >= w.min_repeats and stable(reps, w)
             ):
-                level_id = self.measure_step(Step(config, cell, len(reps)))  # type: ignore[arg-type]
+                step = Step(config, cell, self.recorder.next_pass())  # type: ignore[arg-type]
+                level_id = self.measure_step(step)
                 reps = self.recorder.repeats_by_cell().get((name, *cell), [])
             if level_id is not None:
                 self.recorder.complete_level(level_id)

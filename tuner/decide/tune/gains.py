@@ -39,8 +39,8 @@ def _round_acceptance(r: Mapping[str, Any]) -> float | None:
 def acceptance_pool(rounds: Sequence[Mapping[str, Any]]) -> Acceptance | None:
     """The workload's mean acceptance from drafting rounds' requests (accept_by_stream, stored
     by the profiler where the policy drafted the whole round), one value a request seed (a
-    round key's stream: every run of one workload sends the same seeds); None below MIN_SEEDS
-    seeds."""
+    round key's stream: the halves of a pair, and stream i at every level, share it); None
+    below MIN_SEEDS seeds."""
     by_seed: dict[tuple[int, int], list[float]] = {}
     for r in rounds:
         if r.get("round_key") is None:
