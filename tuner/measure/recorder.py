@@ -421,10 +421,9 @@ class RunRecorder:
     def next_pass(self) -> int:
         """The index of the run's next pass: after its own newest; for a run with none yet,
         after the newest pass of every other run of its model. A pass's index makes its round
-        keys, and a round key fixes a round's requests and seeds (draw_request), so a tune
-        that started again at pass 0 sent the profile's requests again: the same acceptance
-        draws, counted as new data (a twin world's tune settled on the wrong side of 2.4 %
-        that way: its 'new' pairs at 4 streams drew 3.83 and 3.68 tokens a step again)."""
+        keys, and a round key fixes a round's requests and seeds (draw_request): a tune that
+        started again at pass 0 would send the profile's requests again and count the same
+        acceptance draws as new pairs."""
         last = self.last_pass()
         if last is not None:
             return last + 1
