@@ -22,6 +22,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from readme import wait_healthy
 from sqlalchemy import select
 from tunerproc import finish, start_tuner, tuner_env, twin_server_script
 from typer.testing import CliRunner
@@ -352,19 +353,18 @@ def test_tuner_dev_twin_serve_drafts_unless_plain(tmp_path: Path) -> None:
         port = free_port()
         command = [sys.executable, "-m", "tuner", "dev", "twin", "serve", str(BENCH_WORLD)]
         command += ["--port", str(port), "--props", "--metrics", "--noise", "off", "--speed", "50"]
-        server = subprocess.Popen(
-            command + (["--plain"] if plain else []),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=tuner_env(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "cache"),
-        )
+        log = tmp_path / f"serve-{plain}.log"
+        with log.open("w") as out:
+            server = subprocess.Popen(
+                command + (["--plain"] if plain else []),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=tuner_env(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "cache"),
+            )
         try:
             url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, server, log, timeout_s=60)
             with LlamaClient(url) as api:
-                deadline = time.monotonic() + 60
-                while not _answers(api) and time.monotonic() < deadline:
-                    assert server.poll() is None, server.stderr.read() if server.stderr else ""
-                    time.sleep(0.1)
                 done = api.complete(_completion(32))
                 slots = api.slots()
                 drafts = api.metrics().value("spec_decode_num_drafts_total")
@@ -373,13 +373,6 @@ def test_tuner_dev_twin_serve_drafts_unless_plain(tmp_path: Path) -> None:
             server.wait(30)
         assert {s["speculative"] for s in slots} == {not plain}
         assert (done.draft_n > 0, drafts > 0) == (not plain, not plain), (done.timings, drafts)
-
-
-def _answers(api: LlamaClient) -> bool:
-    try:
-        return api.health()
-    except Exception:  # not listening yet
-        return False
 
 
 def test_the_build_and_the_world_pass_the_tuners_fingerprints(
