@@ -505,3 +505,35 @@ def test_each_run_sends_requests_no_earlier_run_of_the_model_sent(tmp_path: Path
     assert later, keys  # the tune measured pairs of its own
     for run in later:
         assert not keys[run] & keys[profile_run], sorted(keys[run] & keys[profile_run])
+
+
+def test_a_sweep_measures_the_levels_without_two_pairs_alone_while_there_are_any(
+    tmp_path: Path,
+) -> None:
+    """After a profile at 1, 2, 4 and 8 streams (two passes or more: two pairs or more at 2, 4
+    and 8), the comparisons rest also on levels without a pair. Until each of those has two,
+    a sweep measures only them, and says so: a pair more at 8 streams, where the profile's
+    passes have some, would cost the longest rounds and give none of the comparisons an
+    interval."""
+    import re
+
+    from lab.method import HOST
+
+    from tuner.decide.tune import tune
+
+    w, store, backend = _profiled_bench(tmp_path, seed=2, max_tokens=32)
+    said: list[str] = []
+    tune(
+        store, w.model_name, HOST, tmp_path, backend=backend, budget_s=600.0,
+        observer=lambda e: said.append(e.text or ""), tie_budget_s=0.0,
+    )  # fmt: skip
+    store.dispose()
+    sweeps = [line for line in said if line.startswith("sweep ")]
+    measured = [
+        {int(c) for c in re.search(r"in turn at ([\d, ]+) streams", line)[1].split(", ")}  # type: ignore[index]
+        for line in sweeps
+    ]
+    assert sweeps and "already hold two pairs or more" in sweeps[0], sweeps
+    assert not measured[0] & {2, 4, 8}, sweeps
+    # the second sweep gives them their second pair: a third may go back to every level
+    assert len(measured) < 2 or measured[1] <= measured[0], sweeps
