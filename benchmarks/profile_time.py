@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common import tuner_env, tuner_run
 from record import Table, fmt, record_arguments, save_run
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from tuner.measure.stats import relative_mad
 from tuner.storage.orm import Level
@@ -63,7 +63,10 @@ def profile_once(
         timed.answer = next((ln for ln in lines if ln.startswith("answer:")), "")
     store = Store(db_url)
     with store.session() as session:
-        levels = {(lv.config, lv.concurrency): lv for lv in session.scalars(select(Level))}
+        # the profile's levels only: a tune stores its sweeps' rounds as a run of its own
+        first = session.scalar(select(func.min(Level.run_id)))
+        rows = session.scalars(select(Level).where(Level.run_id == first))
+        levels = {(lv.config, lv.concurrency): lv for lv in rows}
     store.dispose()
     return timed, levels
 

@@ -247,9 +247,9 @@ class Tuning:
     def sweep(self, standing: settle.Standing) -> None:
         """One sweep: on and off side by side at the levels unresolved comparisons rest on
         (those with fewer than two pairs alone, while there are any), as many of them as the
-        budget left holds (in the order the standing wants them, at least
-        one; a pass, once started, finishes the pairs it planned, so the plan is what keeps the
-        budget: long rounds would otherwise run a whole sweep past it)."""
+        budget left holds (in the order the standing wants them, at least one; a pass, once
+        started, finishes the pairs it planned, so the plan is what keeps the budget: long
+        rounds would otherwise run a whole sweep past it)."""
         profiler = self.profiler
         live = profiler.way in LIVE_WAYS
         wanted = list(standing.measure_next)
