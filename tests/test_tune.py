@@ -537,3 +537,17 @@ def test_a_sweep_measures_the_levels_without_two_pairs_alone_while_there_are_any
     assert not measured[0] & {2, 4, 8}, sweeps
     # the second sweep gives them their second pair: a third may go back to every level
     assert len(measured) < 2 or measured[1] <= measured[0], sweeps
+
+
+def test_a_level_whose_rounds_keep_being_set_aside_stops_holding_the_others_back() -> None:
+    """thin_first: levels under two pairs alone, but a level measured alone ALONE_SWEEPS times
+    and still without two (its rounds set aside: a busy machine, an off arm that drafted) no
+    longer keeps the sweep from the levels the other comparisons rest on."""
+    from tuner.decide.tune.sweeps import ALONE_SWEEPS, thin_first
+
+    wanted = [5, 2, 3, 8]
+    pairs = {2: 3, 3: 1, 5: 0, 8: 2}
+    assert thin_first(wanted, pairs, {}) == ([5, 3], [2, 8])
+    assert thin_first(wanted, pairs, {5: ALONE_SWEEPS}) == ([3], [5, 2, 8])
+    assert thin_first(wanted, pairs, {5: ALONE_SWEEPS, 3: ALONE_SWEEPS}) == (wanted, [])
+    assert thin_first(wanted, {c: 2 for c in wanted}, {}) == (wanted, [])

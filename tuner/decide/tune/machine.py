@@ -16,7 +16,14 @@ from tuner.decide.paired import Contrast, verdict
 from tuner.decide.tune.describe import moved_text, sweep_text
 from tuner.decide.tune.gains import live_gains, plain_gains
 from tuner.decide.tune.outcome import PlainLive, TuneReport
-from tuner.decide.tune.sweeps import SWEEP_PAIRS, model_objective, pair_seconds, sweep_arms, within
+from tuner.decide.tune.sweeps import (
+    SWEEP_PAIRS,
+    model_objective,
+    pair_seconds,
+    sweep_arms,
+    thin_first,
+    within,
+)
 from tuner.measure.backend import LIVE_WAYS
 from tuner.measure.plan import Observer, ProgressEvent
 from tuner.measure.profiler import Profiler
@@ -80,6 +87,8 @@ class Tuning:
     # how long a sweep's pairs took against the cost model's seconds for them (prompts,
     # requests, the machine): the next sweep is fitted into the budget at this pace
     pace: float = 1.0
+    # sweeps that measured a level alone while it held fewer than two pairs (sweeps.thin_first)
+    alone: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.objective = model_objective(self.cm, self.answer, self.n_max, self.weights)
@@ -252,15 +261,10 @@ class Tuning:
         rounds would otherwise run a whole sweep past it)."""
         profiler = self.profiler
         live = profiler.way in LIVE_WAYS
-        wanted = list(standing.measure_next)
-        # Levels with fewer than two pairs first, alone: until each has a second, the
-        # comparisons resting on them have no interval, and a pair more where there are
-        # several already (the profile's passes at 2, 4 and 8 streams) narrows nothing that
-        # decides. At 192 tokens a round such pairs were a third of a sweep.
-        thin = [c for c in wanted if self._pairs_at(c) < 2]
-        held = [c for c in wanted if c not in thin] if thin else []
-        if thin:
-            wanted = thin
+        # the levels without two pairs alone first (sweeps.thin_first): at 192 tokens a round,
+        # the pairs at levels that held several already were a third of a sweep
+        pairs = {c: self._pairs_at(c) for c in standing.measure_next}
+        wanted, held = thin_first(standing.measure_next, pairs, self.alone)
         arms = sweep_arms(wanted, profiler.depth, self.n_max, live)
         model_s = pair_seconds(self.cm, arms, profiler.spec.workload.max_tokens)
         left = self.started + self.limits.budget_s - self.elapsed
@@ -284,6 +288,9 @@ class Tuning:
                 else ""
             )
         )
+        if held:
+            for c in taken:
+                self.alone[c] = self.alone.get(c, 0) + 1
         profiler.deadline = self.started + self.limits.budget_s
         began = self.elapsed
         profiler.run_pass(arms, pairs=SWEEP_PAIRS)

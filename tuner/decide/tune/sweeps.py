@@ -18,6 +18,26 @@ from tuner.policy import Policy
 SWEEP_PAIRS = 1
 
 
+# Sweeps that measure a level without two pairs alone, at most: two give it its two pairs
+# where nothing is set aside; a level whose rounds keep being set aside (a stalled or busy
+# machine, an off arm that drafted) then no longer holds back the others.
+ALONE_SWEEPS = 2
+
+
+def thin_first(
+    wanted: Sequence[int], pairs: Mapping[int, int], alone: Mapping[int, int]
+) -> tuple[list[int], list[int]]:
+    """The levels the next sweep measures, and those it holds back: while some wanted levels
+    hold fewer than two pairs (and have not been measured alone ALONE_SWEEPS times), only
+    those; a comparison has no interval until each of its levels has two, and a pair more
+    where there are several already (the profile's passes at its base levels) narrows nothing
+    that decides."""
+    thin = [c for c in wanted if pairs.get(c, 0) < 2 and alone.get(c, 0) < ALONE_SWEEPS]
+    if not thin:
+        return list(wanted), []
+    return thin, [c for c in wanted if c not in thin]
+
+
 def sweep_arms(
     levels: Sequence[int], depth: int, n_max: int, live: bool
 ) -> dict[Cell, list[Policy]]:
