@@ -16,9 +16,10 @@ one-sided bound clears the tolerance.
    the tolerance (1 % of the objective by default) leaves the answer standing; values of N
    shown equivalent both ways are a tie, the smallest chosen. The next sweep measures only the
    levels unresolved comparisons rest on, and while some of those hold fewer than two pairs,
-   only those (for two sweeps at most: sweeps.thin_first). An answer it left may come back: the data then hold
-   every pair the step away saw and more, so the move back is followed once; a second return
-   stops with the latest answer, unresolved, and the levels between the two to measure next.
+   only those (for two sweeps at most: sweeps.thin_first). An answer it left may come back:
+   the data then hold every pair the step away saw and more, so the move back is followed
+   once; a second return stops with the latest answer, unresolved, and the levels between the
+   two to measure next.
 4. It stops when every comparison is settled, or when the budget is spent: then the answer
    stands with what is unresolved named, with its bounds, and the levels to measure next. The
    budget goes to the larger stakes first: contenders that could be more than the tolerance
