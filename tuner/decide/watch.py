@@ -320,6 +320,9 @@ class WatchEvent:
     changed: bool = False
     command_exit: int | None = None
     kind: str = ""  # what it came to, as /metrics counts it (DECISIONS)
+    # epoch seconds where the traffic it decided on began (the oldest bucket of the window):
+    # mean_generating is over [since, at]
+    since: float | None = None
 
 
 @dataclass
@@ -632,6 +635,10 @@ class Watcher:
             last_decision=self.wall(),
         )
 
+    def window_start(self) -> float | None:
+        """Epoch seconds where the rolling window's traffic begins (None before any)."""
+        return self.rolling.buckets[0].start if self.rolling.buckets else None
+
     def end_of_interval(self) -> WatchEvent:
         """Decide on the rolling profile; on a new answer write the env file, set it live
         (--apply live) and run the command; with --experiment, settle the answer live. Before
@@ -640,7 +647,9 @@ class Watcher:
         total = self.rolling.total()
         decision, observed = self._decision(total)
         self._show_traffic(total, observed)
-        event = WatchEvent(self.wall(), decision, total.mean_generating(), self.current)
+        event = WatchEvent(
+            self.wall(), decision, total.mean_generating(), self.current, since=self.window_start()
+        )
         self.summary.events.append(event)
         if self._protect(total, event) or self._after_dwell(event):
             return event
