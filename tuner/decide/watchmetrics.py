@@ -32,9 +32,19 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from tuner.decide.experiment import Experiment
 from tuner.errors import ConfigError
+from tuner.measure.windows import WindowBackend, WindowFigures
+from tuner.recommendation import SETTLED, UNRESOLVED, Recommendation
 
 STATUSES = ("settled", "tie", "unresolved", "model", "none")  # the standing answer's kinds
+# the decisions' kinds as counted on /metrics (every label there from the start, at 0)
+DECISIONS = (
+    "idle", "steady", "recommend_failed", "stands", "held_margin", "held_dwell", "changed",
+    "collapse",
+)  # fmt: skip
+CHANGES = ("start", "recommend", "experiment", "dwell_passed", "collapse")
+ERRORS = ("server", "recommend", "env_file", "apply_live", "database", "experiment", "alarm")
 
 # Every family: (name as exposed, type, help).
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -146,6 +156,19 @@ class WatchMetrics:
         """Add to a plain counter (polls, collapse_alarms)."""
         with self._lock:
             setattr(self._state, name, getattr(self._state, name) + by)
+
+    def start(self, info: dict[str, str], n_slots: int, dwell_s: float, margin: float) -> None:
+        """What a watch shows from its start: the server it watches, its guard against thrash,
+        and every counter's every label at 0 (a dashboard's rate() needs the series before the
+        first event)."""
+        self.update(info=info, n_slots=n_slots, dwell_s=dwell_s, margin=margin)
+        arms = ("standing", "contender")
+        for counter, keys in (
+            ("decisions", DECISIONS), ("changes", CHANGES), ("errors", ERRORS), ("windows", arms),
+            ("window_s", arms), ("window_requests", arms),
+        ):  # fmt: skip
+            for key in keys:
+                self.count(counter, key, 0.0)
 
     def snapshot(self) -> WatchState:
         with self._lock:
@@ -273,3 +296,45 @@ class MetricsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ShownWindows:
+    """A WindowBackend that shows an experiment's windows on /metrics as they are recorded
+    (by arm: at the standing N, or at a contender), read from the experiment's report."""
+
+    def __init__(self, backend: WindowBackend, experiment: Experiment, metrics: WatchMetrics):
+        self.backend, self.experiment, self.metrics = backend, experiment, metrics
+        self.seen = 0
+
+    @property
+    def n_slots(self) -> int:
+        return self.backend.n_slots
+
+    @property
+    def elapsed(self) -> float:
+        return self.backend.elapsed
+
+    def sync(self) -> None:
+        windows = self.experiment.report.windows
+        for planned, figures in windows[self.seen :]:
+            arm = "contender" if planned.contender else "standing"
+            self.metrics.count("windows", arm)
+            self.metrics.count("window_s", arm, figures.seconds)
+            self.metrics.count("window_requests", arm, figures.finished)
+        self.seen = len(windows)
+        self.metrics.update(tpot_ratio=self.experiment.report.cost.tpot_ratio)
+
+    def switch(self, n: int) -> None:
+        self.sync()
+        self.backend.switch(n)
+
+    def window(self, seconds: float) -> WindowFigures:
+        self.sync()
+        return self.backend.window(seconds)
+
+
+def status_of(rec: Recommendation) -> str:
+    """The answer's kind as /metrics shows it: settled, tie, unresolved or model."""
+    if rec.status == SETTLED and rec.tie:
+        return "tie"
+    return rec.status if rec.status in (SETTLED, UNRESOLVED, "model") else "model"
