@@ -99,15 +99,20 @@ def test_gains_pool_each_side_over_the_cycles() -> None:
         (Planned(5, True, 10, 0, 3), figures(5, {**home, 4: 130.0, 5: 100.0})),
         (Planned(3, False, 10, 0, 3), figures(3, {**home, 4: 114.0})),
     ])  # fmt: skip
-    assert exp.blocks()[0][4] == (1300.0, 10.0, 2240.0, 20.0)  # on tokens, s; off tokens, s
-    assert exp.gains()[4].n == 0  # one cycle: no spread to tell yet
+    assert exp.evidence.blocks()[0][4] == (
+        1300.0,
+        10.0,
+        2240.0,
+        20.0,
+    )  # on tokens, s; off tokens, s
+    assert exp.evidence.gains()[4].n == 0  # one cycle: no spread to tell yet
     # a second cycle: the gain is the pooled on rate less the pooled off rate
     serve(exp, [
         (Planned(3, False, 10, 1, 3), figures(3, home)),
         (Planned(5, True, 10, 1, 3), figures(5, {3: 100.0, 4: 126.0}, seconds=30.0)),
         (Planned(3, False, 10, 1, 3), figures(3, {**home, 4: 114.0})),
     ])  # fmt: skip
-    gains = exp.gains()
+    gains = exp.evidence.gains()
     on = (1300.0 + 126.0 * 30) / 40.0
     assert gains[4].mean == pytest.approx(on - 112.0) and gains[4].n == 2
     assert gains[4].blocks == (0, 1) and gains[4].df == 1
@@ -119,7 +124,7 @@ def test_gains_pool_each_side_over_the_cycles() -> None:
         (Planned(5, True, 10, 2, 3), figures(5, {5: 90.0})),
         (Planned(3, False, 10, 2, 3), figures(3, {1: 50.0})),
     ])  # fmt: skip
-    gains = exp.gains()
+    gains = exp.evidence.gains()
     assert gains[5].mean == pytest.approx(95.0 - 120.0) and gains[5].n == 3
     assert gains[5].blocks == (0, 1, 2)
     # a contender below: N=2 does not draft at 3, where N=3 does: on (the standing) - off
@@ -130,12 +135,12 @@ def test_gains_pool_each_side_over_the_cycles() -> None:
         (Planned(3, False, 10, 1, 3), figures(3, home)),
     ]
     serve(below, cycle)
-    assert below.gains()[3].mean == pytest.approx(20.0)
+    assert below.evidence.gains()[3].mean == pytest.approx(20.0)
     # a window it could not read gives nothing
     broken = Experiment(3, 6, ExperimentOptions(min_tokens=1.0, min_blocks=1))
     cycle[1][1].problem = "the server restarted"
     serve(broken, cycle)
-    assert 3 not in broken.gains() or broken.gains()[3].n == 0
+    assert 3 not in broken.evidence.gains() or broken.evidence.gains()[3].n == 0
 
 
 def test_a_comparison_sums_its_counts_cycle_by_cycle() -> None:
@@ -151,7 +156,7 @@ def test_a_comparison_sums_its_counts_cycle_by_cycle() -> None:
             (Planned(4, True, 10, k, 2), figures(4, {3: 60.0 + swing, 4: 60.0 - swing})),
             (Planned(2, False, 10, k, 2), figures(2, {3: 50.0, 4: 50.0})),
         ])  # fmt: skip
-    gains = exp.gains()
+    gains = exp.evidence.gains()
     assert gains[3].se > 1.0 and gains[4].se > 1.0
     both = settle.advantage(gains, [0.0, 0.0, 1.0, 1.0], 2, 4)
     assert both.estimate == pytest.approx(20.0) and both.se == pytest.approx(0.0, abs=1e-9)
@@ -171,7 +176,7 @@ def test_pooled_gains_are_not_fooled_by_short_lucky_windows() -> None:
             (Planned(2, False, 30, k, 2), figures(2, {3: 50.0}, 20.0)),
         ])  # fmt: skip
         per_cycle.append(rate - 50.0)
-    assert sum(per_cycle) / 6 > 0 > exp.gains()[3].mean
+    assert sum(per_cycle) / 6 > 0 > exp.evidence.gains()[3].mean
 
 
 def test_the_weights_follow_the_occupancy_the_traffic_causes() -> None:
@@ -182,13 +187,13 @@ def test_the_weights_follow_the_occupancy_the_traffic_causes() -> None:
         exp.report.windows.append(
             (Planned(2, False, 30, 0, 2), figures(2, {1: 60.0, 2: 100.0, 3: 120.0}))
         )
-    weights, objective = exp.weights()
+    weights, objective = exp.evidence.weights(exp.answer)
     assert objective > 0 and all(w > 0 for w in weights[:3]) and weights[3:] == [0, 0, 0]
     # nothing known of the arrivals: the occupancy seen alone (p_c / sum p_k k), which is
     # also the least a count the traffic reaches weighs
     blind = Experiment(2, 6, ExperimentOptions(min_tokens=1.0))
     blind.report.windows = exp.report.windows
-    seen, value = blind.weights()
+    seen, value = blind.evidence.weights(blind.answer)
     assert seen[:3] == pytest.approx([1 / 6] * 3) and seen[3:] == [0, 0, 0]
     assert value == pytest.approx((60.0 + 100.0 + 120.0) / 3 / 2)  # 1 / TPOT as seen
     assert all(w >= s for w, s in zip(weights, seen, strict=True))
@@ -436,9 +441,9 @@ def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
     its data and plenty of time, is not the one waited for)."""
     exp = Experiment(1, 3, ExperimentOptions(seed=1), tie=[1, 3])
     # one cycle with 30 tokens on each side at count 2; nothing at 3
-    exp.blocks = lambda: {0: {2: (30.0, 1.0, 30.0, 1.0)}}  # type: ignore[method-assign]
-    exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.18, 3: 0.02}  # type: ignore[method-assign]
-    exp.level_rates = lambda: ([None, 40.0, 40.0, 20.0], [None, 50.0, 50.0, 25.0])  # type: ignore[method-assign]
+    exp.evidence.blocks = lambda: {0: {2: (30.0, 1.0, 30.0, 1.0)}}  # type: ignore[method-assign]
+    exp.evidence.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.18, 3: 0.02}  # type: ignore[method-assign]
+    exp.evidence.level_rates = lambda: ([None, 40.0, 40.0, 20.0], [None, 50.0, 50.0, 25.0])  # type: ignore[method-assign]
     exp.report.untested = [0]
     said = exp.waiting_for()
     assert "waits for data at 2-3 generating slots (each side in 2 cycles, 60 tokens)" in said
@@ -449,11 +454,11 @@ def test_the_wait_is_counted_in_the_data_each_rare_count_lacks() -> None:
     assert exp.wait_s([2]) == pytest.approx(40.0)
     assert exp.minutes_to_wait(settle.Standing(1, settle.OPEN, [])) == {0: pytest.approx(10.0)}
     # count 2 seen in one cycle of five: its missing cycle is five cycles away, not one
-    exp.blocks = lambda: {  # type: ignore[method-assign]
+    exp.evidence.blocks = lambda: {  # type: ignore[method-assign]
         k: {2 if k == 0 else 1: (30.0, 1.0, 30.0, 1.0)} for k in range(5)
     }
     assert exp.wait_s([2]) == pytest.approx(5 * 40.0)
-    exp.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.2}  # type: ignore[method-assign]
+    exp.evidence.time_shares = lambda: {0: 0.5, 1: 0.3, 2: 0.2}  # type: ignore[method-assign]
     assert exp.wait_s([2, 3]) is None  # count 3 not reached: no time can be said
 
 
@@ -506,7 +511,7 @@ def test_counts_mostly_reading_a_prompt_do_not_settle_a_comparison() -> None:
         serve(exp, cycle)
     # drafting at 4 looks no different here; what matters is that it is not used
     standing = exp.assess()
-    assert exp.reading_shares()[4] == pytest.approx(0.8)
+    assert exp.evidence.reading_shares()[4] == pytest.approx(0.8)
     assert exp.report.confounded == [4] and 4 not in [c.contender for c in standing.comparisons]
     assert standing.status != settle.SETTLED
     behind = next(c for c in standing.comparisons if c.contender == 2)
