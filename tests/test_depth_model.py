@@ -99,7 +99,8 @@ def test_recommend_answers_for_a_depth_it_did_not_measure_without_storing_it(tmp
     from benchdata import store_profile
     from sqlalchemy import func, select
 
-    from tuner.decide.advice import parse_context, recommend
+    from tuner.decide.advice import recommend
+    from tuner.decide.depths import parse_context
     from tuner.errors import ConfigError
     from tuner.recommendation import ReasonCode
     from tuner.storage.orm import RecommendationRow

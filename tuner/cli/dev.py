@@ -83,7 +83,7 @@ def predict(
     fit_id: FitOption = None,
 ) -> None:
     """Print predicted aggregate tok/s per concurrency under --spec-draft-max-slots N."""
-    from tuner.decide.advice import predict as predict_policy
+    from tuner.decide.predict import predict as predict_policy
 
     name, explicit = model_host(host)
     report = predict_policy(

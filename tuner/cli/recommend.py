@@ -104,8 +104,8 @@ def recommend(
     measured what arrivals cost (prompts, draft catch-up): every policy serves the traffic in a
     twin of the fit (tokens per busy second for tps); --closed-loop answers from closed levels.
     """
-    from tuner.decide.advice import parse_context
     from tuner.decide.advice import recommend as make_recommendation
+    from tuner.decide.depths import parse_context
 
     name, explicit = model_host(host)
     rec = make_recommendation(

@@ -14,8 +14,8 @@ from tuner.recommendation import PLAIN, UNRESOLVED, ReasonCode
 from tuner.report import tables
 
 if TYPE_CHECKING:  # types only: every `tuner` command imports this module before it runs
-    from tuner.decide.advice import PredictReport
     from tuner.decide.openloop import OpenLoopReport
+    from tuner.decide.predict import PredictReport
     from tuner.decide.regret import ValidationReport
     from tuner.decide.running import RunningReport
     from tuner.decide.settle import Standing

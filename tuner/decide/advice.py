@@ -1,10 +1,11 @@
-"""Recommend and predict over stored data: one entry function per command.
+"""Recommend over stored data, and the answer that stands.
 
 - `recommend`: the current fit of a model's data (tuner.storage.fits), the Optuna study over it
   (tuner.decide.search), the choice (tuner.decide.choice), stored with fit and study.
 - `standing`: the recommendation that stands for a host now (what validate checks and the report
   shows): the newest one stored for the current fit, else a new one.
-- `predict`: a policy's predicted tok/s per concurrency, with intervals, from a fit.
+- `model_study`: every N scored on the current fit, for decisions made on the way.
+The context depths an answer is for are tuner.decide.depths'; `predict` is tuner.decide.predict's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from tuner.decide import search
 from tuner.decide.choice import Choice, choose
+from tuner.decide.depths import Depths, depths_for, derived_model
 from tuner.decide.objective import Objective
 from tuner.decide.observed import observed_in_place
 from tuner.decide.openadvice import (
@@ -27,14 +29,13 @@ from tuner.decide.openadvice import (
     open_recommendation,
 )
 from tuner.decide.openanswer import REPLICATES
+from tuner.decide.predict import prediction_table
 from tuner.errors import ConfigError
-from tuner.model import depth as depth_model
-from tuner.model.costmodel import VERSION, CostModel, Crossover, Prediction
-from tuner.policy import Policy
+from tuner.model.costmodel import VERSION, CostModel
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
-from tuner.storage import recommendations, validations
+from tuner.storage import recommendations
 from tuner.storage import traffic_profiles as traffic_store
-from tuner.storage.fits import StoredFit, current_fit, select_data
+from tuner.storage.fits import StoredFit, current_fit
 from tuner.storage.store import Store
 from tuner.traffic import TrafficProfile
 
@@ -76,7 +77,7 @@ def recommend(
     Where live trials (`tuner tune`) stored the answer for exactly this data, that answer stands:
     it rests on measured trials, and the model's choice would only second-guess them.
     """
-    where = _depths(store, model, host, host_explicit, context)
+    where = depths_for(store, model, host, host_explicit, context)
     stored = current_fit(
         store, model, host, host_explicit=host_explicit, fit_id=fit_id, seed=seed, context=where.fit
     )
@@ -166,7 +167,7 @@ class _Basis:
 def _answered_by(
     store: Store,
     stored: StoredFit,
-    where: _Depths,
+    where: Depths,
     model: str,
     host: str | None,
     host_explicit: bool,
@@ -183,7 +184,7 @@ def _answered_by(
             stored.model, stored.quality.measured_gains(against="off"), stored.measured, []
         )
     else:
-        cm, said = _derived_model(store, model, host, host_explicit, seed, where)
+        cm, said = derived_model(store, model, host, host_explicit, seed, where)
         basis = _Basis(cm, {}, {}, [said])
     if traffic is not None:
         profile = traffic_store.load(store, traffic)
@@ -261,74 +262,6 @@ def _open_blocked(
     return None
 
 
-@dataclass(frozen=True)
-class _Depths:
-    """Which context depths an answer is for: the mix asked for (or the spec's), the depths
-    measured, whether the answer is derived from the fits at them (a mix, or a depth not
-    measured) and whether interpolated (some depth of the mix not measured)."""
-
-    mix: dict[int, float]
-    from_spec: bool
-    measured: list[int]
-    derived: bool
-    interpolated: bool
-
-    @property
-    def fit(self) -> int | None:
-        """The depth whose fit answers (None: the data's own, or a model derived from fits)."""
-        return None if self.derived or not self.mix else next(iter(self.mix))
-
-
-def _depths(
-    store: Store,
-    model: str,
-    host: str | None,
-    host_explicit: bool,
-    context: int | Mapping[int, float] | None,
-) -> _Depths:
-    mix = {context: 1.0} if isinstance(context, int) else dict(context or {})
-    from_spec = False
-    if not mix:
-        mix = spec_depth_mix(store, model, host)
-        from_spec = bool(mix)
-    depths = measured_depths(store, model, host, host_explicit) if mix else [0]
-    derived = bool(mix) and (len(mix) > 1 or next(iter(mix)) not in depths)
-    # A mix of measured depths rests on measured levels at each: it stands like any answer.
-    # A depth that was not measured is interpolated: printed, never stored.
-    interpolated = derived and any(d not in depths for d in mix)
-    return _Depths(mix, from_spec, depths, derived, interpolated)
-
-
-def _derived_model(
-    store: Store, model: str, host: str | None, host_explicit: bool, seed: int, where: _Depths
-) -> tuple[CostModel, Reason]:
-    """The model of a context mix (or a depth not measured), combined from the fits at the
-    measured depths, and the reason that says so."""
-    mix, depths = where.mix, where.measured
-    if len(depths) < 2:
-        raise ConfigError(
-            f"--context {format_mix(mix)}: model {model!r} was measured at one depth only "
-            f"({depths[0]}); a depth it did not measure needs two measured depths to "
-            f"interpolate between (`workload.context_tokens`)"
-        )
-    fits = {
-        d: current_fit(store, model, host, host_explicit=host_explicit, seed=seed, context=d)
-        for d in depths
-    }
-    cm = depth_model.mixed({d: f.model for d, f in fits.items()}, mix)
-    origin = " (workload.depth_weights of the profile)" if where.from_spec else ""
-    return cm, Reason(
-        ReasonCode.DERIVED_DEPTH,
-        f"context {format_mix(mix)}{origin}: predicted from the fits at depths "
-        f"{', '.join(map(str, depths))} (time per token linear in depth between them)"
-        + (
-            "; no level was measured at some of them, so this answer is not stored"
-            if where.interpolated
-            else "; each was measured"
-        ),
-    )
-
-
 def _weighted_goal(
     store: Store,
     model: str,
@@ -373,7 +306,7 @@ def _weighted_goal(
 
 
 def _study_options(
-    where: _Depths,
+    where: Depths,
     traffic: str | None,
     tune_n_max: bool,
     min_single_stream: float | None,
@@ -549,49 +482,6 @@ def objective_reason(goal: Objective, traffic: str | None) -> str:
     )
 
 
-def spec_depth_mix(store: Store, model: str, host: str | None) -> dict[int, float]:
-    """workload.depth_weights of the model's newest profile spec ({} when it names none)."""
-    spec = validations.latest_profile_spec(store, model, host) or {}
-    weights = (spec.get("workload") or {}).get("depth_weights") or {}
-    return {int(d): float(w) for d, w in weights.items() if float(w) > 0}
-
-
-def measured_depths(
-    store: Store, model: str, host: str | None, host_explicit: bool = False
-) -> list[int]:
-    """The context depths the model's current data were measured at."""
-    return select_data(store, model, host, host_explicit)[1].depths
-
-
-def format_mix(mix: Mapping[int, float]) -> str:
-    if len(mix) == 1:
-        return f"{next(iter(mix))} tokens"
-    total = sum(mix.values())
-    return ", ".join(f"{d}: {w / total:.0%}" for d, w in sorted(mix.items()))
-
-
-def parse_context(text: str) -> int | dict[int, float]:
-    """`4096` (one depth) or `0:0.5,8192:0.5` (depth: share of time)."""
-    try:
-        if ":" not in text:
-            depth = int(text)
-            if depth < 0:
-                raise ValueError
-            return depth
-        mix = {}
-        for part in text.split(","):
-            d, w = part.split(":")
-            mix[int(d)] = float(w)
-        if any(d < 0 for d in mix) or any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
-            raise ValueError
-        return mix
-    except ValueError:
-        raise ConfigError(
-            f"--context {text!r}: expected a depth in tokens (4096) or a mix of depths and "
-            "shares (0:0.5,8192:0.5)"
-        ) from None
-
-
 @dataclass
 class ModelStudy:
     """The cost model's study over the current fit, kept in memory (only the fit is stored)."""
@@ -655,126 +545,3 @@ def standing(
     )
     made.made_now = True
     return made
-
-
-def prediction_table(
-    model: CostModel, policy: Policy, measured: dict[str, list[int]]
-) -> list[TableRow]:
-    """Per concurrency: plain, always draft and the policy, predicted, with the gains."""
-    plain = model.predict(Policy.plain())
-    spec = model.predict(Policy.always(policy.n_max))
-    chosen = model.predict(policy)
-    # the reference a level's gain is read against: plain, or where no plain server was
-    # measured the drafting server not drafting there (its stand-in in the fit)
-    reference = "plain" if model.plain_measured else "not drafting"
-    seen = measured_as(measured)
-    both = {c for c, words in seen.items() if "always draft" in words and reference in words}
-    return [
-        TableRow(
-            c,
-            c in both,
-            plain.tokens_per_second[i],
-            spec.tokens_per_second[i],
-            chosen.tokens_per_second[i],
-            chosen.tokens_per_second[i] / plain.tokens_per_second[i] - 1,
-            chosen.tokens_per_second[i] / spec.tokens_per_second[i] - 1,
-            (plain.lower[i], plain.upper[i]),
-            (spec.lower[i], spec.upper[i]),
-            tuple(seen.get(c, ())),
-        )
-        for i, c in enumerate(plain.concurrency)
-    ]
-
-
-def measured_as(measured: Mapping[str, list[int]]) -> dict[int, list[str]]:
-    """What was measured at each level, in the words the tables use: plain (no draft model),
-    always draft (a threshold at or above the level drafts there as N=0 does), not drafting
-    (a threshold below the level: the drafting server not drafting there)."""
-    words = ("plain", "always draft", "not drafting")
-    seen: dict[int, set[str]] = {}
-    for config, levels in measured.items():
-        try:
-            policy = Policy.parse(config)
-        except ValueError:
-            continue  # an attached server's label, or another draft length
-        for c in levels:
-            if policy.max_slots is None:
-                word = words[0]
-            else:
-                word = words[1] if policy.drafts_at(c) else words[2]
-            seen.setdefault(c, set()).add(word)
-    return {c: [w for w in words if w in found] for c, found in seen.items()}
-
-
-# --- predict --------------------------------------------------------------------------------
-
-
-@dataclass
-class PredictReport:
-    """`tuner predict`: a policy's tok/s per concurrency, with plain and always draft beside it."""
-
-    fit: StoredFit
-    policy: Policy
-    prediction: Prediction
-    plain: Prediction
-    spec: Prediction
-    crossover: Crossover
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.fit.inputs.get("model"),
-            "host": self.fit.inputs.get("host"),
-            "fit_id": self.fit.id,
-            "max_slots": self.policy.max_slots,
-            "n_max": self.policy.n_max,
-            **self.prediction.to_dict(),
-            "plain": self.plain.to_dict(),
-            "spec": self.spec.to_dict(),
-            "crossover": self.crossover.to_dict(),
-            "measured": self.fit.measured,
-        }
-
-
-def _check_n_max(model: CostModel, n_max: int | None) -> int:
-    if n_max is None:
-        return model.n_max
-    if n_max not in model.n_values():
-        if model.acceptance.supports_other_n:
-            raise ConfigError(
-                f"--n-max {n_max}: the fit covers 1..{model.n_max} (the profiled n_max)"
-            )
-        raise ConfigError(
-            f"--n-max {n_max}: this fit has no acceptance data, so only the profiled n_max "
-            f"{model.n_max} can be predicted"
-        )
-    return n_max
-
-
-def predict(
-    store: Store,
-    model: str,
-    max_slots: int,
-    host: str | None,
-    *,
-    n_max: int | None = None,
-    host_explicit: bool = False,
-    fit_id: int | None = None,
-    context: int | None = None,
-) -> PredictReport:
-    """Predicted tok/s under --spec-draft-max-slots N (0: always draft) at every concurrency."""
-    stored = current_fit(
-        store, model, host, host_explicit=host_explicit, fit_id=fit_id, context=context
-    )
-    cm = stored.model
-    if not 0 <= max_slots <= cm.n_parallel:
-        raise ConfigError(f"--max-slots {max_slots}: expected 0..{cm.n_parallel} (-np of the fit)")
-    n = _check_n_max(cm, n_max)
-    policy = Policy.of_max_slots(max_slots, n)
-    return PredictReport(
-        stored,
-        policy,
-        cm.predict(policy),
-        cm.predict(Policy.plain()),
-        cm.predict(Policy.always(n)),
-        cm.crossover(n),
-    )

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.decide.depths import measured_depths
 from tuner.decide.observed import observed_in_place
 from tuner.decide.openanswer import REPLICATES, OpenAnswer, open_answer
 from tuner.errors import ConfigError
@@ -24,7 +25,7 @@ from tuner.model.depth import attention_per_1k
 from tuner.recommendation import ObjectiveKind, Reason, ReasonCode, Recommendation, TableRow
 from tuner.storage import traffic_profiles as traffic_store
 from tuner.storage import validations
-from tuner.storage.fits import StoredFit, current_fit, select_data
+from tuner.storage.fits import StoredFit, current_fit
 from tuner.storage.probes import mean_output_tokens
 from tuner.storage.store import Store
 from tuner.traffic import Finished, TrafficProfile
@@ -92,11 +93,6 @@ def closed_loop_reason(
         f"answered from closed levels (c streams started together): {why}; a profile with "
         "streamed rounds at two levels or more measures what arrivals cost",
     )
-
-
-def measured_depths(store: Store, model: str, host: str | None, explicit: bool) -> list[int]:
-    """The context depths the model's current data were measured at."""
-    return select_data(store, model, host, explicit)[1].depths
 
 
 def _workload_of(store: Store, model: str, host: str | None) -> tuple[int, int]:

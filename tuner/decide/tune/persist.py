@@ -12,6 +12,7 @@ import numpy as np
 
 from tuner.decide import advice, choice, search, settle
 from tuner.decide.paired import AHEAD, BEHIND
+from tuner.decide.predict import prediction_table
 from tuner.decide.tune.describe import head_reason, plain_live_reason
 from tuner.decide.tune.outcome import PlainLive, TuneReport
 from tuner.policy import Policy
@@ -113,7 +114,7 @@ def store_live(
         trials=1 + len(standing.comparisons),
         reasons=reasons,
         measure_next=list(standing.measure_next),
-        table=advice.prediction_table(fit.model, policy, fit.measured),
+        table=prediction_table(fit.model, policy, fit.measured),
         alternatives=[c.as_dict() for c in standing.comparisons],
         source="live",
         tie=list(standing.tie),
