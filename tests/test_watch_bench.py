@@ -136,17 +136,20 @@ def test_watch_follows_the_traffic_and_reloads_once_per_change(
     assert summary.writes >= 1 and EnvFile(env_path).current_max_slots() is not None
     assert events[0].decision.recommend, answers
 
-    # Each decision's occupancy beside the load generator's over the same seconds: the two
-    # differ by when a slot counts as generating (the server: from its first decoded token to
-    # its last; the client: from the first token it received to the last) and by the 0.1 s polls,
-    # fractions of a second a request, which the tolerance allows; a watcher that misread /slots,
-    # lost a poll's seconds or summed another window would be off by whole slots.
+    # Each decision's occupancy beside the load generator's over the same seconds (the
+    # intervals the watcher polled, not the gaps while it decided): the two differ by when a
+    # slot counts as generating (the server: from its first decoded token to its last; the
+    # client: from the first token it received to the last) and by the 0.25 s polls, fractions
+    # of a second a request, which the tolerance allows; a watcher that misread /slots, lost a
+    # poll's seconds or summed another window would be off by whole slots.
     def generated(e: WatchEvent) -> float:
-        assert e.since is not None
-        seconds = generating_histogram(offered, e.since + to_perf, e.at + to_perf)
+        seconds: dict[int, float] = {}
+        for start, end in e.polled:
+            for k, v in generating_histogram(offered, start + to_perf, end + to_perf).items():
+                seconds[k] = seconds.get(k, 0.0) + v
         return sum(k * v for k, v in seconds.items()) / sum(seconds.values())
 
-    seen = [(e, generated(e)) for e in events if e.since is not None]
+    seen = [(e, generated(e)) for e in events if e.polled]
     side_by_side = [(round(e.mean_generating, 2), round(g, 2)) for e, g in seen]
     assert len(seen) == len(events), answers
     assert all(abs(e.mean_generating - g) <= TOLERANCE + 0.1 * g for e, g in seen), side_by_side

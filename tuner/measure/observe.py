@@ -472,6 +472,13 @@ class Poller:
         except ServerError:
             return None
 
+    def resume(self) -> None:
+        """The time since the last poll was not watched (the caller was busy, deciding): the
+        next poll counts from now, not across that gap, so no count is credited with seconds
+        nobody saw."""
+        self.last = self.clock()
+        self.served_last = None
+
     def step(self, profile: TrafficProfile) -> bool:
         """One poll into profile; False while the server does not answer."""
         self.sleep(max(0.0, self.interval_s - (self.clock() - self.last)))

@@ -29,10 +29,12 @@ DWELL_S = 300.0  # default: the least time between two changes of N
 
 @dataclass
 class Bucket:
-    """One interval's traffic, from its start (epoch seconds)."""
+    """One interval's traffic, from its start to its end (epoch seconds; no end while it is
+    being polled, or where a restart cut it short)."""
 
     start: float
     profile: TrafficProfile
+    end: float | None = None
 
 
 @dataclass
@@ -54,6 +56,16 @@ class RollingTraffic:
         # Buckets that started before the window: gone (the newest always stays).
         while len(self.buckets) > 1 and self.buckets[0].start < t:
             self.buckets.popleft()
+
+    def polled(self, now: float) -> tuple[tuple[float, float], ...]:
+        """The (start, end) epoch seconds the window's buckets were polled over: the time its
+        figures stand for (not the gaps between intervals, while a decision was made)."""
+        ends = [b.end for b in self.buckets]
+        starts = [b.start for b in self.buckets]
+        nexts = [*starts[1:], now]
+        return tuple(
+            (a, e if e is not None else n) for a, e, n in zip(starts, ends, nexts, strict=True)
+        )
 
     def total(self) -> TrafficProfile:
         total = TrafficProfile(self.n_slots, source=self.source)
@@ -186,9 +198,9 @@ class WatchEvent:
     changed: bool = False
     command_exit: int | None = None
     kind: str = ""  # what it came to, as /metrics counts it (DECISIONS)
-    # epoch seconds where the traffic it decided on began (the oldest bucket of the window):
-    # mean_generating is over [since, at]
-    since: float | None = None
+    # the (start, end) epoch seconds of the traffic it decided on (the window's intervals, as
+    # polled): mean_generating is over these
+    polled: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass

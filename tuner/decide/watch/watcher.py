@@ -255,20 +255,19 @@ class Watcher:
             last_decision=self.wall(),
         )
 
-    def window_start(self) -> float | None:
-        """Epoch seconds where the rolling window's traffic begins (None before any)."""
-        return self.rolling.buckets[0].start if self.rolling.buckets else None
-
     def end_of_interval(self) -> WatchEvent:
         """Decide on the rolling profile; on a new answer write the env file, set it live
         (--apply live) and run the command; with --experiment, settle the answer live. Before
         that: an answer the dwell held back, once it has passed, and the collapse alarm."""
+        now = self.wall()
+        if self.bucket is not None:
+            self.bucket.end = now
         self.keep_live()
         total = self.rolling.total()
         decision, observed = self._decision(total)
         self._show_traffic(total, observed)
         event = WatchEvent(
-            self.wall(), decision, total.mean_generating(), self.current, since=self.window_start()
+            now, decision, total.mean_generating(), self.current, polled=self.rolling.polled(now)
         )
         self.summary.events.append(event)
         if self._protect(total, event) or self._after_dwell(event):
@@ -532,6 +531,8 @@ class Watcher:
                     if self.interval_start == began:  # an experiment opens buckets as it goes
                         self.bucket = self.rolling.open(self.wall())
                         self.interval_start = self.clock()
+                    # the seconds spent deciding were not polled: counted nowhere
+                    self.poller.resume()
         except KeyboardInterrupt:
             self.log("stopped: saving the current interval")
         finally:
