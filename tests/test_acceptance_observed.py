@@ -26,7 +26,7 @@ from twinworlds import world
 from tuner.decide.observed import acceptance_line, observed_in_place
 from tuner.decide.settle import TOLERANCE
 from tuner.measure import observe as observe_module
-from tuner.measure.client import parse_metrics
+from tuner.measure.metrics import parse_metrics
 from tuner.measure.observe import (
     RESTARTED,
     CounterReading,

@@ -23,10 +23,10 @@ from tuner.measure.client import (
     CHAT_PATH,
     AsyncLlamaClient,
     LlamaClient,
-    parse_metrics,
 )
 from tuner.measure.launcher import LaunchConfig, ManagedServer
 from tuner.measure.load import LoadGenerator, Workload, request_seed
+from tuner.measure.metrics import parse_metrics
 
 PROPS = {"total_slots": 4, "model_path": "/m/x.gguf"}
 PROPS_ERROR = "This server does not support changing global properties. Start it with `--props`"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tuner.bench import Bench
-from tuner.measure.client import Metrics, parse_metrics
 from tuner.measure.launcher import LaunchConfig, ManagedServer
+from tuner.measure.metrics import Metrics, parse_metrics
 
 pytestmark = pytest.mark.bench
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from tuner.measure import kernel, metrics
-from tuner.measure.client import parse_metrics
 from tuner.measure.load import (
     STALL_MIN_S,
     RequestSample,
@@ -15,6 +14,7 @@ from tuner.measure.load import (
     stall_pause,
     summarize,
 )
+from tuner.measure.metrics import parse_metrics
 from tuner.measure.spec import SpeculativeSpec, default_levels
 from tuner.measure.stats import relative_mad
 

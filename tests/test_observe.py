@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 from tuner.errors import EndpointMissingError
 from tuner.measure import observe as observe_module
-from tuner.measure.client import parse_metrics
+from tuner.measure.metrics import parse_metrics
 from tuner.measure.observe import (
     Ended,
     FinishedRequests,

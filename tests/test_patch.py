@@ -16,8 +16,8 @@ import pytest
 
 from tuner.bench import Bench
 from tuner.errors import ServerDiedError
-from tuner.measure.client import parse_metrics
 from tuner.measure.launcher import LaunchConfig, ManagedServer
+from tuner.measure.metrics import parse_metrics
 
 pytestmark = pytest.mark.bench
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.measure.client import parse_metrics
+from tuner.measure.metrics import parse_metrics
 from tuner.policy import Policy
 from tuner.twin import Engine, Request, TwinError, Workload, World, simulate, world_from_dict
 from tuner.twin.bursts import gamma_offsets, gap_cv, mmpp_offsets

@@ -22,10 +22,10 @@ from tunerproc import twin_server_script
 
 from tuner.bench import Bench
 from tuner.errors import ServerDiedError
-from tuner.measure.client import LlamaClient, is_final_chunk, parse_metrics, tokens_so_far
+from tuner.measure.client import LlamaClient, is_final_chunk, tokens_so_far
 from tuner.measure.fingerprint import probe_build
 from tuner.measure.launcher import LaunchConfig, ManagedServer
-from tuner.measure.metrics import PER_POSITION, drafting_summary
+from tuner.measure.metrics import PER_POSITION, drafting_summary, parse_metrics
 
 pytestmark = pytest.mark.bench
 

@@ -30,10 +30,11 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.errors import ConfigError
 from tuner.measure import metrics
-from tuner.measure.client import LlamaClient, parse_metrics
+from tuner.measure.client import LlamaClient
 from tuner.measure.fingerprint import probe_build, probe_model, require_gguf
 from tuner.measure.launcher import free_port
 from tuner.measure.load import LoadGenerator, Workload, summarize
+from tuner.measure.metrics import parse_metrics
 from tuner.measure.observe import Poller
 from tuner.measure.spec import load_spec
 from tuner.policy import Policy

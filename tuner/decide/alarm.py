@@ -26,8 +26,9 @@ from pathlib import Path
 
 from tuner.errors import ConfigError, NotFoundError, NothingToDoError, ServerError, StorageError
 from tuner.measure import doctor
-from tuner.measure.client import LlamaClient, Metrics, model_name
+from tuner.measure.client import LlamaClient, model_name
 from tuner.measure.doctor import CheckReport, Status
+from tuner.measure.metrics import Metrics
 from tuner.measure.observe import ACCEPTED, DRAFTS
 from tuner.measure.observe import observe as run_observe
 from tuner.measure.plan import Observer, quiet

@@ -3,8 +3,8 @@ here, and every way an answer can be wrong becomes one line from tuner.errors.
 
 `LlamaClient` (sync: server launch, attach, observe, watch, check) and `AsyncLlamaClient` (the
 load generator, over one shared connection pool) speak the same API: /health, GET and POST
-/props (the live `spec_draft_max_slots` switch), /slots, /metrics (Prometheus text parsed by
-prometheus_client into `Metrics`, labels kept as dicts), /tokenize, /detokenize,
+/props (the live `spec_draft_max_slots` switch), /slots, /metrics (parsed into `Metrics` by
+tuner.measure.metrics), /tokenize, /detokenize,
 /apply-template, /v1/models (which another OpenAI-compatible server answers too), and
 /completion or /v1/chat/completions, streamed (server-sent events read by httpx-sse) or not,
 ending in a `Completion` with the server's `timings`. The API key travels as a bearer token and
@@ -28,7 +28,6 @@ from typing import Any
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse, connect_sse
-from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.errors import (
     ApiKeyError,
@@ -37,19 +36,16 @@ from tuner.errors import (
     NotLlamaServerError,
     ServerError,
 )
+from tuner.measure.metrics import Metrics, parse_metrics
 
 COMPLETION_PATH = "/completion"
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
 MAX_SLOTS_FIELD = "spec_draft_max_slots"  # GET /props reports it, POST /props sets it (patch)
-PREFIX = "llamacpp:"
 DEFAULT_TIMEOUT_S = 10.0
 
 # The flag that turns an endpoint on, for the one-line error when it is off.
 _FLAGS = {"/slots": "--slots", "/metrics": "--metrics", "/props": "--props"}
-# Gauges keep their later value in a difference; a maximum is not a sum either, whatever its
-# TYPE line says (llama-server declares n_tokens_max a counter).
-GAUGES = {"n_tokens_max_total", "n_tokens_max"}
 
 ChunkHandler = Callable[[dict[str, Any]], None]
 
@@ -67,84 +63,6 @@ def _tls() -> ssl.SSLContext:
 def auth_headers(api_key: str | None) -> dict[str, str]:
     """The API key as a bearer token (llama-server's --api-key)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-# --- /metrics ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MetricSample:
-    """One Prometheus sample: its name without the llamacpp: prefix, its labels, its value."""
-
-    name: str
-    labels: Mapping[str, str]
-    value: float
-    gauge: bool = False
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """One /metrics scrape (or the difference of two)."""
-
-    samples: tuple[MetricSample, ...] = ()
-
-    def value(self, name: str, default: float = 0.0, **labels: str) -> float:
-        """The sample of that name whose labels are exactly `labels` (none: the unlabelled one)."""
-        for s in self.samples:
-            if s.name == name and dict(s.labels) == labels:
-                return s.value
-        return default
-
-    def by_label(self, name: str, label: str) -> dict[str, float]:
-        """A labelled family as {label value: value}, e.g. accepted tokens by draft position."""
-        return {
-            s.labels[label]: s.value for s in self.samples if s.name == name and label in s.labels
-        }
-
-    def __getitem__(self, name: str) -> float:
-        """The unlabelled sample of that name (KeyError when there is none)."""
-        for s in self.samples:
-            if s.name == name and not s.labels:
-                return s.value
-        raise KeyError(name)
-
-    def get(self, name: str, default: float | None = None) -> float | None:
-        try:
-            return self[name]
-        except KeyError:
-            return default
-
-    def __contains__(self, name: object) -> bool:
-        return any(s.name == name and not s.labels for s in self.samples)
-
-    def since(self, before: Metrics) -> Metrics:
-        """What happened between two scrapes: counters' increase, gauges' later value."""
-        earlier = {(s.name, _label_key(s.labels)): s.value for s in before.samples}
-        return Metrics(
-            tuple(
-                s
-                if s.gauge
-                else MetricSample(
-                    s.name, s.labels, s.value - earlier.get((s.name, _label_key(s.labels)), 0.0)
-                )
-                for s in self.samples
-            )
-        )
-
-
-def _label_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(labels.items()))
-
-
-def parse_metrics(text: str) -> Metrics:
-    """Prometheus text (llama-server's /metrics) into Metrics."""
-    samples = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            name = s.name.removeprefix(PREFIX)
-            gauge = family.type == "gauge" or name in GAUGES
-            samples.append(MetricSample(name, dict(s.labels), float(s.value), gauge))
-    return Metrics(tuple(samples))
 
 
 # --- completions ------------------------------------------------------------------------------

@@ -33,8 +33,9 @@ from tuner.errors import ApiKeyError, EndpointMissingError, NotLlamaServerError,
 from tuner.measure import interference
 from tuner.measure import metrics as drafting
 from tuner.measure.backend import CHECK_TOKENS, check_live_switch
-from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, Metrics, model_name
+from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, model_name
 from tuner.measure.hold import recover_left_hold
+from tuner.measure.metrics import Metrics
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 
 PATCH = "patches/spec-draft-max-slots.patch"

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.errors import EndpointMissingError, ServerError
-from tuner.measure.client import LlamaClient, Metrics
+from tuner.measure.client import LlamaClient
+from tuner.measure.metrics import Metrics
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 
 SETTLE_S = 2.0  # no slot processing for this long: the server is quiet

@@ -55,9 +55,9 @@ from typing import Any, NamedTuple
 import httpx
 
 from tuner.errors import ConfigError, EndpointMissingError, ServerError
-from tuner.measure.client import LlamaClient, Metrics, model_name
+from tuner.measure.client import LlamaClient, model_name
 from tuner.measure.hold import recover_left_hold
-from tuner.measure.metrics import PER_POSITION
+from tuner.measure.metrics import PER_POSITION, Metrics
 from tuner.measure.plan import Observer, ProgressEvent, quiet
 from tuner.traffic import (
     SOURCE_METRICS,

@@ -23,8 +23,8 @@ from typing import Any
 
 from tuner.measure import metrics
 from tuner.measure.backend import Measured
-from tuner.measure.client import parse_metrics
 from tuner.measure.load import Workload, draw_request
+from tuner.measure.metrics import parse_metrics
 from tuner.measure.plan import Target
 from tuner.measure.schedule import Cell
 from tuner.policy import Policy
