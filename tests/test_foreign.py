@@ -19,11 +19,11 @@ from twinthread import four_rounds, twin_in_thread
 
 from tuner.errors import ServerError
 from tuner.measure.attach import attach
-from tuner.measure.backend import measure_round
 from tuner.measure.foreign import foreign_requests, wait_for_quiet
 from tuner.measure.load import Workload
 from tuner.measure.metrics import Metrics, MetricSample
 from tuner.measure.plan import ProgressEvent
+from tuner.measure.rounds import measure_round
 from tuner.storage.orm import Level
 from tuner.storage.store import Store
 from tuner.twin.server import TwinServer

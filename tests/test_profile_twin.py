@@ -13,9 +13,9 @@ from sqlalchemy import select
 from twinworlds import world
 
 from tuner.decide.adaptive import profile_adaptively, where_to_measure
-from tuner.measure.backend import Measured
 from tuner.measure.load import Workload
 from tuner.measure.plan import ProgressEvent, Target
+from tuner.measure.rounds import Measured
 from tuner.measure.schedule import Cell
 from tuner.policy import Policy
 from tuner.storage.orm import Level, Run, Sample

@@ -1,4 +1,4 @@
-"""The live switch check's verdict (tuner.measure.backend.switch_problem), on the counts it is
+"""The live switch check's verdict (tuner.measure.switchcheck.switch_problem), on the counts it is
 given: the draft tokens a server made while both of 2 streams generated, at threshold 1 and 0;
 and the check's rounds run again where their streams never met.
 The check's rounds against the real bench are in every bench profile (test_profile.py asserts
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.measure import backend
-from tuner.measure.backend import CHECK_TRIES, check_live_switch, switch_problem
+from tuner.measure import switchcheck
 from tuner.measure.load import RequestSample
+from tuner.measure.switchcheck import CHECK_TRIES, check_live_switch, switch_problem
 
 N_MAX = 6  # 2 streams: 12 draft tokens may be in flight when the second stream starts
 
@@ -57,8 +57,8 @@ def _stream(stream: int, start: float, drafts_each: int) -> RequestSample:
 def _check(monkeypatch: pytest.MonkeyPatch, rounds: list[list[RequestSample]]):
     """check_live_switch over canned rounds (in the order the check asks for them)."""
     left = iter(rounds)
-    monkeypatch.setattr(backend.client, "max_slots", lambda url, key=None: 3)
-    monkeypatch.setattr(backend.LoadGenerator, "run", lambda self, n, round_key=0: next(left))
+    monkeypatch.setattr(switchcheck.client, "max_slots", lambda url, key=None: 3)
+    monkeypatch.setattr(switchcheck.LoadGenerator, "run", lambda self, n, round_key=0: next(left))
     return check_live_switch("http://x", N_MAX, set_threshold=lambda n: None)
 
 

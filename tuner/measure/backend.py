@@ -9,7 +9,7 @@ backend makes the server behave as that policy and measures one round there:
 - `live`: every drafting policy shares one launch, started with `--props`; the threshold is
   switched between rounds through `POST /props` and read back through `GET /props`. The switch
   is trusted only once it reads back and the draft counters follow it (a stock llama-server
-  with `--props` answers the POST with 200 and changes nothing; `check_live_switch`, which
+  with `--props` answers the POST with 200 and changes nothing: tuner.measure.switchcheck, which
   `tuner check` runs on any URL too); otherwise the backend falls back to relaunching and says
   so, unless the user forced live. Plain (no draft model) keeps
   launches of its own: only "load a draft at all?" compares across launches.
@@ -24,33 +24,37 @@ its queue and takes no CPU; it costs a second model's memory, so only a judge th
 "load a draft at all?" uses it (benchmarks/regret.py).
 
 The twin's in-process backend (tuner/twin/inprocess.py) speaks the same interface in virtual time.
+What a round does once the server is switched is tuner.measure.rounds'.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tuner.errors import ConfigError, LoadError, ServerError
-from tuner.measure import client, interference, metrics
+from tuner.errors import ConfigError, ServerError
+from tuner.measure import client, interference
 from tuner.measure.client import LlamaClient
-from tuner.measure.foreign import Foreign, foreign_requests
-from tuner.measure.interference import RoundLoad, Snapshot
+from tuner.measure.interference import Snapshot
 from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import (
-    LoadGenerator,
-    RequestSample,
     Workload,
-    drafts_in_flight,
-    never_together,
-    summarize,
 )
 from tuner.measure.plan import Observer, ProgressEvent, Target, launch_config, quiet
+from tuner.measure.rounds import (
+    Measured,
+    arrivals_round,
+    measure_round,
+    prefill_server,
+    warm_up,
+    watched,
+)
 from tuner.measure.schedule import Cell
 from tuner.measure.spec import ProfileSpec
+from tuner.measure.switchcheck import check_live_switch
 from tuner.policy import Policy
 
 EXIT_GRACE_S = 2.0  # how long a failing server may take to be seen exited before it counts as hung
@@ -59,132 +63,6 @@ ATTACHED_LIVE = "attached-live"  # a running server the tuner did not start, swi
 LIVE_WAYS = (LIVE, ATTACHED_LIVE, "twin")  # ways whose drafting policies share one server
 SWITCH_WAYS = ("auto", RELAUNCH, LIVE)  # what a user may ask for
 SIDE_BY_SIDE = ("side-by-side",)  # the one launch group of a side-by-side backend's policies
-# Tokens per stream of the two streamed rounds that check the live switch. The check counts the
-# draft tokens made while both streams generated (the window of summarize, from the server's
-# per-token draft counters), so the drafts a threshold of 1 lets through while the second
-# stream's prompt is processed, which made a whole-round count need 64 tokens a stream, do not
-# count. At 32 the bench drafted 44-47 tokens in that window at threshold 0 and 0-3 at 1 (the
-# allowance in flight: 12); longer drafts accept more a step and take fewer steps, so the rounds
-# grow with n_max (5 tokens a draft position) to keep several steps in the window.
-CHECK_TOKENS = 32
-# Rounds the check may take at a threshold until its 2 streams generate together: on a busy
-# machine the second stream's request can reach the server after the first has finished.
-CHECK_TRIES = 3
-
-
-@dataclass
-class Measured:
-    """One round as a backend measured it."""
-
-    samples: list[RequestSample]
-    drafting: dict[str, Any]  # /metrics deltas over the round (drafts, tokens, accepted...)
-    seconds: float  # what the round took on the backend's clock (virtual time for the twin)
-    max_slots: int | None = None  # live: the threshold /props reported for the round
-    # Where requests failed: what the backend makes of it (the server's death named, or a hang),
-    # for the level's error; None where it knows nothing more than the requests' own errors.
-    failure: str | None = None
-    machine: RoundLoad | None = None  # what the rest of the machine did (None: not watched)
-    foreign: Foreign | None = None  # others' requests the round overlapped
-
-
-def switch_problem(name: str, drafted: dict[int, int | None], n_max: int) -> str | None:
-    """The live switch check's verdict, pure: drafted holds the draft tokens a server made while
-    both of 2 streams generated, at threshold 1 and at 0 (None: no per-token counters). Threshold
-    1 may finish the drafts in flight when the second stream started (load.drafts_in_flight, the
-    profiler's allowance too) and start none; threshold 0 must draft past that allowance, or
-    nothing shows that the switch works. None where both hold, else why not."""
-    in_flight = drafts_in_flight(2, n_max)
-    at_one, at_zero = drafted.get(1), drafted.get(0)
-    if at_one is None or at_zero is None:
-        return (
-            f"{name} gives no per-token draft counters (timings_per_token), so the switch "
-            "cannot be seen to work"
-        )
-    if at_zero <= in_flight:
-        return (
-            f"{name} drafted {at_zero} tokens while 2 streams generated with the threshold at 0 "
-            f"(no more than the {in_flight} that may be in flight), so the switch cannot be "
-            "seen to work"
-        )
-    if at_one > in_flight:
-        return (
-            f"the draft counters of {name} did not follow the switch ({at_one} draft tokens while "
-            f"2 streams generated at threshold 1, more than the {in_flight} that may be in "
-            f"flight; {at_zero} at 0)"
-        )
-    return None
-
-
-@dataclass(frozen=True)
-class SwitchCheck:
-    """What check_live_switch saw: why the switch cannot be trusted (None: it can), the draft
-    tokens made while both streams generated by threshold, and the draft length judged at."""
-
-    problem: str | None
-    drafted: dict[int, int | None]
-    n_max: int | None
-
-
-def check_live_switch(
-    url: str,
-    n_max: int | None,
-    *,
-    api_key: str | None = None,
-    name: str | None = None,
-    set_threshold: Callable[[int], None] | None = None,
-) -> SwitchCheck:
-    """The live switch check on any llama-server: a streamed round of 2 streams at threshold 1,
-    then at 0, each set through POST /props and read back (set_threshold, by default
-    client.set_max_slots), judged by switch_problem. It leaves the threshold at 0: a caller
-    that must not change the server sets it back. n_max None (a server not yet seen drafting)
-    is read from /metrics after the rounds, which then take CHECK_TOKENS a stream. Server and
-    load errors become the problem's one line."""
-    name = name or url
-
-    def read_back(n: int) -> None:
-        client.set_max_slots(url, n, api_key)
-
-    switch = set_threshold or read_back
-    drafted: dict[int, int | None] = {}
-    try:
-        if client.max_slots(url, api_key) is None:
-            return SwitchCheck(
-                f"{name} does not report spec_draft_max_slots in GET /props", drafted, n_max
-            )
-        tokens = max(CHECK_TOKENS, 5 * (n_max or 0))
-        check = Workload(prompt_tokens=8, max_tokens=tokens, stream=True)
-        for n in (1, 0):
-            switch(n)
-            samples = _check_round(LoadGenerator(url, check, api_key=api_key), name, n)
-            if isinstance(samples, str):
-                return SwitchCheck(samples, drafted, n_max)
-            drafted[n] = summarize(samples, 2).window_drafted
-        if n_max is None:
-            with LlamaClient(url, api_key) as api:
-                n_max = metrics.draft_length(api.metrics())
-    except (ServerError, LoadError) as exc:
-        return SwitchCheck(str(exc).splitlines()[0], drafted, n_max)
-    if n_max is None:
-        problem = f"{name} drafted nothing its /metrics counted, so the switch cannot be judged"
-        return SwitchCheck(problem, drafted, None)
-    return SwitchCheck(switch_problem(name, drafted, n_max), drafted, n_max)
-
-
-def _check_round(generator: LoadGenerator, name: str, n: int) -> list[RequestSample] | str:
-    """One round of the live switch check at threshold n whose 2 streams generated together
-    (run again, up to CHECK_TRIES rounds, where they never met); why not, where none did."""
-    for _ in range(CHECK_TRIES):
-        samples = generator.run(2, round_key=0)
-        failed = [s for s in samples if not s.ok]
-        if failed:
-            return f"a check round at threshold {n} failed ({failed[0].error})"
-        if not never_together(samples, 2):
-            return samples
-    return (
-        f"the check's 2 streams on {name} never generated together at threshold {n} in "
-        f"{CHECK_TRIES} rounds (one reached the server after the other ended: a busy machine?), "
-        "so the switch cannot be judged"
-    )
 
 
 class Backend(Protocol):
@@ -678,129 +556,3 @@ class RunningBackend(AttachedBackend):
             if self.check is not None:
                 self.check(self._set)
         return measured
-
-
-# --- what a round does on any llama-server ---------------------------------------------------
-
-
-Explain = Callable[[str, str], str]  # (where, detail) -> the message a failure raises with
-
-
-def watched(
-    measure: Callable[[], Measured],
-    snapshot: Callable[[], Snapshot] | None,
-    server_pids: Callable[[], Collection[int]],
-    siblings: Mapping[int, str] | None = None,
-) -> Measured:
-    """A round measured between two snapshots of the machine (none: not watched)."""
-    start = snapshot() if snapshot is not None else None
-    measured = measure()
-    if start is not None and snapshot is not None:
-        measured.machine = interference.round_load(
-            start, snapshot(), server_pids(), siblings=siblings
-        )
-    return measured
-
-
-def measure_round(
-    url: str,
-    cell: Cell,
-    round_key: int,
-    workload: Workload,
-    explain: Explain,
-    where: str,
-    api_key: str | None = None,
-) -> Measured:
-    """One round of cell's concurrency: the requests, and the /metrics deltas around them."""
-    generator = LoadGenerator(url, workload, api_key=api_key)
-    started = time.perf_counter()
-    try:
-        with LlamaClient(url, api_key) as api:
-            before = api.metrics()
-            samples = generator.run(cell[1], round_key)
-            # When requests failed the server may be gone or hung: their errors say more than
-            # a failed /metrics scrape would.
-            failed = any(not s.ok for s in samples)
-            after = before if failed else api.metrics()
-    except (ServerError, LoadError) as exc:
-        raise ServerError(explain(where, str(exc))) from exc
-    seconds = time.perf_counter() - started
-    failure = None
-    if failed:
-        bad = [s for s in samples if not s.ok]
-        failure = explain(where, f"{len(bad)} of {cell[1]} requests failed ({bad[0].error})")
-    own = sum(s.tokens for s in samples)
-    return Measured(
-        samples,
-        metrics.drafting_summary(after.since(before)),
-        seconds,
-        failure=failure,
-        foreign=None if failed else foreign_requests(before, after, own),
-    )
-
-
-def arrivals_round(
-    url: str,
-    offsets: list[float],
-    round_key: int,
-    lengths: list[int] | None,
-    workload: Workload,
-    api_key: str | None = None,
-) -> Measured:
-    """An open-loop round on a running server, with the /metrics deltas around it."""
-    generator = LoadGenerator(url, workload, api_key=api_key)
-    with LlamaClient(url, api_key) as api:
-        before = api.metrics()
-        started = time.perf_counter()
-        _, samples = generator.run_arrivals(offsets, round_key, lengths)
-        seconds = time.perf_counter() - started
-        after = api.metrics()
-    return Measured(samples, metrics.drafting_summary(after.since(before)), seconds)
-
-
-def prefill_server(
-    url: str,
-    depth: int,
-    streams: int,
-    workload: Workload,
-    explain: Explain,
-    api_key: str | None = None,
-) -> float:
-    """Every stream's padding at a depth brought into the server's cache outside any
-    measurement (see LoadGenerator.prefill_async); returns its seconds."""
-    if depth <= 0:
-        return 0.0
-    started = time.perf_counter()
-    generator = LoadGenerator(url, workload, api_key=api_key)
-    where = f"while prefilling depth {depth}"
-    try:
-        samples = generator.prefill(streams)
-    except (ServerError, LoadError) as exc:
-        raise ServerError(explain(where, str(exc))) from exc
-    failed = [s for s in samples if not s.ok]
-    if failed:
-        detail = f"{len(failed)} of {streams} requests failed ({failed[0].error})"
-        raise LoadError(explain(where, detail))
-    return time.perf_counter() - started
-
-
-def warm_up(spec: ProfileSpec, url: str, explain: Explain, api_key: str | None = None) -> None:
-    """The spec's warm-up rounds at its widest level, after a launch."""
-    w = spec.workload
-    if not w.warmup:
-        return
-    warm = Workload(
-        prompt_tokens=w.prompt_tokens,
-        max_tokens=16,
-        stream=False,
-        request_timeout_s=w.request_timeout_s,
-    )
-    generator = LoadGenerator(url, warm, api_key=api_key)
-    for _ in range(w.warmup):
-        try:
-            samples = generator.run(max(spec.levels))
-            failure = None if any(s.ok for s in samples) else samples[0].error
-        except (LoadError, ServerError) as exc:
-            failure = str(exc)
-        if failure is not None:
-            raise ServerError(explain("during warm-up", f"warm-up requests failed: {failure}"))

@@ -4,7 +4,7 @@ or key that closes each gap (tuner/cli/check.py renders the report).
 `check(url, api_key)` reads GET /props (who answers, whether the API key is taken, the build,
 the model, -np, whether the build knows --spec-draft-max-slots, whether --props, --metrics and
 --slots are on), scrapes /metrics and /slots, and where the switch can be tried checks it live as
-a profile does (measure/backend.check_live_switch: the threshold read back, and the draft
+a profile does (measure/switchcheck.check_live_switch: the threshold read back, and the draft
 counters following it with 2 streams at threshold 1, then 0; with one slot, the read-back
 alone). The threshold it found is set back on every way out and the report says whether that
 worked. Nothing else on the server changes: the switch check's rounds are requests like any
@@ -32,11 +32,11 @@ from typing import Any
 from tuner.errors import ApiKeyError, EndpointMissingError, NotLlamaServerError, ServerError
 from tuner.measure import interference
 from tuner.measure import metrics as drafting
-from tuner.measure.backend import CHECK_TOKENS, check_live_switch
 from tuner.measure.client import MAX_SLOTS_FIELD, LlamaClient, model_name
 from tuner.measure.hold import recover_left_hold
 from tuner.measure.metrics import Metrics
 from tuner.measure.plan import Observer, ProgressEvent, quiet
+from tuner.measure.switchcheck import CHECK_TOKENS, check_live_switch
 
 PATCH = "patches/spec-draft-max-slots.patch"
 PATCH_FIX = f"apply {PATCH} to llama.cpp and rebuild (`tuner bench setup` builds one)"

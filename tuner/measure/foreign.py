@@ -7,7 +7,7 @@ others use, two things tell that they did:
   of `/metrics` where /slots is off) until no slot has processed anything for SETTLE_S, says
   that it waits and for how long, and gives up with one line after `wait_s`;
 - after each round: `foreign_requests` reads the two /metrics scrapes the round takes around
-  its requests anyway (backend.measure_round). `requests_processing` before the round's
+  its requests anyway (rounds.measure_round). `requests_processing` before the round's
   requests start and after they all ended counts only others' requests; and a request that
   began and ended inside the round shows in `tokens_predicted_total`, which llama-server
   raises by a request's whole output (`n_decoded`) when it releases the slot: the same count

@@ -28,7 +28,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
-from tuner.measure.backend import AttachedBackend, Backend, Measured, ServerBackend
+from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.foreign import foreign_summary
 from tuner.measure.interference import RoundLoad, busy_summary
@@ -58,6 +58,7 @@ from tuner.measure.recorder import (
     find_resumable_run,
     gather_context,
 )
+from tuner.measure.rounds import Measured
 from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, slow_stall, stable

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.measure import metrics
-from tuner.measure.backend import Measured
 from tuner.measure.load import Workload, draw_request
 from tuner.measure.metrics import parse_metrics
 from tuner.measure.plan import Target
+from tuner.measure.rounds import Measured
 from tuner.measure.schedule import Cell
 from tuner.policy import Policy
 from tuner.twin.engine import Engine, Metrics, Request
