@@ -22,7 +22,8 @@ from lab.traffic import offer_cycle, plain_server
 
 from tuner.bench import load_bench
 from tuner.measure.launcher import ManagedServer
-from tuner.measure.observe import generating_histogram, observe
+from tuner.measure.observe import observe
+from tuner.measure.readings import generating_histogram
 from tuner.settings import Settings
 from tuner.traffic import total_variation
 

@@ -96,9 +96,9 @@ from tuner.measure.arrivals import poisson_offsets, summarize_open_loop
 from tuner.measure.backend import Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import RequestSample
-from tuner.measure.observe import generating_histogram
 from tuner.measure.plan import Observer, ProgressEvent
 from tuner.measure.profiler import Profiler, gather_context
+from tuner.measure.readings import generating_histogram
 from tuner.measure.recorder import Context
 from tuner.measure.spec import ProfileSpec, load_spec
 from tuner.model import queue

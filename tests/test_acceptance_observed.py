@@ -27,13 +27,8 @@ from tuner.decide.observed import acceptance_line, observed_in_place
 from tuner.decide.settle import TOLERANCE
 from tuner.measure import observe as observe_module
 from tuner.measure.metrics import parse_metrics
-from tuner.measure.observe import (
-    RESTARTED,
-    CounterReading,
-    Poller,
-    counter_reading,
-    counter_step,
-)
+from tuner.measure.observe import Poller
+from tuner.measure.readings import RESTARTED, CounterReading, counter_reading, counter_step
 from tuner.model.acceptance import MIN_DRAFTS, ObservedAcceptance, observed_acceptance
 from tuner.policy import Policy
 from tuner.recommendation import ReasonCode

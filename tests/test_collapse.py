@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import FITTED_BENCH_HOST, FITTED_BENCH_MODEL
 
-from tuner.measure.observe import DraftingExposure
+from tuner.measure.readings import DraftingExposure
 from tuner.model.acceptance import geometric_rates
 from tuner.model.collapse import Floor, Seen, find_collapse, floors, seen_in_counts
 from tuner.storage.fits import current_fit

@@ -18,10 +18,10 @@ from tuner.cli.app import app
 from tuner.errors import EndpointMissingError
 from tuner.measure import observe as observe_module
 from tuner.measure.metrics import parse_metrics
-from tuner.measure.observe import (
+from tuner.measure.observe import Poller
+from tuner.measure.readings import (
     Ended,
     FinishedRequests,
-    Poller,
     TokenLedger,
     generating_histogram,
     generating_slots,

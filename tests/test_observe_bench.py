@@ -20,7 +20,8 @@ from lab.traffic import offer_cycle, plain_server
 from tuner.bench import Bench
 from tuner.measure.launcher import ManagedServer
 from tuner.measure.load import LoadGenerator, RequestSample, Workload
-from tuner.measure.observe import Poller, generating_histogram, observe
+from tuner.measure.observe import Poller, observe
+from tuner.measure.readings import generating_histogram
 from tuner.storage.store import Store
 from tuner.storage.traffic_profiles import TrafficSaver, load
 from tuner.traffic import TrafficProfile, total_variation

@@ -29,7 +29,7 @@ from lab.traffic import offer_cycle, plain_server
 from tuner.bench import Bench
 from tuner.decide.watch import EnvFile, WatchEvent, WatchOptions, watch
 from tuner.measure.launcher import ManagedServer
-from tuner.measure.observe import generating_histogram
+from tuner.measure.readings import generating_histogram
 from tuner.storage.store import Store
 from tuner.storage.traffic_profiles import load
 

@@ -29,9 +29,9 @@ from tuner.measure import doctor
 from tuner.measure.client import LlamaClient, model_name
 from tuner.measure.doctor import CheckReport, Status
 from tuner.measure.metrics import Metrics
-from tuner.measure.observe import ACCEPTED, DRAFTS
 from tuner.measure.observe import observe as run_observe
 from tuner.measure.plan import Observer, quiet
+from tuner.measure.readings import ACCEPTED, DRAFTS
 from tuner.model.collapse import (
     MIN_DRAFTS,
     Collapse,

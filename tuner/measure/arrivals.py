@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tuner.measure.load import RequestSample
-from tuner.measure.observe import generating_histogram
+from tuner.measure.readings import generating_histogram
 from tuner.traffic import Finished
 
 

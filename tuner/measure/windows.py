@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 from tuner.errors import ServerError
 from tuner.measure.hold import ServerHold
-from tuner.measure.observe import (
+from tuner.measure.observe import Poller
+from tuner.measure.readings import (
     RESTARTED,
     CounterReading,
-    Poller,
     counter_reading,
     counter_step,
     slot_generating,
