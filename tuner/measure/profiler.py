@@ -30,15 +30,9 @@ from tuner.errors import ConfigError, LoadError, ServerError
 from tuner.measure import kernel
 from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
-from tuner.measure.foreign import foreign_summary
-from tuner.measure.interference import RoundLoad, busy_summary
 from tuner.measure.load import (
-    LevelFigures,
     Workload,
-    accept_by_stream,
-    drafts_in_flight,
     is_stall,
-    never_together,
     pause_in_window,
     summarize,
 )
@@ -58,7 +52,7 @@ from tuner.measure.recorder import (
     find_resumable_run,
     gather_context,
 )
-from tuner.measure.rounds import Measured
+from tuner.measure.roundmarks import Disturbances, Disturbed, round_marks
 from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
 from tuner.measure.spec import ProfileSpec
 from tuner.measure.stats import depth_slowdown, slow_stall, stable
@@ -77,11 +71,6 @@ __all__ = [
 
 
 STALL_TRIES = 3  # a round that stalls (Profiler._stall) is measured again, at most twice
-
-
-class Disturbed(str):
-    """Why a round is left out as a stalled one is, where the cause is others: other programs
-    on the machine, or others' requests on the server (Profiler._interference)."""
 
 
 @dataclass
@@ -105,9 +94,7 @@ class Profiler:
     reopened: bool = field(init=False, default=False)  # a resumed run (reopen_run)
     # This command's rounds, and those other programs or others' requests disturbed (the
     # summary at its end)
-    _rounds: int = field(init=False, default=0)
-    _busy: list[RoundLoad] = field(init=False, default_factory=list)
-    _foreign: int = field(init=False, default=0)
+    _others: Disturbances = field(init=False, default_factory=Disturbances)
     # On the backend's clock: past it a disturbed round is not measured again, and once a
     # round was disturbed a pass measures no further round, so a budgeted command on a busy
     # machine (rounds there can take many times as long) still ends near its budget; on a
@@ -163,7 +150,8 @@ class Profiler:
             finally:
                 assert self.backend is not None
                 self.backend.close()
-                self._say_interference()
+                for text in self._others.summary():
+                    self.observer(ProgressEvent("message", text=f"warning: {text}"))
 
         return self.recorder.guarded(closing, resume_hint)
 
@@ -252,7 +240,10 @@ class Profiler:
                 raise
             figures = summarize(measured.samples, concurrency)
             paused = pause_in_window(measured.samples, concurrency)
-            marks, disturbed = self._interference(measured, figures.tokens_per_second)
+            marks, disturbed = self._others.mark(measured, figures.tokens_per_second)
+            unwatched = getattr(self.backend, "unwatched", None)
+            if unwatched and self._others.rounds == 1:
+                self.observer(ProgressEvent("message", text=f"note: {unwatched}"))
             stall = disturbed or self._stall(step, paused, figures.tokens_per_second)
             if stall is not None:
                 self._disturbed += 1
@@ -277,7 +268,12 @@ class Profiler:
                 else f"it stalled {STALL_TRIES} times in a row"
             )
             self._warn_stall(policy, concurrency, stall, f"{why}, so this one is kept as measured")
-        extra.update(self._round_marks(policy, concurrency, measured, figures))
+        n_max = self.spec.speculative.n_max
+        name = self.level_name(policy)
+        marks, warnings = round_marks(policy, concurrency, measured, figures, n_max, name)
+        extra.update(marks)
+        for text in warnings:
+            self.observer(ProgressEvent("message", text=text))
         self.recorder.store_repeat(
             level.id, repeat, measured.samples, figures, measured.drafting, step, extra
         )
@@ -301,36 +297,6 @@ class Profiler:
             )
         )
         return level.id
-
-    def _round_marks(
-        self, policy: Target, concurrency: int, measured: Measured, figures: LevelFigures
-    ) -> dict[str, Any]:
-        """What a round is stored with beside its figure: its requests' acceptance (drafting),
-        the threshold set, and the marks that keep it out of tune's pairs (drafted_off, apart),
-        each said as a warning."""
-        extra: dict[str, Any] = {}
-        if isinstance(policy, Policy) and policy.drafting and policy.drafts_at(concurrency):
-            # each request's tokens a step: a function of its seed alone, so tune can scale
-            # the round to the workload's mean acceptance (tune.live_gains)
-            extra["accept_by_stream"] = accept_by_stream(measured.samples, concurrency)
-        if measured.max_slots is not None:
-            extra["max_slots_set"] = measured.max_slots
-        warning = self._drafted_off(policy, concurrency, figures.window_drafted)
-        if warning is not None:
-            extra["drafted_off"] = True  # the count is the round's window_drafted
-            self.observer(ProgressEvent("message", text=warning))
-        if never_together(measured.samples, concurrency):
-            extra["apart"] = True
-            self.observer(
-                ProgressEvent(
-                    "message",
-                    text=f"warning: {self.level_name(policy)} at {concurrency} streams: the "
-                    "streams never all generated at once (one started after another had "
-                    "finished), so the round's figure is the sum of the streams' own rates; "
-                    "live comparisons leave it out",
-                )
-            )
-        return extra
 
     def _stall(
         self, step: Step, paused: tuple[float, float] | None, rate: float | None
@@ -376,62 +342,6 @@ class Profiler:
         said = stall if isinstance(stall, Disturbed) else f"the machine stalled ({stall})"
         text = f"warning: {name} at {concurrency} streams: {said}; {what}"
         self.observer(ProgressEvent("message", text=text))
-
-    def _interference(
-        self, measured: Measured, rate: float | None
-    ) -> tuple[dict[str, Any], Disturbed | None]:
-        """What others did over the round: the marks it is stored with (the machine's load by
-        whom; `busy` where other programs competed for the machine, `foreign` where others'
-        requests shared the server: tune leaves such rounds out), and why it is disturbed, with
-        its figure (None: it was not). A backend that cannot watch the machine says why once."""
-        self._rounds += 1
-        marks: dict[str, Any] = {}
-        why: list[str] = []
-        load = measured.machine
-        if load is not None:
-            marks["machine"] = load.stored()
-            if load.busy:
-                marks["busy"] = True
-                why.append(load.why())
-                self._busy.append(load)
-        if measured.foreign is not None:
-            marks["foreign"] = measured.foreign.stored()
-            why.append(measured.foreign.why())
-            self._foreign += 1
-        unwatched = getattr(self.backend, "unwatched", None)
-        if unwatched and self._rounds == 1:
-            self.observer(ProgressEvent("message", text=f"note: {unwatched}"))
-        if not why:
-            return marks, None
-        figure = f"{rate:.1f} tok/s" if rate else "its figure"
-        return marks, Disturbed(f"{figure} while {'; and '.join(why)}")
-
-    def _say_interference(self) -> None:
-        """The command's rounds that others disturbed, in words, at its end."""
-        for text in (
-            busy_summary(self._busy, self._rounds),
-            foreign_summary(self._foreign, self._rounds),
-        ):
-            if text is not None:
-                self.observer(ProgressEvent("message", text=f"warning: {text}"))
-
-    def _drafted_off(self, policy: Target, concurrency: int, drafted: int | None) -> str | None:
-        """A warning where a threshold that must not draft at this level drafted inside the
-        measured window beyond one draft in flight per stream (the server did not follow its
-        threshold); None where it did, or where the round cannot tell."""
-        if drafted is None or not isinstance(policy, Policy):
-            return None
-        if not policy.drafting or policy.drafts_at(concurrency):
-            return None  # plain, or a policy that drafts here: nothing to check
-        in_flight = drafts_in_flight(concurrency, policy.n_max or self.spec.speculative.n_max)
-        if drafted <= in_flight:
-            return None
-        return (
-            f"warning: {self.level_name(policy)} drafted {drafted} tokens inside the measured "
-            f"window at {concurrency} streams, where its threshold starts no draft (at most "
-            f"{in_flight} in flight): this round does not measure it, and live comparisons "
-            "leave it out"
-        )
 
     def run_steps(self, steps: Sequence[Step]) -> None:
         """A pass's steps in order; each launch prefills a depth's padding (for the widest level
