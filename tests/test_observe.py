@@ -391,3 +391,34 @@ def test_a_server_that_reports_its_clock_is_timed_on_it(monkeypatch: pytest.Monk
     # the first poll has no earlier server time: the client's 2 s; then the server's 10 s and
     # 5 s (the client counted 2 s each), each added to the count seen at the poll
     assert profile.seconds == pytest.approx({1: 2.0, 2: 15.0})
+
+
+def test_seconds_the_caller_spent_elsewhere_count_nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """watch decides between intervals, seconds in which nobody polls: after `resume` the next
+    poll counts from then, so those seconds are not credited to the count it happens to see
+    (here 8 s of a decision would have gone to 2 slots generating)."""
+
+    class NoMetrics(Scripted):
+        def metrics(self):
+            raise EndpointMissingError("no /metrics", path="/metrics", status=501)
+
+    one = [slot(0, True, 10, 7, 30, 48), slot(1, False, 0, 8, 0, 48)]
+    two = [slot(0, True, 20, 7, 30, 48), slot(1, True, 5, 8, 20, 48)]
+    states: list[tuple[str, object]] = [("slots", [])] + [("slots", one)] * 2
+    states += [("slots", two)] * 2
+    client = NoMetrics(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    now = [0.0]
+    poller = Poller(
+        "http://scripted", sleep=lambda s: None, wall=lambda: 1000.0, clock=lambda: now[0]
+    )
+    profile = TrafficProfile(2)
+    for t in (1.0, 2.0):  # two polls a second apart at 1 slot generating
+        now[0] = t
+        assert poller.step(profile)
+    now[0] = 10.0  # 8 s deciding
+    poller.resume()
+    for t in (11.0, 12.0):
+        now[0] = t
+        assert poller.step(profile)
+    assert profile.seconds == pytest.approx({1: 2.0, 2: 2.0})
