@@ -1,8 +1,10 @@
 """`tuner watch`: the service. Beside a running llama-server it keeps the answer current.
 
 It polls the server the way `tuner observe` does (tuner.measure.observe.Poller: one connection,
-four polls a second, never a change to the server) into one bucket per interval (`--every`).
-The buckets of the last `--window` make the rolling traffic profile, saved under its name
+four polls a second, never a change to the server) into one bucket per interval (`--every`);
+the seconds spent deciding at an interval's end are not polled and count nowhere, and each
+decision names the seconds it rests on (`WatchEvent.polled`). The buckets of the last `--window`
+make the rolling traffic profile, saved under its name
 every FLUSH_S, so a crash or kill of the watcher loses at most those seconds; a restarted
 watcher reads its buckets back and goes on.
 
