@@ -411,7 +411,11 @@ def measure_together(
             break
         if open_cells:
             p = profiler.run_pass(open_cells)
-            reps = profiler.repeats_by_level()
+            reps = {
+                (config, c): rs
+                for (config, d, c), rs in profiler.repeats_by_cell().items()
+                if d == depth
+            }
             for (_, c), ps in list(open_cells.items()):
                 rounds = []
                 for policy in ps:

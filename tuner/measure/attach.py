@@ -14,7 +14,9 @@ from tuner.measure.fingerprint import probe_host, probe_model
 from tuner.measure.hold import recover_left_hold
 from tuner.measure.plan import Attached, Observer, ProgressEvent, quiet
 from tuner.measure.profiler import Context, Profiler
+from tuner.measure.schedule import Cell, Step
 from tuner.measure.spec import ProfileSpec, attached_spec
+from tuner.measure.stats import stable
 from tuner.storage.store import Store
 
 
@@ -70,7 +72,29 @@ def attach(
     observer(ProgressEvent("plan", total=total))
 
     def body() -> None:
-        profiler.warm_up(url)
-        profiler.measure_cells(url, target, [(d, c) for d in depths for c in levels])
+        profiler.attach_backend(url).warm_up(attached)
+        _measure_as_it_is(profiler, target, [(d, c) for d in depths for c in levels])
 
     return profiler.guarded(body)
+
+
+def _measure_as_it_is(profiler: Profiler, target: Attached, cells: list[Cell]) -> None:
+    """The attached server measured as it is: each cell repeated until stable (one launch,
+    nothing to interleave with)."""
+    w = profiler.spec.workload
+    recorder = profiler.recorder
+    name = profiler.level_name(target)
+    for cell in cells:
+        if cell[0] > 0:
+            profiler.prefill(target, cell[0], max(c for d, c in cells if d == cell[0]))
+        reps = recorder.repeats_by_cell().get((name, *cell), [])
+        before, level_id = len(reps), None
+        while len(reps) < w.max_repeats and not (len(reps) >= w.min_repeats and stable(reps, w)):
+            level_id = profiler.measure_step(Step(target, cell, recorder.next_pass()))  # type: ignore[arg-type]
+            reps = recorder.repeats_by_cell().get((name, *cell), [])
+        if level_id is not None:
+            recorder.complete_level(level_id)
+        left = w.max_repeats - (len(reps) - before)
+        profiler.observer(
+            ProgressEvent("level", advance=max(0, left), config=name, concurrency=cell[1])
+        )

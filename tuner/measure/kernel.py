@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ServerDiedError, ServerError
+from tuner.measure.spec import ProfileSpec
 
 
 @dataclass(frozen=True)
@@ -199,4 +201,35 @@ def run_batched_bench(
     points = parse_jsonl(result.stdout + "\n" + result.stderr, model)
     if not points:
         raise ServerError(f"llama-batched-bench printed no jsonl rows; see {log_path}")
+    return points
+
+
+def measure_spec(
+    spec: ProfileSpec, logs: Path, say: Callable[[str, str], None]
+) -> list[KernelPoint] | None:
+    """The spec's kernel level (`runs`, each run's log under logs): its points, or None where
+    the spec turns it off or its llama-batched-bench is missing (said: ("message", why)).
+    say(kind, text) reports progress."""
+    binary = spec.kernel_binary()
+    if not spec.kernel.enabled:
+        return None
+    if not binary.exists():
+        say("message", f"no {binary.name}: kernel level skipped")
+        return None
+    say("kernel", "kernel level: llama-batched-bench")
+    draft = spec.speculative.draft_model()
+    points: list[KernelPoint] = []
+    for cmd, log, model in runs(
+        binary,
+        spec.server.model,
+        draft if draft is not None and draft.exists() else None,
+        spec.server.n_parallel,
+        spec.speculative.n_max,
+        spec.server.ctx_size,
+        spec.server.threads,
+        spec.kernel.generation_tokens,
+        spec.kernel.prompt_repeats,
+        spec.kernel.args,
+    ):
+        points += run_batched_bench(cmd, logs / log, model=model)
     return points

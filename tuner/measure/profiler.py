@@ -32,7 +32,6 @@ from tuner.measure.backend import AttachedBackend, Backend, ServerBackend
 from tuner.measure.fingerprint import probe_host
 from tuner.measure.load import (
     Workload,
-    is_stall,
     pause_in_window,
     summarize,
 )
@@ -52,11 +51,19 @@ from tuner.measure.recorder import (
     find_resumable_run,
     gather_context,
 )
-from tuner.measure.roundmarks import Disturbances, Disturbed, round_marks
-from tuner.measure.schedule import Arms, Cell, Step, launch_groups, off_arm, plan_pass
+from tuner.measure.roundmarks import Disturbances, Disturbed, round_marks, stall_of
+from tuner.measure.schedule import (
+    Arms,
+    Cell,
+    Step,
+    launch_groups,
+    plan_pass,
+    policies_of,
+    with_off_arms,
+)
 from tuner.measure.spec import ProfileSpec
-from tuner.measure.stats import depth_slowdown, slow_stall, stable
-from tuner.policy import Policy, drafts_at
+from tuner.measure.stats import depth_slowdown, stable
+from tuner.policy import Policy
 from tuner.storage.store import Store
 
 __all__ = [
@@ -164,16 +171,6 @@ class Profiler:
         """The run's stored rounds by (config, depth, concurrency): the counted ones, or with
         which="stalled" those set aside."""
         return self.recorder.repeats_by_cell(policies, which, cell)  # type: ignore[arg-type]
-
-    def repeats_by_level(
-        self, policies: list[Policy] | None = None
-    ) -> dict[tuple[str, int], list[dict]]:
-        """The stored repeats at the profiler's depth (of these policies), by (config, c)."""
-        return {
-            (config, c): reps
-            for (config, depth, c), reps in self.repeats_by_cell(policies).items()
-            if depth == self.depth
-        }
 
     def last_pass(self) -> int | None:
         return self.recorder.last_pass()
@@ -301,41 +298,20 @@ class Profiler:
     def _stall(
         self, step: Step, paused: tuple[float, float] | None, rate: float | None
     ) -> str | None:
-        """Why the round is a stall of the machine, or None: a pause in its window
-        (load.is_stall), or its tok/s far below its level's or its pair's (stats.slow_stall;
-        the pair's halves compared only where both draft or neither does: drafting can outrun
-        plain several times over at one stream). Another policy's half of its pair measured
-        before it and far slower than it is set aside here too (kept, no longer counted)."""
-        if paused is not None and is_stall(*paused):
-            pause, window = paused
-            return f"no stream got a token for {pause:.1f} s of the round's {window:.1f} s window"
-        name, concurrency = self.level_name(step.policy), step.concurrency
-        drafting = drafts_at(name, concurrency)
-        own: list[float] = []
-        partners: dict[str, float] = {}
-        for (config, _, _), reps in self.repeats_by_cell(cell=step.cell).items():
-            for r in reps:
-                if not r.get("tokens_per_second"):
-                    continue
-                if config == name:
-                    own.append(r["tokens_per_second"])
-                elif (
-                    r.get("round_key") == step.round_key
-                    and drafts_at(config, concurrency) == drafting
-                ):
-                    partners[config] = r["tokens_per_second"]
-        slow = slow_stall(rate, own, list(partners.values()))
-        if slow is not None:
-            return slow
-        for config, other in partners.items():
-            earlier = slow_stall(other, [], [rate] if rate else [])
-            if earlier is not None and self.recorder.set_aside(
-                config, step.cell, step.round_key, earlier
-            ):
-                self._warn_stall(
-                    config, concurrency, earlier, "set aside (kept, no longer counted)"
-                )
-        return None
+        """Why the round is a stall of the machine (roundmarks.stall_of), or None; the halves of
+        its pair it shows up as stalls are set aside (kept, no longer counted)."""
+        stall, earlier = stall_of(
+            self.level_name(step.policy),
+            step,
+            paused,
+            rate,
+            self.repeats_by_cell(cell=step.cell),
+        )
+        for config, why in earlier.items():
+            if self.recorder.set_aside(config, step.cell, step.round_key, why):
+                aside = "set aside (kept, no longer counted)"
+                self._warn_stall(config, step.concurrency, why, aside)
+        return stall
 
     def _warn_stall(self, policy: Target | str, concurrency: int, stall: str, what: str) -> None:
         name = policy if isinstance(policy, str) else self.level_name(policy)
@@ -361,11 +337,12 @@ class Profiler:
                 return
             k = (key(step.policy), step.depth, step.pass_index)
             if step.depth > 0 and k not in prefilled:
-                self._prefill(step.policy, step.depth, widest[k])
+                self.prefill(step.policy, step.depth, widest[k])
             prefilled.add(k)
             self.measure_step(step)
 
-    def _prefill(self, policy: Target, depth: int, streams: int) -> None:
+    def prefill(self, policy: Target, depth: int, streams: int) -> None:
+        """A depth's padding prefilled for streams on the policy's launch (not measured)."""
         assert self.backend is not None
         seconds = self.backend.prefill(policy, depth, streams, self.request_workload(depth))
         self.observer(
@@ -392,7 +369,7 @@ class Profiler:
         already is not asked for that cell again."""
         assert self.backend is not None
         w = self.spec.workload
-        policies = _policies_of(arms)
+        policies = policies_of(arms)
         self.check_switch(arms)
         state = self.repeats_by_cell(policies)
         last = self.last_pass()
@@ -453,11 +430,11 @@ class Profiler:
         check = getattr(self.backend, "check_switch", None)
         if check is None:
             return
-        state = self.repeats_by_cell(_policies_of(arms))
+        state = self.repeats_by_cell(policies_of(arms))
         full = self.spec.workload.max_repeats
         needed = [
             p
-            for p in _policies_of(arms)
+            for p in policies_of(arms)
             if any(
                 p in ps and len(state.get((self.level_name(p), *cell), [])) < full
                 for cell, ps in arms.items()
@@ -494,23 +471,10 @@ class Profiler:
         return p
 
     def arms(self, policies: list[Policy], cells: list[Cell]) -> dict[Cell, list[Policy]]:
-        """Every policy at every cell; where the backend switches drafting policies on one
-        launch (live), the drafting launch also measures each cell above one stream under a
-        threshold that does not draft there (c-1): what a threshold server does where it does
-        not draft is measured, not inferred, and paired with always-draft seconds apart."""
+        """Every policy at every cell, and the off arms the backend's launches measure
+        (schedule.with_off_arms)."""
         assert self.backend is not None
-        key = self.backend.launch_key
-        always = next((p for p in policies if p.is_always), None)
-        out: dict[Cell, list[Policy]] = {}
-        for cell in cells:
-            here = list(policies)
-            off = off_arm(cell[1])
-            if always is not None and off is not None:
-                off = off.with_n_max(always.n_max)
-                if off not in here and key(off) == key(always):
-                    here.append(off)
-            out[cell] = here
-        return out
+        return with_off_arms(policies, cells, self.backend.launch_key)
 
     def execute(
         self, policies: list[Policy], kernel_level: bool = True, levels: list[int] | None = None
@@ -521,7 +485,7 @@ class Profiler:
 
         def open_arms_now() -> Arms:
             arms = self.arms(policies, cells)
-            todo = self.recorder.pending(_policies_of(arms), cells)
+            todo = self.recorder.pending(policies_of(arms), cells)
             open_arms = {
                 cell: [p for p in ps if cell in todo[self.level_name(p)]]
                 for cell, ps in arms.items()
@@ -539,7 +503,7 @@ class Profiler:
                 if open_arms:
                     self.run_passes(open_arms)
             else:
-                for policy in _policies_of(open_arms):
+                for policy in policies_of(open_arms):
                     alone = {c: [policy] for c, ps in open_arms.items() if policy in ps}
                     self.run_passes(alone)
             if kernel_level:
@@ -556,81 +520,25 @@ class Profiler:
         p = pass_index if pass_index is not None else self.recorder.next_pass()
         self.run_steps([Step(policy, cell, p) for cell in cells])
 
-    # -- attached servers --
+    # -- attached servers (measure/attach.py) --
 
     def attach_backend(self, url: str) -> AttachedBackend:
         backend = AttachedBackend(url, self.api_key)
         self.backend = backend
         return backend
 
-    def warm_up(self, server_url: str) -> None:
-        """An attached server's warm-up rounds."""
-        self.attach_backend(server_url).warm_up(self.spec)
-
-    def measure_cells(self, server_url: str, config: Target, levels: Sequence[int | Cell]) -> None:
-        """An attached server measured as it is: each cell repeated until stable (one launch,
-        nothing to interleave with)."""
-        if not isinstance(self.backend, AttachedBackend) or self.backend.url != server_url:
-            self.attach_backend(server_url)
-        cells = [(self.depth, c) if isinstance(c, int) else c for c in levels]
-        w = self.spec.workload
-        name = self.level_name(config)
-        for cell in cells:
-            if cell[0] > 0:
-                self._prefill(config, cell[0], max(c for d, c in cells if d == cell[0]))
-            reps = self.recorder.repeats_by_cell().get((name, *cell), [])
-            before, level_id = len(reps), None
-            while len(reps) < w.max_repeats and not (
-                len(reps) >= w.min_repeats and stable(reps, w)
-            ):
-                step = Step(config, cell, self.recorder.next_pass())  # type: ignore[arg-type]
-                level_id = self.measure_step(step)
-                reps = self.recorder.repeats_by_cell().get((name, *cell), [])
-            if level_id is not None:
-                self.recorder.complete_level(level_id)
-            left = w.max_repeats - (len(reps) - before)
-            self.observer(
-                ProgressEvent("level", advance=max(0, left), config=name, concurrency=cell[1])
-            )
-
     # -- kernel rows --
 
     def run_kernel(self) -> None:
-        binary = self.spec.kernel_binary()
-        if not self.spec.kernel.enabled:
-            return
-        if not binary.exists():
-            self.observer(ProgressEvent("message", text=f"no {binary.name}: kernel level skipped"))
-            return
         if self.recorder.has_kernel_rows():
             return
-        self.observer(ProgressEvent("kernel", text="kernel level: llama-batched-bench"))
-        draft = self.spec.speculative.draft_model()
-        logs = self.log_dir / f"run-{self.run_id}"
-        points: list[kernel.KernelPoint] = []
-        for cmd, log, model in kernel.runs(
-            binary,
-            self.spec.server.model,
-            draft if draft is not None and draft.exists() else None,
-            self.spec.server.n_parallel,
-            self.spec.speculative.n_max,
-            self.spec.server.ctx_size,
-            self.spec.server.threads,
-            self.spec.kernel.generation_tokens,
-            self.spec.kernel.prompt_repeats,
-            self.spec.kernel.args,
-        ):
-            points += kernel.run_batched_bench(cmd, logs / log, model=model)
-        self.record_kernel(points)
 
+        def say(kind: str, text: str) -> None:
+            self.observer(ProgressEvent(kind, text=text))
 
-def _policies_of(arms: Arms) -> list[Policy]:
-    out: list[Policy] = []
-    for ps in arms.values():
-        for p in ps:
-            if p not in out:
-                out.append(p)
-    return out
+        points = kernel.measure_spec(self.spec, self.log_dir / f"run-{self.run_id}", say)
+        if points is not None:
+            self.record_kernel(points)
 
 
 # --- entry points ----------------------------------------------------------------------------

@@ -3,7 +3,8 @@ acceptance and the threshold set; the marks that keep it out of tune's pairs (`d
 threshold that must not draft here drafted beyond the drafts in flight; `apart`: its streams
 never all generated at once), each with the warning that says so; and the marks of other
 programs on the machine (`busy`) or others' requests on the server (`foreign`), which make it
-a disturbed round (`Disturbances`, summed up at the command's end)."""
+a disturbed round (`Disturbances`, summed up at the command's end); and whether the machine
+stalled over a round (`stall_of`: the profiler measures such a round again)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ from typing import Any
 
 from tuner.measure.foreign import foreign_summary
 from tuner.measure.interference import RoundLoad, busy_summary
-from tuner.measure.load import LevelFigures, accept_by_stream, drafts_in_flight, never_together
+from tuner.measure.load import (
+    LevelFigures,
+    accept_by_stream,
+    drafts_in_flight,
+    is_stall,
+    never_together,
+)
 from tuner.measure.plan import Target
 from tuner.measure.rounds import Measured
-from tuner.policy import Policy
+from tuner.measure.schedule import Step
+from tuner.measure.stats import slow_stall
+from tuner.policy import Policy, drafts_at
 
 
 class Disturbed(str):
@@ -114,3 +123,45 @@ def drafted_off(
         f"{concurrency} streams, where its threshold starts no draft (at most {in_flight} in "
         "flight): this round does not measure it, and live comparisons leave it out"
     )
+
+
+def stall_of(
+    name: str,
+    step: Step,
+    paused: tuple[float, float] | None,
+    rate: float | None,
+    repeats: dict[tuple[str, int, int], list[dict[str, Any]]],
+) -> tuple[str | None, dict[str, str]]:
+    """Why a round (of level `name`, measured at `rate` tok/s) is a stall of the machine, or
+    None: a pause in its window (load.is_stall), or its tok/s far below its level's or its
+    pair's (stats.slow_stall; the pair's halves compared only where both draft or neither does:
+    drafting can outrun plain several times over at one stream). repeats: the run's counted
+    rounds at the step's cell, by (config, depth, concurrency). Where it is no stall, the other
+    halves of its pair measured before it and far slower than it, by config, with why: they are
+    the stalls."""
+    if paused is not None and is_stall(*paused):
+        pause, window = paused
+        return f"no stream got a token for {pause:.1f} s of the round's {window:.1f} s window", {}
+    concurrency = step.concurrency
+    drafting = drafts_at(name, concurrency)
+    own: list[float] = []
+    partners: dict[str, float] = {}
+    for (config, _, _), reps in repeats.items():
+        for r in reps:
+            if not r.get("tokens_per_second"):
+                continue
+            if config == name:
+                own.append(r["tokens_per_second"])
+            elif r.get("round_key") == step.round_key and (
+                drafts_at(config, concurrency) == drafting
+            ):
+                partners[config] = r["tokens_per_second"]
+    slow = slow_stall(rate, own, list(partners.values()))
+    if slow is not None:
+        return slow, {}
+    earlier: dict[str, str] = {}
+    for config, other in partners.items():
+        why = slow_stall(other, [], [rate] if rate else [])
+        if why is not None:
+            earlier[config] = why
+    return None, earlier

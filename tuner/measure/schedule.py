@@ -133,3 +133,33 @@ def differ_at(policies: Sequence[Policy], cells: Sequence[Cell]) -> list[Cell]:
         return (policy.drafting, policy.drafts_at(c), policy.n_max if policy.drafts_at(c) else None)
 
     return [cell for cell in cells if len({behaviour(p, cell[1]) for p in policies}) > 1]
+
+
+def policies_of(arms: Arms) -> list[Policy]:
+    """The policies of the arms, each once, in the order they first appear."""
+    out: list[Policy] = []
+    for ps in arms.values():
+        for p in ps:
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def with_off_arms(
+    policies: list[Policy], cells: list[Cell], launch_key: Callable[[Policy], Hashable]
+) -> dict[Cell, list[Policy]]:
+    """Every policy at every cell; where the drafting policies share one launch (a live
+    switch), that launch also measures each cell above one stream under a threshold that does
+    not draft there (c-1, `off_arm`): what a threshold server does where it does not draft is
+    measured, not inferred, and paired with always-draft seconds apart."""
+    always = next((p for p in policies if p.is_always), None)
+    out: dict[Cell, list[Policy]] = {}
+    for cell in cells:
+        here = list(policies)
+        off = off_arm(cell[1])
+        if always is not None and off is not None:
+            off = off.with_n_max(always.n_max)
+            if off not in here and launch_key(off) == launch_key(always):
+                here.append(off)
+        out[cell] = here
+    return out
