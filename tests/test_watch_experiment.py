@@ -214,3 +214,55 @@ def test_a_window_across_a_restart_counts_for_nothing(monkeypatch: pytest.Monkey
     assert not client.states
     assert figures.seconds == pytest.approx(12.0, abs=0.01) and figures.at(1) == (12.0, 120.0)
     assert figures.problem is not None and "restarted" in figures.problem
+
+
+def test_the_seconds_between_windows_count_in_neither(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two windows the experiment reads /metrics, decides and switches N: seconds in
+    which nobody polls, spent partly at the old N. The next window counts from its own start, so
+    none of them is credited to the first count it sees (here 8 s would have gone to N=2's
+    window at one slot generating, ending it after one poll)."""
+    from test_acceptance_observed import Full, scrape
+
+    from tuner.measure import observe as observe_module
+    from tuner.measure.observe import Poller
+    from tuner.measure.windows import LiveWindows
+    from tuner.traffic import TrafficProfile
+
+    def one_slot(decoded: int) -> list[dict]:
+        return [{"id": 0, "id_task": 1, "is_processing": True,
+                 "next_token": [{"n_decoded": decoded}], "n_prompt_tokens": 40}]  # fmt: skip
+
+    reading = ("metrics", scrape(100, [60], tokens=900))
+    states: list[tuple[str, object]] = [("slots", []), ("metrics", scrape(0, [0]))]  # attach
+    # the first poll settles observe's counters: /metrics, then /slots again
+    states += [reading, ("slots", one_slot(5)), reading, ("slots", one_slot(5))]
+    states += [("slots", one_slot(25)), reading]
+    states += [reading, ("slots", one_slot(105)), ("slots", one_slot(125)), reading]
+    client = Full(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    poller = Poller(
+        "http://scripted", interval_s=1.0, sleep=sleep, wall=lambda: 0.0, clock=lambda: now[0]
+    )
+
+    class Hold:
+        def switch(self, n: int) -> None:
+            pass
+
+        def check(self, expected: int | None = None) -> None:
+            pass
+
+    profile = TrafficProfile(2)
+    windows = LiveWindows(poller, Hold(), lambda: profile)  # type: ignore[arg-type]
+    windows.switch(1)
+    first = windows.window(2.0)  # polls at 1 and 2 s
+    now[0] = 10.0  # 8 s reading, deciding and switching
+    windows.switch(2)
+    second = windows.window(2.0)  # polls at 11 and 12 s
+    assert not client.states
+    assert first.seconds == pytest.approx(2.0) and second.seconds == pytest.approx(2.0)
+    assert second.at(1) == (1.0, 20.0)  # counted from its second poll, as every window

@@ -218,6 +218,9 @@ class LiveWindows:
         figures = WindowFigures(self.current)
         counting = SlotTokens()
         first = self._reading()
+        # the seconds since the last window's last poll (its readings, the decision, the
+        # switch) were not polled, and partly at the N before: they count in neither window
+        self.poller.resume()
 
         def on_poll(dt: float | None, slots: list[Mapping[str, Any]]) -> None:
             count, tokens, ended = counting.update(slots)
