@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_watch import answer
@@ -22,8 +23,11 @@ from tuner.measure.arrivals import poisson_offsets
 from tuner.measure.client import LlamaClient
 from tuner.measure.hold import ServerHold, hold_paths
 from tuner.measure.load import LoadGenerator, Workload
+from tuner.measure.observe import Poller
+from tuner.measure.windows import LiveWindows
 from tuner.storage.store import Store
 from tuner.storage.traffic_profiles import stored_dict
+from tuner.traffic import TrafficProfile
 
 SPEED = 40.0
 
@@ -170,16 +174,38 @@ def test_an_unpatched_server_is_refused_before_anything_runs(tmp_path: Path) -> 
         twin.stop_thread()
 
 
+class _Hold:
+    """A hold that switches nothing and finds the threshold always as set."""
+
+    def switch(self, n: int) -> None:
+        pass
+
+    def check(self, expected: int | None = None) -> None:
+        pass
+
+
+def scripted_windows(
+    monkeypatch: pytest.MonkeyPatch, states: list[tuple[str, object]], **options: Any
+) -> tuple[LiveWindows, Any]:
+    """LiveWindows over a scripted server answering `states` in order (test_observe's
+    scripted client, /metrics as whole texts), its poller built with these keywords, and the
+    client (its states left)."""
+    from test_acceptance_observed import Full
+
+    from tuner.measure import observe as observe_module
+
+    client = Full(states)
+    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
+    poller = Poller("http://scripted", wall=lambda: 0.0, **options)
+    profile = TrafficProfile(2)
+    return LiveWindows(poller, _Hold(), lambda: profile), client  # type: ignore[arg-type]
+
+
 def test_a_window_across_a_restart_counts_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """LiveWindows reads the draft counters at a window's two ends: a counter that went down
     between them (the server restarted inside the window, back at its command line's
     threshold) marks the window unreadable, with why; so does the threshold read back."""
-    from test_acceptance_observed import Full, scrape
-
-    from tuner.measure import observe as observe_module
-    from tuner.measure.observe import Poller
-    from tuner.measure.windows import LiveWindows
-    from tuner.traffic import TrafficProfile
+    from test_acceptance_observed import scrape
 
     def polled(t: float, decoded: int) -> list[dict]:
         return [{"id": 0, "id_task": 1, "is_processing": True, "t_server": t,
@@ -196,19 +222,7 @@ def test_a_window_across_a_restart_counts_for_nothing(monkeypatch: pytest.Monkey
         ("slots", polled(12.0, 125)),
         ("metrics", scrape(4, [2], tokens=30)),  # the last: counters began again
     ]
-    client = Full(states)
-    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
-    poller = Poller("http://scripted", sleep=lambda s: None, wall=lambda: 0.0)
-
-    class Hold:
-        def switch(self, n: int) -> None:
-            pass
-
-        def check(self, expected: int | None = None) -> None:
-            pass
-
-    profile = TrafficProfile(2)
-    windows = LiveWindows(poller, Hold(), lambda: profile)  # type: ignore[arg-type]
+    windows, client = scripted_windows(monkeypatch, states, sleep=lambda s: None)
     windows.switch(1)
     figures = windows.window(10.0)
     assert not client.states
@@ -221,12 +235,7 @@ def test_the_seconds_between_windows_count_in_neither(monkeypatch: pytest.Monkey
     which nobody polls, spent partly at the old N. The next window counts from its own start, so
     none of them is credited to the first count it sees (here 8 s would have gone to N=2's
     window at one slot generating, ending it after one poll)."""
-    from test_acceptance_observed import Full, scrape
-
-    from tuner.measure import observe as observe_module
-    from tuner.measure.observe import Poller
-    from tuner.measure.windows import LiveWindows
-    from tuner.traffic import TrafficProfile
+    from test_acceptance_observed import scrape
 
     def one_slot(decoded: int) -> list[dict]:
         return [{"id": 0, "id_task": 1, "is_processing": True,
@@ -238,26 +247,14 @@ def test_the_seconds_between_windows_count_in_neither(monkeypatch: pytest.Monkey
     states += [reading, ("slots", one_slot(5)), reading, ("slots", one_slot(5))]
     states += [("slots", one_slot(25)), reading]
     states += [reading, ("slots", one_slot(105)), ("slots", one_slot(125)), reading]
-    client = Full(states)
-    monkeypatch.setattr(observe_module, "_client", lambda url, key: client)
     now = [0.0]
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    poller = Poller(
-        "http://scripted", interval_s=1.0, sleep=sleep, wall=lambda: 0.0, clock=lambda: now[0]
+    windows, client = scripted_windows(
+        monkeypatch, states, interval_s=1.0, sleep=sleep, clock=lambda: now[0]
     )
-
-    class Hold:
-        def switch(self, n: int) -> None:
-            pass
-
-        def check(self, expected: int | None = None) -> None:
-            pass
-
-    profile = TrafficProfile(2)
-    windows = LiveWindows(poller, Hold(), lambda: profile)  # type: ignore[arg-type]
     windows.switch(1)
     first = windows.window(2.0)  # polls at 1 and 2 s
     now[0] = 10.0  # 8 s reading, deciding and switching
