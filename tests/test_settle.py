@@ -63,6 +63,53 @@ def test_a_contrast_sums_levels_with_welch_degrees_of_freedom() -> None:
     assert Contrast.of({}, {}).bounds() == (0.0, 0.0)
 
 
+def test_levels_of_the_same_passes_are_summed_pass_by_pass() -> None:
+    """Stream i of a pass draws the same seed at every level, so a pass's luck lifts all its
+    levels: a contrast over levels measured in the same passes has the spread of its per-pass
+    sums and their degrees of freedom, not the levels' spreads added as if independent and
+    Welch's degrees of freedom across them."""
+    rng = np.random.default_rng(3)
+    luck = rng.normal(0.0, 2.0, 5)  # one value a pass, shared by its levels
+    a = luck + rng.normal(4.0, 0.5, 5)
+    b = luck + rng.normal(-1.0, 0.5, 5)
+    passes = tuple((7, p) for p in range(5))  # (run, pass)
+    levels = {2: LevelDiffs(tuple(a), blocks=passes), 3: LevelDiffs(tuple(b), blocks=passes)}
+    c = Contrast.of(levels, {2: 1.0, 3: 1.0})
+    sums = a + b
+    assert c.estimate == pytest.approx(sums.mean())
+    assert c.se == pytest.approx(sums.std(ddof=1) / math.sqrt(5))
+    assert c.df == 4
+    apart = Contrast.of({k: LevelDiffs(v.diffs) for k, v in levels.items()}, {2: 1.0, 3: 1.0})
+    assert c.se > 1.3 * apart.se and apart.df > 4  # what independence would have said
+    # opposite signs: the shared luck cancels, and the bounds are narrower than apart
+    d = Contrast.of(levels, {2: 1.0, 3: -1.0})
+    assert d.se == pytest.approx((a - b).std(ddof=1) / math.sqrt(5))
+    assert d.se < 0.5 * apart.se
+
+
+def test_levels_sharing_some_passes_count_the_covariance_over_those() -> None:
+    """Level 2 measured in passes 0-5, level 3 in passes 2-7 (a later sweep measured it alone):
+    the four shared passes carry the covariance, Cov(mean_2, mean_3) = 4 s_23 / (6 * 6); the
+    degrees of freedom stay Welch's over the levels' own, at most the 8 passes less one."""
+    rng = np.random.default_rng(5)
+    luck = rng.normal(0.0, 2.0, 8)
+    a = luck[:6] + rng.normal(4.0, 0.5, 6)
+    b = luck[2:] + rng.normal(-1.0, 0.5, 6)
+    two = LevelDiffs(tuple(a), blocks=tuple(range(6)))
+    three = LevelDiffs(tuple(b), blocks=tuple(range(2, 8)))
+    c = Contrast.of({2: two, 3: three}, {2: 0.5, 3: 0.25})
+    var_a, var_b = (0.5 * two.se) ** 2, (0.25 * three.se) ** 2
+    cov = float(np.cov(a[2:], b[:4])[0, 1])
+    assert cov > 0
+    assert c.se == pytest.approx(math.sqrt(var_a + var_b + 2 * 0.5 * 0.25 * cov * 4 / 36))
+    welch = (var_a + var_b) ** 2 / (var_a**2 / 5 + var_b**2 / 5)
+    assert welch > 7 and c.df == 7
+    # passes in common with no other level: the levels are independent
+    alone = LevelDiffs(tuple(b), blocks=tuple(range(10, 16)))
+    c2 = Contrast.of({2: two, 3: alone}, {2: 0.5, 3: 0.25})
+    assert c2.se == pytest.approx(math.sqrt(var_a + var_b))
+
+
 def test_levels_scaled_by_one_acceptance_anchor_share_its_uncertainty() -> None:
     """Two levels whose drafting halves were scaled to one mean acceptance move together when
     that mean is off: its variance enters once, times the square of the summed slopes, not

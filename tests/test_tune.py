@@ -3,12 +3,14 @@ and the whole loop on the twin (decide/settle.py's rule is tested in test_settle
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tuner.decide.paired import Contrast, LevelDiffs
 from tuner.decide.tune import live_gains, sweep_arms
 from tuner.policy import Policy, stored_policy
 
@@ -45,6 +47,31 @@ def test_gains_pair_on_and_off_by_round_key_and_count_blocks_at_each_level() -> 
     # blocks: run 1 pass 0 (2 and -4: mean -1), pass 1 (3), pass 3 (-2); run 2 pass 0 (5)
     assert sorted(gains[4].diffs) == sorted((-1.0, 3.0, -2.0, 5.0))
     assert gains[4].df == 3
+
+
+def test_levels_of_the_same_passes_are_compared_pass_by_pass() -> None:
+    """Always draft against N=1 at 2 and 3 streams, four passes: stream i draws the same seed
+    at both levels of a pass, so a pass's luck moves both gains (here +-6 together). The
+    gains carry their passes, and the comparison's spread is its per-pass sums', with their
+    three degrees of freedom: taken as independent levels the bounds were narrower than the
+    data give, and Welch's degrees of freedom across the levels counted blocks twice."""
+    luck = [6.0, -6.0, 5.0, -5.0]
+    repeats: dict[tuple[int, str, int], list[dict]] = {}
+    for p, lucky in enumerate(luck):
+        key = 1000 * p  # pass p's round key: both levels
+        for c, gain, wobble in ((2, 4.0, 0.5), (3, 1.0, -0.5)):
+            on = 100.0 + gain + lucky + wobble * (-1) ** p
+            repeats.setdefault((1, "spec", c), []).append(rep(on, key))
+            repeats.setdefault((1, "max-slots-1", c), []).append(rep(100.0, key))
+    gains = live_gains(repeats)
+    assert gains[2].blocks == gains[3].blocks == tuple((1, p) for p in range(4))
+    both = Contrast.of(gains, {2: 1.0, 3: 1.0})
+    sums = [a + b for a, b in zip(gains[2].diffs, gains[3].diffs, strict=True)]
+    assert both.estimate == pytest.approx(5.0)
+    assert both.se == pytest.approx(statistics.stdev(sums) / 2.0)
+    assert both.df == 3
+    apart = Contrast.of({c: LevelDiffs(g.diffs) for c, g in gains.items()}, {2: 1.0, 3: 1.0})
+    assert both.se > 1.3 * apart.se and apart.df > 3
 
 
 def test_an_off_round_whose_server_drafted_inside_the_window_pairs_with_nothing() -> None:

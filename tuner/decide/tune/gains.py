@@ -85,7 +85,8 @@ def _block_diffs(
     by_level: _Rounds, anchor: Acceptance | None = None, drew: _Drew | None = None
 ) -> dict[int, LevelDiffs]:
     """on - off per pair, averaged per block (a run's pass at a level): one difference per
-    block, its degrees of freedom counted by blocks.
+    block, its degrees of freedom counted by blocks, each keyed by its block (run, pass) so
+    that a contrast over levels of the same passes counts their covariance (Contrast.of).
 
     With an anchor, at a level of MIN_BLOCKS blocks or more, each pair's drafting half is
     scaled to the anchor's mean acceptance: its tok/s times anchor.mean over the mean its own
@@ -104,12 +105,18 @@ def _block_diffs(
                 diff += side * tps * (anchor.mean / got - 1.0)
             slope = side * tps / got if scale else 0.0
             blocks.setdefault((run_id, round_key // PAIRS_PER_PASS), []).append((diff, slope))
+        ordered = sorted(blocks.items())
         means = [
             (statistics.fmean(d for d, _ in v), statistics.fmean(s for _, s in v))
-            for _, v in sorted(blocks.items())
+            for _, v in ordered
         ]
         slope = statistics.fmean(s for _, s in means) if scale else 0.0
-        out[c] = LevelDiffs(tuple(d for d, _ in means), slope, anchor if scale else None)
+        out[c] = LevelDiffs(
+            tuple(d for d, _ in means),
+            slope,
+            anchor if scale else None,
+            blocks=tuple(key for key, _ in ordered),
+        )
     return out
 
 
