@@ -59,8 +59,9 @@ PlainBudgetOption = Annotated[
     advanced(
         "--plain-budget",
         help="with --plain-live: measuring time plain against the answer may take, all its "
-        "passes together (two or three passes on a 2-core VM), also where a tie moves the "
-        "answer; unresolved then, the model's verdict stands",
+        "passes together (a comparison over levels of the same passes has the passes less one "
+        "degrees of freedom: two passes are one), also where a tie moves the answer; "
+        "unresolved then, the model's verdict stands",
     ),
 ]
 ToleranceOption = Annotated[
@@ -133,7 +134,7 @@ def tune(
     resume: ResumeOption = False,
     output: TableFormatOption = TableFormat.TABLE,
     tie_budget: TieBudgetOption = "3m",
-    plain_budget: PlainBudgetOption = "90s",
+    plain_budget: PlainBudgetOption = "150s",
     switch: SwitchOption = Switch.AUTO,
     tune_n_max: TuneNMaxOption = False,
     overrides: OverridesOption = None,
