@@ -19,15 +19,16 @@ import statistics
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import tuner_env, tuner_run
 from record import Table, fmt, record_arguments, save_run
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from tuner.measure.stats import relative_mad
-from tuner.storage.orm import Level
+from tuner.storage.orm import Level, Sample
 from tuner.storage.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +45,8 @@ class Timed:
     profile_s: float
     tune_s: float | None = None
     answer: str = ""
+    # per stored run (the profile's, then the tune's): its rounds and their own seconds
+    rounds: list[tuple[int, float]] = field(default_factory=list)
 
 
 def profile_once(
@@ -67,8 +70,25 @@ def profile_once(
         first = session.scalar(select(func.min(Level.run_id)))
         rows = session.scalars(select(Level).where(Level.run_id == first))
         levels = {(lv.config, lv.concurrency): lv for lv in rows}
+        timed.rounds = rounds_by_run(session)
     store.dispose()
     return timed, levels
+
+
+def rounds_by_run(session: Session) -> list[tuple[int, float]]:
+    """Per stored run in order: its rounds (a level's repeat, probes included) and their own
+    seconds, each round's as long as its longest request (the streams of a round run
+    together). What the wall time holds beyond them is the rest of the work: launches and
+    health waits, warm-up rounds (never stored), switches, the model's fits."""
+    longest = (
+        select(Level.run_id, Sample.repeat, func.max(Sample.latency_ms))
+        .join(Sample, Sample.level_id == Level.id)
+        .group_by(Level.id, Sample.repeat)
+    )
+    out: dict[int, list[float]] = {}
+    for run_id, _, ms in session.execute(longest):
+        out.setdefault(run_id, []).append((ms or 0.0) / 1000.0)
+    return [(len(out[r]), sum(out[r])) for r in sorted(out)]
 
 
 def main() -> None:
@@ -93,6 +113,12 @@ def main() -> None:
             total = timed.profile_s + timed.tune_s
             line += f", tune {timed.tune_s:.0f} s, together {total:.0f} s: {timed.answer}"
         print(line, flush=True)
+        for what, (n, seconds) in zip(("profile", "tune"), timed.rounds, strict=False):
+            print(
+                f"  {what}: {n} rounds, {seconds:.0f} s of them (each as long as its longest "
+                "request); the rest is launches, warm-ups, switches and fits",
+                flush=True,
+            )
 
     print(
         f"\nprofile wall time: median {statistics.median(walls):.0f} s over {len(walls)} run(s) "
@@ -117,6 +143,11 @@ def main() -> None:
         "spec": args.spec.name,
         "overrides": " ".join(args.sets),
     }
+    for i, what in enumerate(("profile", "tune")):
+        own = [t.rounds[i] for t in timings if len(t.rounds) > i]
+        if own:
+            summary[f"{what}: rounds (median)"] = statistics.median(n for n, _ in own)
+            summary[f"{what}: the rounds' own s (median)"] = statistics.median(s for _, s in own)
     if args.tune:
         tunes = [t.tune_s or 0.0 for t in timings]
         together = statistics.median(t.profile_s + (t.tune_s or 0.0) for t in timings)
