@@ -105,7 +105,7 @@ def _together(levels: Mapping[int, LevelDiffs], used: Mapping[int, float], apart
         x = dict(zip(levels[c].blocks or (), levels[c].diffs, strict=True))
         for d, b in keyed[i + 1 :]:
             y = dict(zip(levels[d].blocks or (), levels[d].diffs, strict=True))
-            both = sorted(x.keys() & y.keys(), key=repr)
+            both = [k for k in x if k in y]  # in level c's order
             if len(both) < 2:
                 continue
             cov = statistics.covariance([x[k] for k in both], [y[k] for k in both])
