@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scipy import stats
+from tuner.model.quantiles import norm_ppf, t_ppf
 
 AHEAD, BEHIND, WITHIN, UNRESOLVED = "ahead", "behind", "within tolerance", "unresolved"
 
@@ -121,8 +121,8 @@ def t_quantile(p: float, df: float) -> float:
     if math.isnan(df) or df <= 0:
         return math.inf
     if math.isinf(df):
-        return float(stats.norm.ppf(p))
-    return float(stats.t.ppf(p, df))
+        return norm_ppf(p)
+    return t_ppf(p, df)
 
 
 @dataclass(frozen=True)

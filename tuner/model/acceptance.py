@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from tuner.model.data import FitData, LevelObs, Repeat
+from tuner.model.quantiles import t_ppf
 from tuner.traffic import AcceptanceCounts
 
 
@@ -193,7 +193,7 @@ class ObservedAcceptance:
         """The mean accepted length's interval (t-quantile for readings - 1 degrees of freedom)."""
         if self.readings < 2:
             return (-math.inf, math.inf)
-        half = float(stats.t.ppf(0.5 + level / 2, self.readings - 1)) * self.se
+        half = t_ppf(0.5 + level / 2, self.readings - 1) * self.se
         return self.mean_length - half, self.mean_length + half
 
     def enough(self) -> str | None:

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
+
+from tuner.model.quantiles import norm_ppf, t_ppf
 
 INTERVAL = 0.9  # the figures' two-sided interval
 ASSUMED = "assumed"
@@ -76,7 +77,7 @@ class Figure:
     @property
     def sd(self) -> float:
         """The interval's half-width as a normal standard deviation (for replicate draws)."""
-        z = float(stats.norm.ppf(0.5 + INTERVAL / 2))
+        z = norm_ppf(0.5 + INTERVAL / 2)
         return max(0.0, (self.upper - self.lower) / (2 * z))
 
     def text(self, unit: str) -> str:
@@ -144,6 +145,8 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]
     if len(set(x)) < 2:
         return None
     xs, ys = np.asarray(x, float), np.asarray(y, float)
+    from scipy import stats  # here: importing scipy.stats costs every command a second
+
     with np.errstate(invalid="ignore"):  # a few points: scipy's variance can go below zero
         slope, _, low, high = stats.theilslopes(ys, xs, INTERVAL)
     if not (np.isfinite(low) and np.isfinite(high)):
@@ -205,7 +208,7 @@ def fit_join(records: Sequence[ProbeRecord], prefill: Figure, draft_prefill: Fig
     ]
     mean = statistics.fmean(rest)
     se = statistics.stdev(rest) / math.sqrt(len(rest))
-    q = float(stats.t.ppf(0.5 + INTERVAL / 2, len(rest) - 1))
+    q = t_ppf(0.5 + INTERVAL / 2, len(rest) - 1)
     how = "running stream's step excess at a join less its prompt tokens (join probe)"
     return Figure(mean, mean - q * se, mean + q * se, MEASURED, len(points), how)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 #: Points along one axis: a list of floats, or an array of them.
 Floats = Sequence[float] | np.ndarray
@@ -252,6 +251,10 @@ def _fit_generic(form: Form, x: np.ndarray, y: np.ndarray) -> tuple[tuple[float,
     left, right = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     best_theta, best_cost = float(grid[i]), float(costs[i])
     if right > left:
+        # imported here: scipy.optimize costs every command's start-up a fifth of a second, and
+        # most commands read a stored fit
+        from scipy.optimize import minimize_scalar
+
         res = minimize_scalar(
             cost_at, bounds=(left, right), method="bounded", options={"xatol": 1e-4}
         )

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from tuner.model.data import FitData
+from tuner.model.quantiles import norm_ppf, t_ppf
 
 INTERVAL = 0.99  # a trend is taken where its two-sided 99 % interval excludes 0 ...
 MATERIAL = 0.02  # ... and it moves tokens a step by 2 % or more across the drafting levels
@@ -70,7 +70,7 @@ class AcceptanceTrend:
 
     @property
     def sd(self) -> float:
-        z = float(stats.norm.ppf(0.5 + INTERVAL / 2))
+        z = norm_ppf(0.5 + INTERVAL / 2)
         return (self.upper - self.lower) / (2 * z)
 
     def text(self) -> str:
@@ -126,7 +126,7 @@ def _upper(y: np.ndarray, w: np.ndarray) -> float | None:
     mean = float(np.sum(y * w) / np.sum(w))
     share = w / np.sum(w)
     se = float(np.sqrt(np.sum(share**2 * (y - mean) ** 2) * len(y) / (len(y) - 1)))
-    return mean + float(stats.t.ppf(0.95, len(y) - 1)) * se
+    return mean + t_ppf(0.95, len(y) - 1) * se
 
 
 def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
@@ -152,7 +152,7 @@ def acceptance_trend(data: FitData) -> AcceptanceTrend | None:
     # residual variance per unit weight; a round's variance is that over its drafts
     sigma2 = float(np.sum(w * resid**2) / (len(x) - 2))
     se = float(np.sqrt(sigma2 / sxx))
-    q = float(stats.t.ppf(0.5 + INTERVAL / 2, len(x) - 2))
+    q = t_ppf(0.5 + INTERVAL / 2, len(x) - 2)
     lower, upper = slope - q * se, slope + q * se
     span = abs(slope) * float(x.max() - x.min()) / (1.0 + mean)
     moving = (lower > 0 or upper < 0) and span >= MATERIAL
