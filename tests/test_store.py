@@ -9,7 +9,7 @@ from sqlalchemy import inspect, select, text
 
 from tuner.errors import ConfigError, StorageError
 from tuner.storage.orm import Model, Run, get_or_create
-from tuner.storage.store import VERSION_TABLE, Store
+from tuner.storage.store import HEAD_REVISION, VERSION_TABLE, Store, alembic_config, migrate
 
 
 def test_migrations_create_prefixed_tables_and_own_version_table(tmp_path: Path) -> None:
@@ -20,6 +20,29 @@ def test_migrations_create_prefixed_tables_and_own_version_table(tmp_path: Path)
     assert {"tuner_runs", "tuner_levels", "tuner_samples", "tuner_fits"} <= tables
     assert all(t.startswith("tuner_") for t in tables)
     Store(f"sqlite:///{tmp_path / 'a.db'}")  # a second open is an upgrade to head: a no-op
+
+
+def test_the_known_head_is_the_migrations_own_and_an_older_database_is_upgraded(
+    tmp_path: Path,
+) -> None:
+    """Store opens a database at HEAD_REVISION without alembic; one at an older revision must
+    still be upgraded, and HEAD_REVISION must follow every new migration."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    store = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    head = ScriptDirectory.from_config(alembic_config(store.engine)).get_current_head()
+    assert head == HEAD_REVISION
+    with store.engine.begin() as connection:
+        assert connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all() == [
+            (head,)
+        ]
+    command.downgrade(alembic_config(store.engine), "-1")
+    migrate(store.engine)
+    with store.engine.begin() as connection:
+        assert connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all() == [
+            (head,)
+        ]
 
 
 def test_sqlite_uses_wal_and_a_busy_timeout(tmp_path: Path) -> None:
