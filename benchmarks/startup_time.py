@@ -15,7 +15,6 @@ heavy libraries a command's import pulls in.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -23,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import tuner_env  # first: it puts tests/ on the path
 from record import Table, record_arguments, save_run
 
-from tuner.model.quantiles import t_ppf
+from tuner.decide.paired import Contrast, LevelDiffs
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL, HOST = "smollm2-bench", "bench-host"
@@ -45,10 +45,9 @@ HEAVY = [
 ]
 
 
-def env_for(checkout: Path, db: str) -> dict[str, str]:
-    env = {**os.environ, "TUNER_DB": db, "PYTHONPATH": str(checkout)}
-    env.pop("TUNER_API_KEY", None)
-    return env
+def env_for(checkout: Path, db: str, cache: Path) -> dict[str, str]:
+    """The tuner's environment (tunerproc's), its package taken from checkout."""
+    return tuner_env(db, cache, PYTHONPATH=str(checkout))
 
 
 def timed(env: dict[str, str], args: list[str]) -> float:
@@ -81,15 +80,6 @@ def heavy_imports(env: dict[str, str]) -> list[str]:
     return out.stdout.split()
 
 
-def interval(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean of paired differences and its two-sided 95 % t-interval."""
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, float("nan"), float("nan")
-    half = t_ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
-    return mean, mean - half, mean + half
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -103,7 +93,6 @@ def main() -> None:
         if not (args.against / "tuner" / "__init__.py").exists():
             parser.error(f"--against {args.against}: no tuner package there")
         checkouts["against"] = args.against.resolve()
-    sys.path.insert(0, str(REPO / "tests"))
     from benchdata import store_profile
 
     from tuner.storage.store import Store
@@ -113,7 +102,7 @@ def main() -> None:
         store = Store(db)
         store_profile(store, model=MODEL, host=HOST)
         store.dispose()
-        envs = {name: env_for(path, db) for name, path in checkouts.items()}
+        envs = {name: env_for(path, db, Path(folder) / "cache") for name, path in checkouts.items()}
         for env in envs.values():  # the fit and recommendation stored once, before timing
             timed(env, COMMANDS["recommend --quiet"][:-1])
         seconds: dict[tuple[str, str], list[float]] = {}
@@ -140,9 +129,8 @@ def main() -> None:
     tables = [table]
     summary: dict[str, object] = {"repeats": args.repeats}
     for name in checkouts:
-        summary[f"recommend --quiet, median s ({name})"] = table.rows[
-            [r[0] == name and r[1] == "recommend --quiet" for r in table.rows].index(True)
-        ][2]
+        median = statistics.median(seconds[(name, "recommend --quiet")])
+        summary[f"recommend --quiet, median s ({name})"] = round(median, 3)
         summary[f"heavy imports ({name})"] = " ".join(imports[name]) or "none"
     if "against" in checkouts:
         paired = Table(
@@ -156,7 +144,8 @@ def main() -> None:
                     seconds[("this checkout", command)], seconds[("against", command)], strict=True
                 )
             ]
-            mean, low, high = interval(diffs)
+            paired_mean = Contrast.of({0: LevelDiffs(tuple(diffs))}, {0: 1.0})
+            mean, (low, high) = paired_mean.estimate, paired_mean.interval(0.95)
             paired.rows.append([command, round(mean, 3), round(low, 3), round(high, 3)])
             summary[f"{command}: this less the other, s (95 %)"] = (
                 f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"

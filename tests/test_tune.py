@@ -578,3 +578,18 @@ def test_a_level_whose_rounds_keep_being_set_aside_stops_holding_the_others_back
     assert thin_first(wanted, pairs, {5: ALONE_SWEEPS}) == ([3], [5, 2, 8])
     assert thin_first(wanted, pairs, {5: ALONE_SWEEPS, 3: ALONE_SWEEPS}) == (wanted, [])
     assert thin_first(wanted, {c: 2 for c in wanted}, {}) == (wanted, [])
+
+
+def test_the_commands_default_budgets_are_tunes_own() -> None:
+    """The CLI writes its defaults as text (it does not import tune at start-up): they must be
+    the library's."""
+    import inspect
+
+    from tuner.cli.options import duration_option
+    from tuner.cli.tuning import tune as tune_command
+    from tuner.decide.tune import DEFAULT_PLAIN_BUDGET_S, DEFAULT_TIE_BUDGET_S
+
+    params = inspect.signature(tune_command).parameters
+    plain = duration_option(params["plain_budget"].default, "--plain-budget")
+    tie = duration_option(params["tie_budget"].default, "--tie-budget")
+    assert (plain, tie) == (DEFAULT_PLAIN_BUDGET_S, DEFAULT_TIE_BUDGET_S)
