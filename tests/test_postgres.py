@@ -186,10 +186,14 @@ def test_live_commands_on_postgres(pg_url: str, tmp_path: Path) -> None:
     assert validated.returncode == 0, validated.stderr[-3000:]
     tuned = run_tuner(["tune", "--model", model, "--budget", "5s", *quick], env)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
-    # its answer printed (settled or not: 5 s on a busy machine may settle nothing) and stored;
-    # a threshold, or plain with the threshold should the draft stay: the wall-clock twin's
-    # rounds decide which, not this test
+    # its answer printed (settled or not: 5 s on a busy machine may settle nothing) and stored:
+    # the answer tune printed is the one recommend reads back from PostgreSQL, whichever answer
+    # the wall-clock twin's rounds give (a threshold, or plain with the threshold beside it)
+    after = run_tuner(["recommend", "--model", model, "--format", "json", "-q"], env)
+    assert after.returncode == 0, after.stderr[-3000:]
+    headline = json.loads(after.stdout)["headline"]
     assert re.search(r"^answer: (plain: .*; )?N=\d", tuned.stdout, re.M), tuned.stdout
+    assert f"answer: {headline}; " in tuned.stdout, (headline, tuned.stdout)
     kinds = peek(pg_url, "SELECT kind, status FROM tuner_runs ORDER BY id")
     assert kinds == [("profile", "completed"), ("validate", "completed"), ("tune", "completed")]
     assert peek(pg_url, "SELECT COUNT(*) FROM studies WHERE study_name LIKE 'tuner:live:%'") == [
